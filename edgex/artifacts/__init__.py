@@ -1,0 +1,1 @@
+"""Output layout, manifest and atomic writes."""

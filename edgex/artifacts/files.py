@@ -1,0 +1,76 @@
+"""Atomic file placement and content hashes.
+
+Exports are written into a staging folder next to their destination and renamed into place only
+once complete and gated, so an interrupted or failed export never leaves a file that looks valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import EdgexError
+
+STAGING_PREFIX = ".staging-"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_record(path: Path, root: Path) -> dict:
+    return {"path": str(path.relative_to(root)), "sha256": sha256(path), "bytes": path.stat().st_size}
+
+
+def ensure_writable_dir(path: Path) -> Path:
+    """Create `path` (and parents) or fail with a one-line reason."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise EdgexError(f"output directory {path} is not writable: {exc.strerror or exc}") from None
+    return path
+
+
+@contextmanager
+def staging_dir(parent: Path) -> Iterator[Path]:
+    """A private folder in `parent` (same filesystem, so renames out of it are atomic), always removed."""
+    path = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def move_into_place(files: list[Path], dest_dir: Path) -> list[Path]:
+    """Rename staged files into `dest_dir`, replacing older versions atomically file by file."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    placed = []
+    for file in files:
+        target = dest_dir / file.name
+        os.replace(file, target)
+        placed.append(target)
+    return placed
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,206 @@
+"""`edgex` command line: parses, calls the library, renders with rich. No work happens here."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import EdgexError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _split(values: Optional[List[str]]) -> Optional[List[str]]:
+    """Accept repeated options and comma lists alike."""
+    if not values:
+        return None
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _db(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return "inf" if math.isinf(value) and value > 0 else f"{value:.1f}"
+
+
+def _quiet_libraries() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("torch", "torchao", "transformers", "onnxscript", "executorch", "torch.onnx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _summary(manifest: dict) -> Table:
+    table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
+    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method", "verdict"):
+        table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "size", "export s") else "left")
+    for a in manifest["artifacts"]:
+        parity = a.get("parity", {})
+        agreement = parity.get("min_token_agreement")
+        top1 = [s.get("top1_agreement") for sample in parity.get("samples", {}).values() for s in sample.values() if "top1_agreement" in s]
+        agree = " / ".join(x for x in (f"{min(top1):.2f}" if top1 else "", f"{agreement:.2f}" if agreement is not None else "") if x) or "-"
+        size = sum(f["bytes"] for f in a.get("files", []))
+        colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
+        table.add_row(
+            a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _db(parity.get("threshold_db")),
+            agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
+            parity.get("method", "-"), f"[{colour}]{a['verdict']}[/{colour}]",
+        )
+    return table
+
+
+def _fail(exc: EdgexError) -> None:
+    err.print(f"[red]edgex:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def export(
+    model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
+    target: str = typer.Option("cpu", "--target", "-t", help="device profile"),
+    preset: Optional[str] = typer.Option(None, help="seeded random weights of a named config (default: tiny)"),
+    checkpoint: Optional[Path] = typer.Option(None, help="local Hugging Face-layout checkpoint directory"),
+    seed: int = typer.Option(0, help="seed for preset weights and the eager pipeline"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root"),
+    component: Optional[List[str]] = typer.Option(None, "--component", "-c", help="only these components"),
+    fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter names)"),
+    precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
+    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
+    threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
+    as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
+):
+    """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
+    from .parity.gates import parse_overrides
+
+    try:
+        overrides = parse_overrides(min_db)
+        if checkpoint is not None and not checkpoint.exists():
+            raise EdgexError(f"checkpoint {checkpoint} does not exist")
+        _quiet_libraries()
+        from .export import export_model
+
+        if as_json:
+            manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
+                                    components=_split(component), formats=_split(fmt), precisions=_split(precision),
+                                    min_db=overrides, threads=threads)
+        else:
+            with err.status("starting") as status:
+                def progress(message, _job):
+                    status.update(message)
+                    if _job is not None and message.endswith(("pass", "fail", "error", "unverified")):
+                        err.log(message, highlight=False)
+
+                manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
+                                        components=_split(component), formats=_split(fmt), precisions=_split(precision),
+                                        min_db=overrides, threads=threads, progress=progress)
+    except EdgexError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(manifest, indent=2) + "\n")
+    else:
+        out.print(_summary(manifest))
+        out.print(f"manifest: {manifest['manifest_path']}")
+    if manifest["status"] != "pass":
+        failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
+        err.print(f"[red]edgex:[/red] parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def verify(
+    directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
+    threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
+    as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
+):
+    """Check artifact hashes against the manifest and re-run parity from it."""
+    try:
+        _quiet_libraries()
+        from .verify import verify_directory
+
+        report = verify_directory(directory, threads=threads)
+    except EdgexError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        table = Table(title=f"verify {report['manifest']}  ({report['status'].upper()})")
+        for col in ("component", "format", "precision", "files", "min SNR dB", "gate dB", "verdict", "problem"):
+            table.add_column(col)
+        for a in report["artifacts"]:
+            colour = "green" if a["verdict"] == "pass" else "red"
+            table.add_row(a["component"], a["format"], a["precision"], a["files"], _db(a.get("min_snr_db")),
+                          _db(a.get("threshold_db")), f"[{colour}]{a['verdict']}[/{colour}]", a.get("problem") or "")
+        out.print(table)
+    if report["status"] != "pass":
+        err.print(f"[red]edgex:[/red] verification failed: {report['problem_count']} problem(s) in {report['manifest']}", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
+    """Models (presets, components), targets, formats and precisions."""
+    from .catalog import catalog
+
+    data = catalog()
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    for name, model in data["models"].items():
+        table = Table(title=f"model {name}: {model['description']}")
+        table.add_column("component")
+        table.add_column("role")
+        for comp, role in model["components"].items():
+            table.add_row(comp, role)
+        out.print(table)
+        out.print("presets: " + ", ".join(f"[bold]{p}[/bold] ({d})" for p, d in model["presets"].items()))
+    for title, key, cols in (
+        ("targets", "targets", ("description",)),
+        ("formats", "formats", ("format", "backend", "runtime", "precisions")),
+        ("precisions", "precisions", ("weights", "activations", "granularity", "description")),
+    ):
+        table = Table(title=title)
+        table.add_column("name")
+        for col in cols:
+            table.add_column(col)
+        for name, row in data[key].items():
+            table.add_row(name, *[", ".join(row[c]) if isinstance(row[c], list) else str(row[c]) for c in cols])
+        out.print(table)
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
+    """Which toolchains are importable here, with versions."""
+    from .catalog import doctor as diagnose
+
+    data = diagnose()
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    table = Table(title="edgex doctor")
+    for col in ("package", "version", "status", "needed for"):
+        table.add_column(col)
+    for row in data["packages"]:
+        colour = "green" if row["version"] else "yellow"
+        table.add_row(row["package"], row["version"] or "-", f"[{colour}]{'ok' if row['version'] else 'missing: ' + row['install']}[/{colour}]", row["needed_for"])
+    out.print(table)
+    for row in data["runtimes"]:
+        out.print(f"runtime {row['name']}: {row['status']}")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

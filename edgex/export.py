@@ -1,0 +1,178 @@
+"""The export pipeline: recipe -> components -> exporters -> parity gate -> manifest.
+
+A library function: the CLI only parses and renders, tests and programs call `export_model`.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from . import __version__
+from .artifacts.files import ensure_writable_dir, file_record, move_into_place, staging_dir, write_json_atomic
+from .component import Component
+from .errors import EdgexError
+from .exporters import EXPORTERS
+from .exporters.base import Exporter
+from .parity.check import ParityReport, measure
+from .parity.gates import threshold_db, token_threshold
+from .parity.runtimes import RUNTIMES
+from .precision import get_precision
+from .recipes import RECIPES
+from .resources import PeakRss
+from .targets import get_target
+from .toolchain import versions
+
+MANIFEST = "manifest.json"
+FAILED_DIR = "failed"
+
+
+@dataclass(frozen=True)
+class Job:
+    component: str
+    role: str
+    exporter: str
+    precision: str
+
+
+def plan(recipe, target, components: list[str] | None, formats: list[str] | None, precisions: list[str] | None) -> list[Job]:
+    """Every (component, exporter, precision) the target places, filtered by the user's choices.
+
+    Unknown names fail here, before any model is built."""
+    for p in precisions or []:
+        get_precision(p)
+    for f in formats or []:
+        EXPORTERS.get(f)
+    roles = recipe.component_names()
+    for c in components or []:
+        if c not in roles:
+            raise EdgexError(f"no such component {c!r} in {recipe.name} (known: {', '.join(roles)})")
+    jobs = []
+    for name in components or list(roles):
+        for placement in target.placements_for(roles[name]):
+            if formats and placement.exporter not in formats:
+                continue
+            exporter = EXPORTERS.get(placement.exporter)
+            for p in precisions or placement.precisions:
+                if p in exporter.precisions:
+                    jobs.append(Job(name, roles[name], placement.exporter, p))
+    if not jobs:
+        raise EdgexError(
+            f"nothing to export: target {target.name} places no format that supports "
+            f"{', '.join(precisions or ['its defaults'])}{' in ' + ', '.join(formats) if formats else ''}"
+        )
+    for p in precisions or []:
+        if not any(j.precision == p for j in jobs):
+            supported = sorted({e for j in jobs for e in [j.exporter]})
+            raise EdgexError(f"precision {p!r} is not supported by the formats of target {target.name} ({', '.join(supported)})")
+    return jobs
+
+
+def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads) -> dict:
+    dest = stage / f"{component.name}.{job.precision}{exporter.extension}"
+    entry = {
+        "component": component.name,
+        "role": component.role,
+        "format": exporter.format,
+        "exporter": exporter.name,
+        "backend": exporter.backend,
+        "precision": job.precision,
+        "inputs": [s.to_json() for s in component.inputs],
+        "outputs": [s.to_json() for s in component.outputs],
+        "metadata": component.metadata,
+    }
+    start = time.perf_counter()
+    with PeakRss() as peak:
+        result = exporter.export(component, job.precision, dest)
+    entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
+    entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads).to_json()
+    verdict = entry["parity"]["verdict"]
+    placed = move_into_place(result.files, out_dir / FAILED_DIR if verdict == "fail" else out_dir)
+    entry["files"] = [file_record(p, out_dir) for p in placed]
+    entry["verdict"] = verdict
+    return entry
+
+
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads) -> ParityReport:
+    runtime = RUNTIMES.get(exporter.runtime)
+    gate = threshold_db(component.role, precision, overrides)
+    reason = runtime.unavailable_reason()
+    if reason:
+        return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
+    session = runtime.load(files, threads)
+    return measure(component, session, runtime.name, io_float_dtype, gate, token_threshold(precision), runtime.method)
+
+
+def export_model(
+    model: str,
+    target: str,
+    out: Path,
+    *,
+    preset: str | None = None,
+    checkpoint: Path | None = None,
+    seed: int = 0,
+    components: list[str] | None = None,
+    formats: list[str] | None = None,
+    precisions: list[str] | None = None,
+    min_db: dict[str, float] | None = None,
+    threads: int | None = None,
+    progress: Callable[[str, Job | None], None] | None = None,
+) -> dict:
+    """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/)."""
+    progress = progress or (lambda _msg, _job: None)
+    recipe = RECIPES.get(model)
+    tgt = get_target(target)
+    if preset and checkpoint:
+        raise EdgexError("give either --preset or --checkpoint, not both")
+    if preset and preset not in recipe.presets():
+        raise EdgexError(f"no such preset {preset!r} for {model} (known: {', '.join(recipe.presets())})")
+    jobs = plan(recipe, tgt, components, formats, precisions)
+    for job in jobs:
+        EXPORTERS.get(job.exporter).check(job.precision)
+    out_dir = ensure_writable_dir(Path(out) / model / target)
+
+    started = time.perf_counter()
+    progress("loading model", None)
+    loaded = recipe.load(preset, checkpoint, seed)
+    progress("building components from the eager pipeline", None)
+    built = {c.name: c for c in recipe.components(loaded, sorted({j.component for j in jobs}, key=[j.component for j in jobs].index))}
+
+    entries = []
+    with staging_dir(out_dir) as stage:
+        for job in jobs:
+            progress(f"{job.component} -> {job.exporter} {job.precision}", job)
+            exporter = EXPORTERS.get(job.exporter)
+            try:
+                entry = _export_one(job, built[job.component], exporter, stage, out_dir, min_db, threads)
+            except EdgexError:
+                raise
+            except Exception as exc:  # a lowering/runtime failure of one artifact is recorded, not hidden
+                entry = {"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
+                         "backend": exporter.backend, "precision": job.precision, "verdict": "error",
+                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500], "files": []}
+            entries.append(entry)
+            progress(f"{job.component} {job.exporter} {job.precision}: {entry['verdict']}", job)
+
+    manifest = {
+        "edgex_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
+        "tool_versions": versions(),
+        "model": model,
+        "source": loaded.source,
+        "options": loaded.options,
+        "target": tgt.name,
+        "target_facts": tgt.facts,
+        "threads": threads,
+        "gate_overrides": min_db or {},
+        "artifacts": entries,
+        "status": "pass" if all(e["verdict"] in ("pass", "unverified") for e in entries) else "fail",
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    manifest["manifest_path"] = str(out_dir / MANIFEST)
+    return manifest

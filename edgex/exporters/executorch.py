@@ -1,0 +1,72 @@
+"""ExecuTorch `.pte` with the XNNPACK delegate.
+
+fp16 converts the module (ExecuTorch's own LLM export does the same: there is no fp16 switch on the
+partitioner). 8da8w / 8da4w use torchao's dynamic-activation int schemes on linear layers, as
+ExecuTorch's LLM export does. `w8` (int8 weight-only) is offered on purpose: it lowers and runs
+but XNNPACK returns wrong numbers (MODELS.md), and the parity gate is what must catch it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..component import Component
+from . import EXPORTERS
+from .base import ExportResult, Exporter, cast_inputs, float_dtype
+
+
+def _quantize(module: nn.Module, precision: str) -> None:
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig
+
+    configs = {
+        "8da8w": lambda: Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
+        "8da4w": lambda: Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+        "w8": Int8WeightOnlyConfig,
+    }
+    linear_only = lambda m, _fqn: isinstance(m, nn.Linear) and m.in_features % 32 == 0  # noqa: E731
+    quantize_(module, configs[precision](), filter_fn=linear_only)
+
+
+def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
+    """A copy of the component's module in the requested precision, and matching example inputs."""
+    module = copy.deepcopy(component.module).eval()
+    dtype = float_dtype(precision)
+    if precision == "fp16":
+        module = module.to(dtype)
+    elif precision != "fp32":
+        _quantize(module, precision)
+    return module, cast_inputs(component.example_inputs, dtype)
+
+
+@EXPORTERS.register("executorch")
+class ExecuTorchExporter(Exporter):
+    name = "executorch"
+    format = "pte"
+    backend = "xnnpack"
+    extension = ".pte"
+    runtime = "executorch"
+    precisions = ("fp32", "fp16", "8da8w", "8da4w", "w8")
+    requires = ("executorch", "torchao")
+
+    def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        module, inputs = prepare(component, precision)
+        with torch.no_grad():
+            program = torch.export.export(module, inputs, strict=False)
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
+        buffer = lowered.to_executorch().buffer
+        dest.write_bytes(buffer)
+        return ExportResult(
+            [dest],
+            str(float_dtype(precision)).removeprefix("torch."),
+            {"delegate_subgraphs": delegated},
+        )

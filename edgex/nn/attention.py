@@ -1,0 +1,136 @@
+"""Export-friendly attention over Hugging Face attention modules.
+
+Hugging Face forwards hide the KV cache in `Cache` objects, build masks with vmap and choose the
+kernel at run time; none of that survives torch.export into static edge graphs. These helpers run
+the *same* projection/norm modules of an HF attention layer, but take the past keys/values and an
+additive mask as plain tensors and return the new keys/values, so a recipe can place the cache
+wherever its deployment wants it (graph input/output, in-graph ring buffer, unrolled steps).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NEG_INF = -1.0e4  # additive mask value: exp() underflows to exactly 0 in fp32 and fp16 alike
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX rotate-half RoPE tables for integer `positions` [P] -> cos, sin [1, 1, P, head_dim]."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+def attach_norm_constants(module: nn.Module) -> None:
+    """Give every HF RMSNorm under `module` a non-persistent 1/n column buffer (see `rms_norm`).
+
+    Buffers are weights to torch.export; a tensor built during tracing would be an op instead."""
+    for norm in module.modules():
+        if hasattr(norm, "variance_epsilon") and not hasattr(norm, "edgex_mean_column"):
+            n = norm.weight.shape[-1]
+            norm.register_buffer("edgex_mean_column", torch.full((n, 1), 1.0 / n), persistent=False)
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An HF RMSNorm (`weight`, `variance_epsilon`; computes in fp32) with the mean of squares as a
+    matmul against a constant 1/n column: the same math, but XNNPACK delegates it (it does not
+    delegate a 3-D mean), so a transformer block lowers as one partition instead of several."""
+    if isinstance(norm, nn.Identity):
+        return x
+    x32 = x.to(torch.float32)
+    variance = torch.matmul(x32 * x32, norm.edgex_mean_column.to(torch.float32))
+    return norm.weight * (x32 * torch.rsqrt(variance + norm.variance_epsilon)).to(x.dtype)
+
+
+def mask_from_valid(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean [.., Q, K] visibility -> additive float mask."""
+    return torch.where(valid, torch.zeros((), dtype=dtype), torch.full((), NEG_INF, dtype=dtype))
+
+
+def group_mask(mask: torch.Tensor, groups: int, seq: int) -> torch.Tensor:
+    """Lay a [1, 1, P, S] mask out for grouped queries ([1, 1, G*P, S]); callers do this once per
+    graph so that layers do not each repeat it. Masks that broadcast (P == 1) stay as they are."""
+    if mask.shape[2] in (1, groups * seq):
+        return mask
+    return mask.repeat(1, 1, groups, 1)
+
+
+def attention(
+    attn: nn.Module,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    past_key: torch.Tensor | None,
+    past_value: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One HF-style attention layer (q/k/v/o projections, optional q/k norms, GQA).
+
+    hidden [B, P, hidden]; past_key/value [B, KV, S, D] or None; mask additive [1, 1, P, S + P] or
+    None (all visible). Returns (output [B, P, hidden], key [B, KV, P, D], value [B, KV, P, D]) where
+    key/value are this call's new entries, already rotated, ready to be cached.
+    """
+    bsz, seq, _ = hidden.shape
+    head_dim = attn.head_dim
+    q = rms_norm(attn.q_norm, attn.q_proj(hidden).view(bsz, seq, -1, head_dim)).transpose(1, 2)
+    k = rms_norm(attn.k_norm, attn.k_proj(hidden).view(bsz, seq, -1, head_dim)).transpose(1, 2)
+    v = attn.v_proj(hidden).view(bsz, seq, -1, head_dim).transpose(1, 2)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    keys = k if past_key is None else torch.cat((past_key, k), dim=2)
+    values = v if past_value is None else torch.cat((past_value, v), dim=2)
+    # GQA without copying K/V: fold each KV head's query group into the query axis
+    # ([B, KV*G, P, D] -> [B, KV, G*P, D]), which is exactly HF's repeat_kv head mapping (h -> h // G).
+    groups = attn.num_key_value_groups
+    kv_heads = keys.shape[1]
+    q = q.reshape(bsz, kv_heads, groups * seq, head_dim)
+    # 3-D bmm: a 4-D matmul decomposes with expand copies that XNNPACK does not delegate.
+    slots = keys.shape[2]
+    scores = torch.bmm(
+        q.reshape(bsz * kv_heads, groups * seq, head_dim), keys.reshape(bsz * kv_heads, slots, head_dim).transpose(1, 2)
+    ).reshape(bsz, kv_heads, groups * seq, slots) * attn.scaling
+    if mask is not None:
+        scores = scores + group_mask(mask, groups, seq)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.bmm(
+        probs.reshape(bsz * kv_heads, groups * seq, slots), values.reshape(bsz * kv_heads, slots, head_dim)
+    ).reshape(bsz, kv_heads * groups, seq, head_dim)
+    out = out.transpose(1, 2).reshape(bsz, seq, -1)
+    return attn.o_proj(out), k, v
+
+
+def decoder_layer(
+    layer: nn.Module,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    past_key: torch.Tensor | None,
+    past_value: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pre-norm HF decoder layer (input_layernorm, self_attn, post_attention_layernorm, mlp),
+    honouring optional per-branch layer scales (`self_attn_layer_scale`, `mlp_layer_scale`)."""
+    attn_scale = getattr(layer, "self_attn_layer_scale", None) or nn.Identity()
+    mlp_scale = getattr(layer, "mlp_layer_scale", None) or nn.Identity()
+    normed = rms_norm(layer.input_layernorm, hidden)
+    out, key, value = attention(layer.self_attn, normed, cos, sin, past_key, past_value, mask)
+    hidden = hidden + attn_scale(out)
+    hidden = hidden + mlp_scale(layer.mlp(rms_norm(layer.post_attention_layernorm, hidden)))
+    return hidden, key, value
+
+
+def causal_valid(queries: int, keys: int, device=None) -> torch.Tensor:
+    """[Q, K] visibility for Q new positions appended after K - Q cached ones."""
+    q = torch.arange(queries, device=device)[:, None] + (keys - queries)
+    k = torch.arange(keys, device=device)[None, :]
+    return k <= q

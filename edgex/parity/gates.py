@@ -1,0 +1,39 @@
+"""Parity gates: the minimum SNR (dB) an artifact must reach, per (role, precision).
+
+Defaults come from measurements on the tiny and 0.6b presets (README, "Parity gates"): fp32 graphs
+differ from eager only by kernel rounding (> 100 dB measured), fp16 by half-precision rounding,
+int schemes by quantization noise. Token outputs (sampled codes) must agree exactly in float
+schemes: a flipped code is a different utterance.
+"""
+
+from __future__ import annotations
+
+from ..errors import EdgexError
+
+DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.0}
+ROLE_DB: dict[tuple[str, str], float] = {}
+TOKEN_AGREEMENT = {"fp32": 1.0, "fp16": 1.0}  # other schemes: reported, not gated
+
+
+def parse_overrides(values: list[str] | None) -> dict[str, float]:
+    """`--min-db 30` (every artifact) or `--min-db decoder=40` / `--min-db fp16=25` (role or precision)."""
+    overrides: dict[str, float] = {}
+    for value in values or []:
+        key, _, number = value.rpartition("=")
+        try:
+            overrides[key or "*"] = float(number)
+        except ValueError:
+            raise EdgexError(f"bad --min-db {value!r}: expected DB, ROLE=DB or PRECISION=DB") from None
+    return overrides
+
+
+def threshold_db(role: str, precision: str, overrides: dict[str, float] | None = None) -> float:
+    overrides = overrides or {}
+    for key in (f"{role}:{precision}", role, precision, "*"):
+        if key in overrides:
+            return overrides[key]
+    return ROLE_DB.get((role, precision), DEFAULT_DB.get(precision, 20.0))
+
+
+def token_threshold(precision: str) -> float | None:
+    return TOKEN_AGREEMENT.get(precision)

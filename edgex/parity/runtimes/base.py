@@ -1,0 +1,31 @@
+"""Runtime: runs an artifact on this machine and returns numpy outputs, or says why it cannot."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+class Session(ABC):
+    @abstractmethod
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Inputs in the artifact's own dtypes, in declared order; outputs in declared order."""
+
+
+class Runtime(ABC):
+    name: str
+    method: str = "runtime"  # how parity obtained by this adapter is labelled in the manifest
+
+    def unavailable_reason(self) -> str | None:
+        """None when this machine can run the format, else a one-line reason."""
+        return None
+
+    @abstractmethod
+    def load(self, files: list[Path], threads: int | None = None) -> Session:
+        ...
+
+    def version(self) -> str | None:
+        return None

@@ -1,0 +1,43 @@
+"""ExecuTorch runtime (the pybindings runtime with the XNNPACK backend registered)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ...toolchain import require, version
+from . import RUNTIMES
+from .base import Runtime, Session
+
+
+class _Session(Session):
+    def __init__(self, method):
+        self._method = method
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        outputs = self._method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+        return [o.detach().numpy().copy() if hasattr(o, "numpy") else np.asarray(o) for o in outputs]
+
+
+@RUNTIMES.register("executorch")
+class ExecuTorchRuntime(Runtime):
+    name = "executorch"
+
+    def load(self, files: list[Path], threads: int | None = None) -> Session:
+        require("executorch", "running .pte artifacts")
+        from executorch.runtime import Runtime as EtRuntime
+
+        if threads:
+            from executorch.extension.pybindings import portable_lib
+
+            if portable_lib._threadpool_get_thread_count() != threads:
+                portable_lib._unsafe_reset_threadpool(threads)
+        program = EtRuntime.get().load_program(Path(files[0]))
+        return _Session(program.load_method("forward"))
+
+    def version(self) -> str | None:
+        return version("executorch")

@@ -1,0 +1,36 @@
+"""Named numeric schemes. Each exporter maps a scheme to its native mechanism or refuses it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import EdgexError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weights: str  # storage of linear weights
+    activations: str  # compute / activation type
+    granularity: str  # how weights are quantized
+    calibration: bool  # needs representative activations
+    description: str
+
+
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("fp32", "float32", "float32", "-", False, "reference float"),
+        Precision("fp16", "float16", "float16", "-", False, "half precision weights and compute"),
+        Precision("8da8w", "int8", "int8 dynamic", "per channel", False, "int8 weights, per-token dynamic int8 activations"),
+        Precision("8da4w", "int4", "int8 dynamic", "groups of 32", False, "int4 group-wise weights, dynamic int8 activations"),
+        Precision("w8", "int8", "float32", "per channel", False, "int8 weight-only, float compute"),
+    )
+}
+
+
+def get_precision(name: str) -> Precision:
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise EdgexError(f"no such precision {name!r} (known: {', '.join(PRECISIONS)})") from None

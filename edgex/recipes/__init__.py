@@ -1,0 +1,5 @@
+"""Model-family recipes, registered by name."""
+
+from ..registry import Registry
+
+RECIPES: Registry = Registry("model", __name__)

@@ -1,0 +1,329 @@
+"""Recipe `qwen3-tts`: Qwen3-TTS (12 Hz tokenizer) split into talker, code predictor and Code2Wav.
+
+Components (role):
+  talker_prefill (talker)        fixed prompt chunk -> logits, hidden, KV for the cache
+  talker_decode (talker)         one KV-cached step per 80 ms frame
+  code_predictor (predictor)     the 15 residual codebooks of a frame in one graph
+  code_predictor_step (predictor) one predictor position: the fallback runner loop
+  code2wav (decoder)             72 context + 25 new frames -> wav of the new frames
+  code2latent (decoder)          exact streaming, part 1: codes -> latents, rolling KV
+  latent2wav (decoder)           exact streaming, part 2: latents + 12 frames context -> wav
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ...component import LOGITS, SIGNAL, TOKENS, Component, TensorSpec
+from ...errors import EdgexError
+from .. import RECIPES
+from ..base import LoadedModel, Recipe
+from . import code2wav, predictor, talker
+from .models import build_from_preset, load_checkpoint
+from .pipeline import AUDIO_CODES, Utterance, padded_cache, run_utterance
+from .presets import PRESETS, get_preset
+
+ROLES = {
+    "talker_prefill": "talker",
+    "talker_decode": "talker",
+    "code_predictor": "predictor",
+    "code_predictor_step": "predictor",
+    "code2wav": "decoder",
+    "code2latent": "decoder",
+    "latent2wav": "decoder",
+}
+
+# Graph sizes per preset family: (prefill chunk, talker KV slots).
+_SIZES = {"tiny": (16, 64)}
+_REAL_SIZES = (32, 256)
+WINDOW_CONTEXT, WINDOW_NEW = 72, 25  # code2wav window (frames)
+STREAM_CHUNK = 25  # frames per code2latent / latent2wav call
+PREDICTOR_SLOTS = 15  # past positions a predictor step can see (16 per frame, last never cached)
+UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
+
+
+def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
+    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
+
+
+@RECIPES.register("qwen3-tts")
+class Qwen3TTSRecipe(Recipe):
+    name = "qwen3-tts"
+    description = "Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)"
+
+    def presets(self) -> dict[str, str]:
+        return {name: p.description for name, p in PRESETS.items()}
+
+    def component_names(self) -> dict[str, str]:
+        return dict(ROLES)
+
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int) -> LoadedModel:
+        if checkpoint is not None:
+            models = load_checkpoint(checkpoint)
+            sizes = _REAL_SIZES
+        else:
+            name = preset or self.default_preset
+            models = build_from_preset(get_preset(name), seed)
+            sizes = _SIZES.get(name, _REAL_SIZES)
+        options = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed}
+        return LoadedModel(self.name, models, models.source, options)
+
+    def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
+        names = list(ROLES) if not names else names
+        for n in names:
+            if n not in ROLES:
+                raise EdgexError(f"no such component {n!r} in qwen3-tts (known: {', '.join(ROLES)})")
+        builder = _ComponentBuilder(loaded)
+        return [getattr(builder, n)() for n in names]
+
+
+class _ComponentBuilder:
+    """Builds each component with samples from two eager utterances: A (example) and B (held out)."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.talker = loaded.models.talker
+        self.decoder = loaded.models.decoder
+        self.prefill_len = loaded.options["prefill_len"]
+        self.slots = loaded.options["max_context"]
+        seed = loaded.options["seed"]
+        self._seeds = {"a": seed, "b": seed + 1}
+        self._utts: dict[str, Utterance] = {}
+
+    def utt(self, which: str) -> Utterance:
+        if which not in self._utts:
+            self._utts[which] = run_utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, self._seeds[which])
+        return self._utts[which]
+
+    def _component(self, name, module, input_names, output_kinds, reference, samples, **metadata) -> Component:
+        first = next(iter(samples.values()))
+        with torch.no_grad():
+            outputs = reference(*first)
+        inputs = [_spec(n, t) for n, t in zip(input_names, first)]
+        outs = [_spec(n, t, kind) for (n, kind), t in zip(output_kinds, outputs)]
+        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata)
+        for sample in samples.values():
+            comp.check_inputs(sample)
+        return comp
+
+    # -- talker -----------------------------------------------------------------------------
+    def talker_prefill(self) -> Component:
+        return self._component(
+            "talker_prefill",
+            talker.TalkerPrefill(self.talker),
+            ["inputs_embeds"],
+            [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(talker.prefill_reference, self.talker),
+            {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
+            prefill_len=self.prefill_len,
+        )
+
+    def _decode_sample(self, which: str, frame: int):
+        utt = self.utt(which)
+        rec = utt.frames[frame]
+        pos = rec["position"]
+        if pos >= self.slots:
+            raise EdgexError(f"talker sample position {pos} exceeds max_context {self.slots}")
+        return (
+            rec["next_embeds"],
+            torch.tensor([pos]),
+            padded_cache(utt.cache_key, pos, self.slots),
+            padded_cache(utt.cache_value, pos, self.slots),
+        )
+
+    def talker_decode(self) -> Component:
+        return self._component(
+            "talker_decode",
+            talker.TalkerDecode(self.talker),
+            ["inputs_embeds", "position", "past_key", "past_value"],
+            [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(talker.decode_reference, self.talker),
+            {"utterance_a_frame10": self._decode_sample("a", 10), "utterance_b_frame30": self._decode_sample("b", 30)},
+            max_context=self.slots,
+        )
+
+    # -- code predictor ---------------------------------------------------------------------
+    def _frame_sample(self, which: str, frame: int, sampled: bool):
+        rec = self.utt(which).frames[frame]
+        noise = rec["noise"] if sampled else torch.zeros_like(rec["noise"])
+        return rec["talker_hidden"], rec["code0"], noise
+
+    def code_predictor(self) -> Component:
+        return self._component(
+            "code_predictor",
+            predictor.CodePredictorFrame(self.talker),
+            ["talker_hidden", "code0", "noise"],
+            [("codes", TOKENS), ("logits", LOGITS), ("codec_embeds", SIGNAL)],
+            partial(predictor.frame_reference, self.talker),
+            {
+                "utterance_a_frame10_greedy": self._frame_sample("a", 10, False),
+                "utterance_b_frame30_sampled": self._frame_sample("b", 30, True),
+                "utterance_b_frame31_greedy": self._frame_sample("b", 31, False),
+            },
+        )
+
+    @torch.no_grad()
+    def _step_sample(self, which: str, frame: int, step: int):
+        """Predictor state at `step` of a recorded frame, teacher-forced with the frame's codes."""
+        rec = self.utt(which).frames[frame]
+        pred = self.talker.code_predictor
+        all_codes = torch.cat((rec["code0"], rec["codes"]), dim=1)
+        embeds = [rec["talker_hidden"], self.talker.model.codec_embedding(rec["code0"])]
+        embeds += [pred.model.codec_embedding[g](all_codes[:, g + 1 : g + 2]) for g in range(predictor.GROUPS - 1)]
+        layers = len(pred.model.layers)
+        key = torch.zeros(layers, 1, pred.config.num_key_value_heads, PREDICTOR_SLOTS, pred.config.head_dim)
+        value = torch.zeros_like(key)
+        if step > 0:
+            cache = DynamicCache()
+            pred.model(inputs_embeds=pred.small_to_mtp_projection(torch.cat(embeds[:step], dim=1)),
+                       past_key_values=cache, use_cache=True)
+            for i in range(layers):
+                key[i, :, :, :step] = cache[i][0]
+                value[i, :, :, :step] = cache[i][1]
+        code = all_codes[:, max(step - 1, 0) : max(step - 1, 0) + 1]
+        return rec["talker_hidden"], code, torch.tensor([step]), key, value
+
+    def code_predictor_step(self) -> Component:
+        return self._component(
+            "code_predictor_step",
+            predictor.CodePredictorStep(self.talker),
+            ["talker_hidden", "code", "step", "past_key", "past_value"],
+            [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(predictor.step_reference, self.talker),
+            {
+                "utterance_a_frame10_step5": self._step_sample("a", 10, 5),
+                "utterance_b_frame30_step0": self._step_sample("b", 30, 0),
+                "utterance_b_frame30_step1": self._step_sample("b", 30, 1),
+                "utterance_b_frame30_step15": self._step_sample("b", 30, 15),
+            },
+        )
+
+    # -- Code2Wav ---------------------------------------------------------------------------
+    def code2wav(self) -> Component:
+        frames = WINDOW_CONTEXT + WINDOW_NEW
+        return self._component(
+            "code2wav",
+            code2wav.Code2WavWindow(self.decoder, WINDOW_NEW),
+            ["codes"],
+            [("wav", SIGNAL)],
+            partial(code2wav.window_reference, self.decoder, new_frames=WINDOW_NEW),
+            {
+                "utterance_a_frames0_97": (self.utt("a").codes[..., :frames],),
+                "utterance_b_frames3_100": (self.utt("b").codes[..., 3 : 3 + frames],),
+            },
+            context_frames=WINDOW_CONTEXT,
+            new_frames=WINDOW_NEW,
+        )
+
+    @torch.no_grad()
+    def _latent_sample(self, which: str, chunk: int):
+        codes = self.utt(which).codes
+        start = chunk * STREAM_CHUNK
+        dec = self.decoder
+        slots = int(dec.config.sliding_window) - 1
+        quantized = dec.quantizer.decode(codes[..., : start + STREAM_CHUNK])
+        state = torch.zeros(1, quantized.shape[1], 2)
+        take = min(start, 2)
+        if take:
+            state[..., 2 - take :] = quantized[..., start - take : start]
+        layers, heads = dec.config.num_hidden_layers, dec.config.num_key_value_heads
+        key = torch.zeros(layers, 1, heads, slots, dec.config.head_dim)
+        value = torch.zeros_like(key)
+        if start:
+            hidden = dec.pre_conv(quantized[..., :start]).transpose(1, 2)
+            out = dec.pre_transformer(inputs_embeds=hidden, use_cache=True)
+            keep = min(start, slots)
+            for i in range(layers):
+                key[i, :, :, slots - keep :] = out.past_key_values[i][0][:, :, -keep:]
+                value[i, :, :, slots - keep :] = out.past_key_values[i][1][:, :, -keep:]
+        return codes[..., start : start + STREAM_CHUNK], torch.tensor([start]), state, key, value
+
+    def code2latent(self) -> Component:
+        return self._component(
+            "code2latent",
+            code2wav.Code2Latent(self.decoder),
+            ["codes", "start", "conv_state", "past_key", "past_value"],
+            [("latent", SIGNAL), ("next_conv_state", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(code2latent_reference, self.decoder),
+            {
+                "utterance_a_chunk3": self._latent_sample("a", 3),
+                "utterance_b_chunk0": self._latent_sample("b", 0),
+                "utterance_b_chunk2": self._latent_sample("b", 2),
+            },
+            chunk_frames=STREAM_CHUNK,
+        )
+
+    @torch.no_grad()
+    def _wav_sample(self, which: str, chunk: int, context: int):
+        latent = code2wav.offline_latent(self.decoder, self.utt(which).codes)
+        start = chunk * STREAM_CHUNK
+        valid = min(start, context)
+        window = torch.zeros(1, latent.shape[1], context + STREAM_CHUNK)
+        window[..., context - valid :] = latent[..., start - valid : start + STREAM_CHUNK]
+        return window, torch.tensor([valid])
+
+    def latent2wav(self) -> Component:
+        context = code2wav.receptive_field_frames(self.decoder)
+        return self._component(
+            "latent2wav",
+            code2wav.Latent2Wav(self.decoder, context),
+            ["latent", "context_valid"],
+            [("wav", SIGNAL)],
+            partial(latent2wav_reference, self.decoder, context),
+            {
+                "utterance_a_chunk2": self._wav_sample("a", 2, context),
+                "utterance_b_chunk0": self._wav_sample("b", 0, context),
+                "utterance_b_chunk3": self._wav_sample("b", 3, context),
+            },
+            context_frames=context,
+            chunk_frames=STREAM_CHUNK,
+        )
+
+
+@torch.no_grad()
+def code2latent_reference(decoder, codes, start, conv_state, past_key, past_value):
+    """Unmodified HF modules: pre_conv over [state, chunk]; pre_transformer with HF's own sliding
+    window cache (DynamicSlidingWindowLayer keeps exactly window-1 positions) primed with the
+    valid past entries."""
+    s, chunk = int(start.reshape(-1)[0]), codes.shape[-1]
+    quantized = decoder.quantizer.decode(codes)
+    stacked = torch.cat((conv_state, quantized), dim=-1)
+    hidden = decoder.pre_conv(stacked)[..., conv_state.shape[-1] :].transpose(1, 2)
+    slots = past_key.shape[3]
+    cache = DynamicCache(config=decoder.config)
+    valid = min(s, slots)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(past_key[i])
+        layer.keys = past_key[i][:, :, slots - valid :].clone()
+        layer.values = past_value[i][:, :, slots - valid :].clone()
+        layer.cumulative_length = s
+    out = decoder.pre_transformer(
+        inputs_embeds=hidden, past_key_values=cache, use_cache=True, cache_position=torch.arange(s, s + chunk)
+    )
+    keys, values = [], []
+    for i, layer in enumerate(cache.layers):
+        full_k = torch.cat((past_key[i], layer.keys[:, :, -chunk:]), dim=2)[:, :, chunk:]
+        full_v = torch.cat((past_value[i], layer.values[:, :, -chunk:]), dim=2)[:, :, chunk:]
+        keys.append(full_k)
+        values.append(full_v)
+    return (
+        out.last_hidden_state.permute(0, 2, 1),
+        stacked[..., -conv_state.shape[-1] :],
+        torch.stack(keys),
+        torch.stack(values),
+    )
+
+
+@torch.no_grad()
+def latent2wav_reference(decoder, context: int, latent, context_valid):
+    """Unmodified conv stack over only the valid frames (offline zero padding at stream start)."""
+    valid = int(context_valid.reshape(-1)[0])
+    wav = code2wav.offline_wav_from_latent(decoder, latent[..., context - valid :])
+    new = latent.shape[-1] - context
+    return (wav[..., wav.shape[-1] - new * int(decoder.total_upsample) :],)
+
+
+__all__ = ["Qwen3TTSRecipe", "AUDIO_CODES"]

@@ -1,0 +1,198 @@
+"""Code2Wav decoder graphs: a windowed offline decode and the exact streaming pair.
+
+The decoder is causal: RVQ dequantize -> causal conv (k=3) -> 72-frame sliding-window transformer
+-> upsampling conv stack -> wav (1920 samples per frame). Every conv has stride 1 with left
+padding only, so only the transformer is long-range.
+
+* `code2wav`: codes of `context + new` frames -> the wav of the new frames. Approximate (~65 dB on
+  real weights): the window truncates attention history.
+* `code2latent`: new frames -> latents, with the transformer's sliding-window KV as a rolling ring
+  (window-1 slots, rolled inside the graph) and the pre-conv's 2 frames of state. Exact.
+* `latent2wav`: `context + new` latent frames -> wav of the new frames. The context covers the conv
+  stack's receptive field, so it is exact; at stream start `context_valid` < context marks the
+  leading frames as absent and each conv sees zeros there, exactly like the offline zero padding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ...nn.attention import attach_norm_constants, causal_valid, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
+
+
+def _causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3TTSTokenizerV2CausalConvNet without its shape-dependent extra padding (0 at stride 1)."""
+    return conv.conv(nn.functional.pad(x, (conv.padding, 0)))
+
+
+def _trans_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    y = conv.conv(x)
+    return y[..., : y.shape[-1] - conv.right_pad] if conv.right_pad > 0 else y
+
+
+def _zero_before(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
+    """Zero time steps < first (a 0-d/1-element tensor of samples at x's rate)."""
+    if first is None:
+        return x
+    keep = torch.arange(x.shape[-1]) >= first
+    return x * keep.to(x.dtype)
+
+
+def receptive_field_frames(decoder: nn.Module) -> int:
+    """Latent frames of left context the conv stack needs for an exact result, from the config.
+
+    Walks the stack output-to-input: a causal conv looks back (k-1)*d samples at its input rate, a
+    transposed conv (kernel k, stride s) at most ceil((k-1)/s) input samples."""
+    rate, history = 1.0, 0.0
+
+    def conv(module):
+        nonlocal history
+        history += (module.kernel_size - 1) / rate
+
+    def trans(module):
+        nonlocal history, rate
+        kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
+        history += math.ceil((kernel - 1) / stride) / rate
+        rate *= stride
+
+    for up, convnext in decoder.upsample:
+        trans(up)
+        conv(convnext.dwconv)
+    conv(decoder.decoder[0])
+    for block in decoder.decoder[1:-2]:
+        trans(block.block[1])
+        for unit in block.block[2:]:
+            conv(unit.conv1)
+            conv(unit.conv2)
+    conv(decoder.decoder[-1])
+    return math.ceil(history)
+
+
+class _DecoderGraph(nn.Module):
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.decoder = decoder
+        attach_norm_constants(decoder)
+        self.transformer = decoder.pre_transformer
+        self.window = int(decoder.config.sliding_window)
+        self.upsample_per_frame = int(decoder.total_upsample)
+        self.register_buffer("inv_freq", self.transformer.rotary_emb.inv_freq.detach().clone(), persistent=False)
+
+    def _transformer(self, latent, positions, past, mask):
+        tr = self.transformer
+        hidden = tr.input_proj(latent)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)
+        scale = float(tr.rotary_emb.attention_scaling)
+        cos, sin = cos * scale, sin * scale
+        new = []
+        for i, layer in enumerate(tr.layers):
+            pk, pv = (None, None) if past is None else (past[0][i], past[1][i])
+            hidden, k, v = decoder_layer(layer, hidden, cos, sin, pk, pv, mask)
+            new.append((k, v))
+        return tr.output_proj(rms_norm(tr.norm, hidden)), new
+
+    def _conv_stack(self, latent, first_frame):
+        """latent [1, C, T] -> wav [1, 1, T * 1920]; frames < first_frame are treated as absent."""
+        rate = 1
+        first = lambda: None if first_frame is None else first_frame * rate  # noqa: E731
+        hidden = latent
+        for up, convnext in self.decoder.upsample:
+            hidden = _trans_conv(up, _zero_before(hidden, first()))
+            rate *= up.conv.stride[0]
+            residual = hidden
+            hidden = _causal_conv(convnext.dwconv, _zero_before(hidden, first()))
+            hidden = convnext.pwconv2(convnext.act(convnext.pwconv1(convnext.norm(hidden.permute(0, 2, 1)))))
+            hidden = residual + (convnext.gamma * hidden).permute(0, 2, 1)
+        stages = self.decoder.decoder
+        hidden = _causal_conv(stages[0], _zero_before(hidden, first()))
+        for block in stages[1:-2]:
+            snake, up, *units = block.block
+            hidden = _trans_conv(up, _zero_before(snake(hidden), first()))
+            rate *= up.conv.stride[0]
+            for unit in units:
+                inner = _causal_conv(unit.conv1, _zero_before(unit.act1(hidden), first()))
+                hidden = hidden + _causal_conv(unit.conv2, unit.act2(inner))
+        wav = _causal_conv(stages[-1], _zero_before(stages[-2](hidden), first()))
+        return wav.clamp(min=-1, max=1)
+
+
+class Code2WavWindow(_DecoderGraph):
+    """codes [1, 16, context + new] -> wav [1, 1, new * 1920] of the last `new` frames."""
+
+    def __init__(self, decoder: nn.Module, new_frames: int):
+        super().__init__(decoder)
+        self.new_frames = new_frames
+
+    def forward(self, codes):
+        frames = codes.shape[-1]
+        quantized = self.decoder.quantizer.decode(codes)
+        latent = _causal_conv(self.decoder.pre_conv, quantized).transpose(1, 2)
+        pos = torch.arange(frames)
+        valid = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < self.window)
+        hidden, _ = self._transformer(latent, pos, None, mask_from_valid(valid, latent.dtype)[None, None])
+        wav = self._conv_stack(hidden.permute(0, 2, 1), None)
+        return wav[..., (frames - self.new_frames) * self.upsample_per_frame :]
+
+
+class Code2Latent(_DecoderGraph):
+    """codes [1, 16, C], start [1] (absolute frame index of the chunk), conv_state [1, Dq, 2],
+    past_key/past_value [L, 1, H, window-1, D] -> latent [1, latent_dim, C], conv_state, key, value
+    (the rolled caches to feed back). Slots holding frames before 0 are masked by position."""
+
+    def forward(self, codes, start, conv_state, past_key, past_value):
+        chunk = codes.shape[-1]
+        quantized = self.decoder.quantizer.decode(codes)
+        stacked = torch.cat((conv_state, quantized), dim=-1)
+        latent = self.decoder.pre_conv.conv(stacked).transpose(1, 2)
+        slots = past_key.shape[3]
+        q_pos = start + torch.arange(chunk)
+        k_pos = torch.cat((start - slots + torch.arange(slots), q_pos))
+        valid = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (q_pos[:, None] - k_pos[None, :] < self.window)
+        mask = mask_from_valid(valid, latent.dtype)[None, None]
+        hidden, new = self._transformer(latent, q_pos, (past_key, past_value), mask)
+        keys = torch.stack([torch.cat((past_key[i], k), dim=2)[:, :, chunk:] for i, (k, _) in enumerate(new)])
+        values = torch.stack([torch.cat((past_value[i], v), dim=2)[:, :, chunk:] for i, (_, v) in enumerate(new)])
+        state_len = conv_state.shape[-1]
+        return hidden.permute(0, 2, 1), stacked[..., stacked.shape[-1] - state_len :], keys, values
+
+
+class Latent2Wav(_DecoderGraph):
+    """latent [1, latent_dim, context + C], context_valid [1] -> wav [1, 1, C * 1920]."""
+
+    def __init__(self, decoder: nn.Module, context: int):
+        super().__init__(decoder)
+        self.context = context
+
+    def forward(self, latent, context_valid):
+        new = latent.shape[-1] - self.context
+        wav = self._conv_stack(latent, self.context - context_valid)
+        return wav[..., self.context * self.upsample_per_frame :]
+
+
+@torch.no_grad()
+def window_reference(decoder, codes, new_frames: int):
+    """Unmodified HF decoder on the window, keeping the new frames' samples."""
+    wav = decoder(codes)
+    return (wav[..., (codes.shape[-1] - new_frames) * int(decoder.total_upsample) :],)
+
+
+@torch.no_grad()
+def offline_latent(decoder, codes):
+    """The unmodified decoder's latent (transformer output) over a whole utterance."""
+    hidden = decoder.pre_conv(decoder.quantizer.decode(codes)).transpose(1, 2)
+    return decoder.pre_transformer(inputs_embeds=hidden).last_hidden_state.permute(0, 2, 1)
+
+
+@torch.no_grad()
+def offline_wav_from_latent(decoder, latent):
+    """The unmodified decoder's conv stack (upsample + decoder blocks) over a whole utterance."""
+    hidden = latent
+    for blocks in decoder.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    for block in decoder.decoder:
+        hidden = block(hidden)
+    return hidden.clamp(min=-1, max=1)

@@ -1,0 +1,136 @@
+"""Build or load the eager Qwen3-TTS talker (with its code predictor) and Code2Wav decoder.
+
+Two sources: a preset with seeded random weights, or a local Hugging Face-layout checkpoint
+(`config.json` + safetensors at the root for the talker, `speech_tokenizer/` for the decoder).
+Random weights use a fan-in scaled init instead of the package's 0.02 default, and non-zero
+codebooks, so logits are spread and the waveform is speech-scale (MODELS.md: the default init shrinks
+the wav to ~1e-8 and zero codebooks give a constant wav, which would make SNR meaningless).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...errors import EdgexError
+from .presets import Qwen3TTSPreset
+from .reference import qwen_tts_modules
+
+
+@dataclass
+class Qwen3TTSModels:
+    talker: nn.Module  # Qwen3TTSTalkerForConditionalGeneration (holds .code_predictor)
+    decoder: nn.Module  # Qwen3TTSTokenizerV2Decoder
+    source: dict  # what the weights are: preset + seed, or checkpoint path
+
+
+def _configs(talker: dict, decoder: dict):
+    mods = qwen_tts_modules()
+    talker_cfg = mods.config.Qwen3TTSTalkerConfig(**talker)
+    decoder_cfg = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**decoder)
+    for cfg in (talker_cfg, talker_cfg.code_predictor_config, decoder_cfg):
+        cfg._attn_implementation = "eager"
+    return talker_cfg, decoder_cfg
+
+
+def _instantiate(talker_cfg, decoder_cfg):
+    mods = qwen_tts_modules()
+    talker = mods.modeling.Qwen3TTSTalkerForConditionalGeneration(talker_cfg)
+    decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_cfg)
+    return talker.eval(), decoder.eval()
+
+
+@torch.no_grad()
+def _speech_scale_init(talker: nn.Module, decoder: nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for module in list(talker.modules()) + list(decoder.modules()):
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)):
+            fan_in = module.weight[0].numel() if isinstance(module, (nn.Linear, nn.Conv1d)) else (
+                module.weight.shape[0] * module.weight.shape[2] // max(1, module.stride[0])
+            )
+            module.weight.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+            if module.bias is not None:
+                module.bias.normal_(0.0, 0.02, generator=gen)
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, 1.0, generator=gen)
+    for name, param in decoder.named_parameters():
+        if name.endswith("embedding_sum"):
+            param.normal_(0.0, 1.0, generator=gen)
+        elif name.endswith(".gamma") or name.endswith("_layer_scale.scale"):
+            param.fill_(0.1)
+    # Damp each residual unit's output conv so the conv stack does not grow ~3x per block, and
+    # scale the last conv so the wav has speech-like RMS (~0.1) and rarely hits the clamp(-1, 1).
+    for name, module in decoder.named_modules():
+        if name.endswith(".conv2") and isinstance(module.conv, nn.Conv1d):
+            module.conv.weight.mul_(0.3)
+    decoder.decoder[-1].conv.weight.mul_(0.05)
+
+
+def build_from_preset(preset: Qwen3TTSPreset, seed: int) -> Qwen3TTSModels:
+    talker_cfg, decoder_cfg = _configs(preset.talker, preset.decoder)
+    torch.manual_seed(seed)
+    talker, decoder = _instantiate(talker_cfg, decoder_cfg)
+    _speech_scale_init(talker, decoder, seed)
+    return Qwen3TTSModels(talker, decoder, {"preset": preset.name, "seed": seed})
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EdgexError(f"checkpoint is missing {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EdgexError(f"checkpoint config {path} is not valid JSON: {exc}") from None
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise EdgexError(f"checkpoint folder {folder} has no .safetensors file")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise EdgexError(f"corrupt safetensors file {file}: {exc}") from None
+    return state
+
+
+def _load_into(module: nn.Module, state: dict, prefix: str, what: str) -> None:
+    sub = {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in sub]
+    if missing:
+        raise EdgexError(f"checkpoint {what} lacks {len(missing)} tensors, e.g. {prefix}{missing[0]}")
+    bad = [k for k in expected if tuple(sub[k].shape) != tuple(expected[k].shape)]
+    if bad:
+        k = bad[0]
+        raise EdgexError(
+            f"checkpoint {what} tensor {prefix}{k} has shape {tuple(sub[k].shape)}, config says {tuple(expected[k].shape)}"
+        )
+    module.load_state_dict({k: sub[k] for k in expected}, strict=True)
+
+
+def load_checkpoint(path: Path) -> Qwen3TTSModels:
+    """Load a local Qwen3-TTS checkpoint in the Hugging Face layout (no network, ever)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise EdgexError(f"checkpoint {path} is not a directory")
+    config = _read_config(path / "config.json")
+    if "talker_config" not in config:
+        raise EdgexError(f"{path / 'config.json'} has no talker_config: not a Qwen3-TTS checkpoint")
+    tok_dir = path / "speech_tokenizer"
+    tok_config = _read_config(tok_dir / "config.json")
+    talker_cfg, decoder_cfg = _configs(config["talker_config"], tok_config.get("decoder_config", {}))
+    talker, decoder = _instantiate(talker_cfg, decoder_cfg)
+    _load_into(talker, _read_state(path), "talker.", "talker")
+    _load_into(decoder, _read_state(tok_dir), "decoder.", "speech tokenizer decoder")
+    return Qwen3TTSModels(talker, decoder, {"checkpoint": str(path.resolve())})

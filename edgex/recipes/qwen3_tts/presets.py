@@ -1,0 +1,123 @@
+"""Qwen3-TTS configurations: the real 0.6B / 1.7B checkpoint values and a tiny test preset.
+
+The qwen-tts package defaults are not the checkpoint values (MODELS.md): `text_vocab_size`,
+`head_dim`, the mrope `rope_scaling` keys and the decoder `codebook_dim` must be set explicitly.
+The tiny preset keeps the real vocabularies, codebook counts, frame rate and decoder window and
+shrinks only widths and depths, so every graph has the real interface and exports in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import EdgexError
+
+# Special codec ids sit above the 2048 audio codes in the 3072-entry codec vocabulary.
+_CODEC_SPECIAL = dict(
+    codec_pad_id=2148,
+    codec_bos_id=2149,
+    codec_eos_token_id=2150,
+    codec_think_id=2154,
+    codec_nothink_id=2155,
+    codec_think_bos_id=2156,
+    codec_think_eos_id=2157,
+)
+
+
+@dataclass(frozen=True)
+class Qwen3TTSPreset:
+    """Plain dictionaries for the talker config and the Code2Wav decoder config."""
+
+    name: str
+    talker: dict
+    decoder: dict
+    description: str
+
+
+def _talker(hidden, layers, heads, kv, head_dim, mlp, text_hidden, predictor, mrope):
+    return dict(
+        vocab_size=3072,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000,
+        rope_scaling={"mrope_section": mrope, "interleaved": True, "rope_type": "default"},
+        num_code_groups=16,
+        text_hidden_size=text_hidden,
+        text_vocab_size=151936,
+        code_predictor_config=predictor,
+        **_CODEC_SPECIAL,
+    )
+
+
+def _predictor(hidden, layers, heads, kv, head_dim, mlp):
+    return dict(
+        vocab_size=2048,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000,
+        num_code_groups=16,
+    )
+
+
+def _decoder(codebook_dim, hidden, latent, layers, heads, mlp, decoder_dim):
+    return dict(
+        codebook_size=2048,
+        codebook_dim=codebook_dim,
+        hidden_size=hidden,
+        latent_dim=latent,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        sliding_window=72,
+        num_quantizers=16,
+        upsample_rates=[8, 5, 4, 3],
+        upsampling_ratios=[2, 2],
+        decoder_dim=decoder_dim,
+    )
+
+
+_REAL_DECODER = _decoder(codebook_dim=512, hidden=512, latent=1024, layers=8, heads=16, mlp=1024, decoder_dim=1536)
+
+PRESETS: dict[str, Qwen3TTSPreset] = {
+    p.name: p
+    for p in (
+        Qwen3TTSPreset(
+            "tiny",
+            _talker(64, 2, 4, 2, 16, 128, 32, _predictor(64, 2, 4, 2, 16, 128), [4, 2, 2]),
+            _decoder(codebook_dim=32, hidden=64, latent=64, layers=2, heads=4, mlp=128, decoder_dim=96),
+            "real vocabularies and interfaces, 2-layer talker/predictor/decoder; seconds to export",
+        ),
+        Qwen3TTSPreset(
+            "0.6b",
+            _talker(1024, 28, 16, 8, 128, 3072, 2048, _predictor(1024, 5, 16, 8, 128, 3072), [24, 20, 20]),
+            _REAL_DECODER,
+            "Qwen3-TTS-12Hz-0.6B configuration, seeded random weights",
+        ),
+        Qwen3TTSPreset(
+            "1.7b",
+            _talker(2048, 28, 16, 8, 128, 6144, 2048, _predictor(1024, 5, 16, 8, 128, 3072), [24, 20, 20]),
+            _REAL_DECODER,
+            "Qwen3-TTS-12Hz-1.7B configuration, seeded random weights",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Qwen3TTSPreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise EdgexError(f"no such preset {name!r} for qwen3-tts (known: {', '.join(PRESETS)})") from None

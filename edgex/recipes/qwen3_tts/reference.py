@@ -1,0 +1,72 @@
+"""Import the unmodified qwen-tts model code without running its package ``__init__``.
+
+``qwen-tts==0.1.1`` is installed with ``--no-deps``: its package ``__init__`` pulls gradio, librosa and
+soundfile, but the three model files need only torch + transformers. We load those files under a
+private package name so relative imports resolve, give the two imports edgex never exercises
+(the speaker-encoder mel filter and the tokenizer front-end) placeholders that fail loudly if
+called, and leave any real ``qwen_tts`` import of the user untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from functools import cache
+from pathlib import Path
+
+from ...errors import EdgexError
+
+_ALIAS = "_edgex_qwen_tts"
+
+
+def _not_available(name: str):
+    def fail(*_args, **_kwargs):
+        raise EdgexError(f"{name} is not available in edgex's qwen-tts import (install librosa/qwen-tts fully)")
+
+    return fail
+
+
+def _package(name: str, path: Path) -> None:
+    module = types.ModuleType(name)
+    module.__path__ = [str(path)]
+    sys.modules[name] = module
+
+
+@cache
+def qwen_tts_modules() -> types.SimpleNamespace:
+    """Return the qwen-tts configuration and modeling modules (talker and 12 Hz tokenizer)."""
+    spec = importlib.util.find_spec("qwen_tts")
+    if spec is None or not spec.submodule_search_locations:
+        raise EdgexError("qwen-tts is not installed: pip install --no-deps qwen-tts==0.1.1")
+    root = Path(list(spec.submodule_search_locations)[0])
+    for sub in ("", ".core", ".core.models", ".core.tokenizer_12hz", ".inference"):
+        _package(_ALIAS + sub, root / sub.lstrip(".").replace(".", "/"))
+    tokenizer_front = types.ModuleType(_ALIAS + ".inference.qwen3_tts_tokenizer")
+    tokenizer_front.Qwen3TTSTokenizer = _not_available("Qwen3TTSTokenizer")
+    sys.modules[tokenizer_front.__name__] = tokenizer_front
+    import transformers  # noqa: F401  (imported before a placeholder librosa can confuse its probes)
+
+    placeholders = {}
+    if importlib.util.find_spec("librosa") is None:
+        filters = types.ModuleType("librosa.filters")
+        filters.mel = _not_available("librosa.filters.mel (speaker-encoder mel spectrogram)")
+        placeholders = {"librosa": types.ModuleType("librosa"), "librosa.filters": filters}
+        placeholders["librosa"].filters = filters
+    sys.modules.update(placeholders)
+    try:
+        return _load_modules()
+    finally:
+        for name in placeholders:
+            sys.modules.pop(name, None)
+
+
+def _load_modules() -> types.SimpleNamespace:
+    load = importlib.import_module
+    return types.SimpleNamespace(
+        config=load(_ALIAS + ".core.models.configuration_qwen3_tts"),
+        modeling=load(_ALIAS + ".core.models.modeling_qwen3_tts"),
+        tokenizer_config=load(_ALIAS + ".core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2"),
+        tokenizer_modeling=load(_ALIAS + ".core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2"),
+    )

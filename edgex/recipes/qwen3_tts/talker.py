@@ -1,0 +1,103 @@
+"""Talker graphs: prefill over a fixed chunk and one KV-cached decode step.
+
+The KV cache is explicit: `past_key`/`past_value` [layers, 1, kv_heads, max_context, head_dim] are
+graph inputs, and each call returns only its new entries, which the runner writes at `position`
+(the static-shape pattern ExecuTorch and QNN runners use). The talker's multimodal RoPE reduces to
+plain RoPE for speech, where the three position streams are equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache
+
+from ...nn.attention import attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm, rope_cos_sin
+
+
+class _TalkerGraph(nn.Module):
+    def __init__(self, talker: nn.Module):
+        super().__init__()
+        self.model = talker.model
+        self.codec_head = talker.codec_head
+        attach_norm_constants(talker)
+        rotary = talker.model.rotary_emb
+        self.register_buffer("inv_freq", rotary.inv_freq.detach().clone(), persistent=False)
+        self.rope_scale = float(rotary.attention_scaling)
+
+    def _run(self, embeds, positions, past_key, past_value, mask):
+        cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
+        cos, sin = cos * self.rope_scale, sin * self.rope_scale
+        hidden, keys, values = embeds, [], []
+        for i, layer in enumerate(self.model.layers):
+            pk = None if past_key is None else past_key[i]
+            pv = None if past_value is None else past_value[i]
+            hidden, k, v = decoder_layer(layer, hidden, cos, sin, pk, pv, mask)
+            keys.append(k)
+            values.append(v)
+        hidden = rms_norm(self.model.norm, hidden)
+        return self.codec_head(hidden), hidden, torch.stack(keys), torch.stack(values)
+
+
+class TalkerPrefill(_TalkerGraph):
+    """inputs_embeds [1, P, H] -> logits [1, P, V], hidden [1, P, H], key/value [L, 1, KV, P, D].
+
+    Pad a shorter prompt on the right: causal attention keeps the real positions exact."""
+
+    def forward(self, inputs_embeds):
+        seq = inputs_embeds.shape[1]
+        positions = torch.arange(seq)
+        mask = mask_from_valid(causal_valid(seq, seq), inputs_embeds.dtype)[None, None]
+        mask = group_mask(mask, self.model.layers[0].self_attn.num_key_value_groups, seq)
+        return self._run(inputs_embeds, positions, None, None, mask)
+
+
+class TalkerDecode(_TalkerGraph):
+    """One step: inputs_embeds [1, 1, H], position [1] (= number of cached tokens), past key/value.
+
+    Slots >= position are ignored, so the runner need not clear them."""
+
+    def forward(self, inputs_embeds, position, past_key, past_value):
+        slots = past_key.shape[3]
+        valid = torch.cat((torch.arange(slots) < position, torch.ones(1, dtype=torch.bool)))
+        mask = mask_from_valid(valid, inputs_embeds.dtype)[None, None, None]
+        return self._run(inputs_embeds, position, past_key, past_value, mask)
+
+
+def _cache(past_key, past_value, length: int) -> DynamicCache:
+    cache = DynamicCache()
+    for i in range(past_key.shape[0]):
+        cache.update(past_key[i][:, :, :length], past_value[i][:, :, :length], i)
+    return cache
+
+
+@torch.no_grad()
+def prefill_reference(talker, inputs_embeds):
+    """Unmodified HF talker forward with a DynamicCache."""
+    out = talker.model(inputs_embeds=inputs_embeds, use_cache=True)
+    cache = out.past_key_values
+    layers = range(len(talker.model.layers))
+    hidden = out.last_hidden_state
+    return (
+        talker.codec_head(hidden),
+        hidden,
+        torch.stack([cache[i][0] for i in layers]),
+        torch.stack([cache[i][1] for i in layers]),
+    )
+
+
+@torch.no_grad()
+def decode_reference(talker, inputs_embeds, position, past_key, past_value):
+    n = int(position.reshape(-1)[0])
+    cache = _cache(past_key, past_value, n)
+    out = talker.model(
+        inputs_embeds=inputs_embeds, past_key_values=cache, use_cache=True, cache_position=torch.tensor([n])
+    )
+    layers = range(len(talker.model.layers))
+    hidden = out.last_hidden_state
+    return (
+        talker.codec_head(hidden),
+        hidden,
+        torch.stack([cache[i][0][:, :, n : n + 1] for i in layers]),
+        torch.stack([cache[i][1][:, :, n : n + 1] for i in layers]),
+    )

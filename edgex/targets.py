@@ -1,0 +1,44 @@
+"""Device profiles: which format, backend and precisions each component role gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import EdgexError
+
+
+@dataclass(frozen=True)
+class Placement:
+    exporter: str  # registered exporter name
+    precisions: tuple[str, ...]  # default precisions for this role on this target
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    placements: dict[str, tuple[Placement, ...]]  # role -> placements; "*" for any other role
+    facts: dict = field(default_factory=dict)
+
+    def placements_for(self, role: str) -> tuple[Placement, ...]:
+        return self.placements.get(role, self.placements.get("*", ()))
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            "cpu",
+            "x86/ARM CPU: ExecuTorch XNNPACK .pte and ONNX Runtime .onnx for every component",
+            {"*": (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))},
+            {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"]},
+        ),
+    )
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise EdgexError(f"no such target {name!r} (known: {', '.join(TARGETS)})") from None

@@ -1,0 +1,40 @@
+"""Optional toolchains: import lazily, and say what to install when one is missing."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+from .errors import EdgexError
+
+# import name -> (distribution name, install hint)
+TOOLCHAINS = {
+    "torch": ("torch", "pip install torch==2.13.0"),
+    "transformers": ("transformers", "pip install transformers==4.57.3"),
+    "qwen_tts": ("qwen-tts", "pip install --no-deps qwen-tts==0.1.1"),
+    "executorch": ("executorch", "pip install executorch==1.5.1"),
+    "torchao": ("torchao", "pip install executorch==1.5.1 (brings torchao)"),
+    "onnx": ("onnx", "pip install onnx"),
+    "onnxscript": ("onnxscript", "pip install onnxscript"),
+    "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
+}
+
+
+def require(module: str, purpose: str):
+    """Import `module` or raise a one-line EdgexError naming the package to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        dist, hint = TOOLCHAINS.get(module, (module, f"pip install {module}"))
+        raise EdgexError(f"{purpose} needs {dist}, which is not installed: {hint}") from None
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    return {dist: version(dist) for dist, _ in TOOLCHAINS.values()}

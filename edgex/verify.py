@@ -1,0 +1,96 @@
+"""`edgex verify`: detect tampered or truncated artifacts (sha256, size) and re-run parity.
+
+Parity is re-measured from scratch: the eager model is rebuilt from the manifest's source (preset +
+seed, or checkpoint path), its components re-derived, and every artifact run again in its runtime
+against the same gate it was exported under.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .artifacts.files import sha256
+from .errors import EdgexError
+from .export import MANIFEST, run_parity
+from .exporters import EXPORTERS
+from .recipes import RECIPES
+
+
+def find_manifest(directory: Path) -> Path:
+    directory = Path(directory)
+    if directory.is_file() and directory.name == MANIFEST:
+        return directory
+    if (directory / MANIFEST).is_file():
+        return directory / MANIFEST
+    found = sorted(directory.glob(f"*/*/{MANIFEST}")) if directory.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise EdgexError(f"no {MANIFEST} in {directory} (give the folder edgex export wrote it to)")
+    raise EdgexError(f"{len(found)} manifests under {directory}; pick one: {', '.join(str(f.parent) for f in found)}")
+
+
+def load_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EdgexError(f"manifest {path} is unreadable: {exc}") from None
+    for key in ("model", "source", "artifacts"):
+        if key not in manifest:
+            raise EdgexError(f"manifest {path} has no {key!r}: not an edgex manifest")
+    return manifest
+
+
+def _file_problems(entry: dict, root: Path) -> list[str]:
+    problems = []
+    if not entry.get("files"):
+        problems.append("no files recorded")
+    for record in entry.get("files", []):
+        path = root / record["path"]
+        if not path.is_file():
+            problems.append(f"{record['path']} is missing")
+        elif path.stat().st_size != record["bytes"]:
+            problems.append(f"{record['path']} has {path.stat().st_size} bytes, manifest says {record['bytes']}")
+        elif sha256(path) != record["sha256"]:
+            problems.append(f"{record['path']} sha256 differs from the manifest")
+    return problems
+
+
+def verify_directory(directory: Path, threads: int | None = None) -> dict:
+    path = find_manifest(directory)
+    manifest = load_manifest(path)
+    root = path.parent
+    recipe = RECIPES.get(manifest["model"])
+    source = manifest["source"]
+    checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
+    loaded = None
+    components = {}
+    rows = []
+    for entry in manifest["artifacts"]:
+        row = {k: entry.get(k) for k in ("component", "format", "precision")}
+        problems = _file_problems(entry, root)
+        row["files"] = "ok" if not problems else "BAD"
+        if not problems and entry.get("verdict") != "error":
+            if loaded is None:
+                loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)))
+            name = entry["component"]
+            if name not in components:
+                components[name] = recipe.components(loaded, [name])[0]
+            exporter = EXPORTERS.get(entry["exporter"])
+            files = [root / r["path"] for r in entry["files"]]
+            gate = entry["parity"].get("threshold_db")
+            report = run_parity(components[name], exporter, files, entry["io_float_dtype"], entry["precision"],
+                                {"*": gate} if gate is not None else None, threads)
+            row.update(min_snr_db=report.min_snr_db, threshold_db=report.threshold_db, method=report.method)
+            if report.verdict == "fail":
+                problems.append(f"parity {report.min_snr_db:.1f} dB below gate {report.threshold_db:.1f} dB")
+            row["verdict"] = report.verdict if not problems else "fail"
+        else:
+            if entry.get("verdict") == "error":
+                problems.append(entry.get("error", "export error"))
+            row["verdict"] = "fail"
+        row["problem"] = "; ".join(problems)
+        rows.append(row)
+    bad = sum(1 for r in rows if r["verdict"] == "fail")
+    return {"manifest": str(path), "status": "pass" if bad == 0 else "fail", "problem_count": bad, "artifacts": rows}
