@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ...nn.attention import attach_norm_constants, causal_valid, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import attach_norm_constants, causal_valid, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
 
 
 def _causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +134,7 @@ class Code2WavWindow(_DecoderGraph):
         valid = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < self.window)
         hidden, _ = self._transformer(latent, pos, None, mask_from_valid(valid, latent.dtype)[None, None])
         wav = self._conv_stack(hidden.permute(0, 2, 1), None)
-        return wav[..., (frames - self.new_frames) * self.upsample_per_frame :]
+        return (wav[..., (frames - self.new_frames) * self.upsample_per_frame :],)
 
 
 class Code2Latent(_DecoderGraph):
@@ -169,7 +169,7 @@ class Latent2Wav(_DecoderGraph):
     def forward(self, latent, context_valid):
         new = latent.shape[-1] - self.context
         wav = self._conv_stack(latent, self.context - context_valid)
-        return wav[..., self.context * self.upsample_per_frame :]
+        return (wav[..., self.context * self.upsample_per_frame :],)
 
 
 @torch.no_grad()

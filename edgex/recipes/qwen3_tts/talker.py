@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from ...nn.attention import attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm, rope_cos_sin
 
 
 class _TalkerGraph(nn.Module):

@@ -1,4 +1,4 @@
-"""Export-friendly attention over Hugging Face attention modules.
+"""Export-friendly transformer pieces over Hugging Face modules (attention, RMSNorm, MLP).
 
 Hugging Face forwards hide the KV cache in `Cache` objects, build masks with vmap and choose the
 kernel at run time; none of that survives torch.export into static edge graphs. These helpers run
@@ -39,6 +39,7 @@ def attach_norm_constants(module: nn.Module) -> None:
         if hasattr(norm, "variance_epsilon") and not hasattr(norm, "edgex_mean_column"):
             n = norm.weight.shape[-1]
             norm.register_buffer("edgex_mean_column", torch.full((n, 1), 1.0 / n), persistent=False)
+            norm.register_buffer("edgex_ones_column", torch.ones(n, 1), persistent=False)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -47,6 +48,13 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     delegate a 3-D mean), so a transformer block lowers as one partition instead of several."""
     if isinstance(norm, nn.Identity):
         return x
+    if x.dtype == torch.float16:
+        # Half graphs stay in half: fp16<->fp32 casts are not delegated, and each one splits the
+        # XNNPACK partition. Pre-scaling by 1/sqrt(n) keeps the squares in range (overflow only
+        # if the RMS exceeds 256, which the parity gate would report as -inf dB).
+        scaled = x * (x.shape[-1] ** -0.5)
+        variance = torch.matmul(scaled * scaled, norm.edgex_ones_column)
+        return norm.weight * (x * torch.rsqrt(variance + norm.variance_epsilon))
     x32 = x.to(torch.float32)
     variance = torch.matmul(x32 * x32, norm.edgex_mean_column.to(torch.float32))
     return norm.weight * (x32 * torch.rsqrt(variance + norm.variance_epsilon)).to(x.dtype)
@@ -109,6 +117,15 @@ def attention(
     return attn.o_proj(out), k, v
 
 
+def gated_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF gate/up/down MLP. SiLU is written as x * sigmoid(x): the same function, but F.silu in
+    fp16 decomposes with an fp32 upcast that XNNPACK does not delegate (it would split the graph)."""
+    if type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+        return mlp(x)
+    gate = mlp.gate_proj(x)
+    return mlp.down_proj(gate * torch.sigmoid(gate) * mlp.up_proj(x))
+
+
 def decoder_layer(
     layer: nn.Module,
     hidden: torch.Tensor,
@@ -125,7 +142,7 @@ def decoder_layer(
     normed = rms_norm(layer.input_layernorm, hidden)
     out, key, value = attention(layer.self_attn, normed, cos, sin, past_key, past_value, mask)
     hidden = hidden + attn_scale(out)
-    hidden = hidden + mlp_scale(layer.mlp(rms_norm(layer.post_attention_layernorm, hidden)))
+    hidden = hidden + mlp_scale(gated_mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden)))
     return hidden, key, value
 
 

@@ -1,0 +1,69 @@
+"""Contract tests: what an artifact promises its on-device runner (names, shapes, dtypes, methods)."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from edgex.recipes.qwen3_tts import ROLES
+
+ET_DTYPES = {4: "int64", 5: "float16", 6: "float32"}
+
+
+@pytest.fixture(scope="module")
+def exported(cpu_export):
+    out, proc = cpu_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    root = out / "qwen3-tts" / "cpu"
+    return root, json.loads((root / "manifest.json").read_text())
+
+
+def _float(dtype: str, io: str) -> str:
+    return io if dtype.startswith("float") else dtype
+
+
+@pytest.mark.parametrize("component", list(ROLES))
+def test_pte_method_signature_matches_spec(exported, component):
+    from executorch.runtime import Runtime
+
+    root, manifest = exported
+    for a in manifest["artifacts"]:
+        if a["component"] != component or a["format"] != "pte":
+            continue
+        program = Runtime.get().load_program(root / a["files"][0]["path"])
+        assert "forward" in program.method_names
+        meta = program.metadata("forward")
+        assert meta.num_inputs() == len(a["inputs"]) and meta.num_outputs() == len(a["outputs"])
+        for i, spec in enumerate(a["inputs"]):
+            tm = meta.input_tensor_meta(i)
+            assert list(tm.sizes()) == spec["shape"], (component, spec["name"])
+            assert ET_DTYPES[tm.dtype()] == _float(spec["dtype"], a["io_float_dtype"]), (component, spec["name"])
+        for i, spec in enumerate(a["outputs"]):
+            tm = meta.output_tensor_meta(i)
+            assert list(tm.sizes()) == spec["shape"], (component, spec["name"])
+            assert ET_DTYPES[tm.dtype()] == _float(spec["dtype"], a["io_float_dtype"]), (component, spec["name"])
+
+
+@pytest.mark.parametrize("component", list(ROLES))
+def test_onnx_io_names_shapes_and_dtypes_match_spec(exported, component):
+    root, manifest = exported
+    for a in manifest["artifacts"]:
+        if a["component"] != component or a["format"] != "onnx":
+            continue
+        model = onnx.load(root / a["files"][0]["path"], load_external_data=False)
+        for values, specs in ((model.graph.input, a["inputs"]), (model.graph.output, a["outputs"])):
+            assert [v.name for v in values] == [s["name"] for s in specs]
+            for v, spec in zip(values, specs):
+                dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+                assert dims == spec["shape"], (component, spec["name"])
+                np_type = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+                assert np.dtype(np_type).name == _float(spec["dtype"], a["io_float_dtype"])
+
+
+def test_component_metadata_a_runner_needs(exported):
+    _, manifest = exported
+    meta = {a["component"]: a["metadata"] for a in manifest["artifacts"]}
+    assert meta["code2wav"] == {"context_frames": 72, "new_frames": 25}
+    assert meta["latent2wav"]["context_frames"] == 12
+    assert meta["talker_decode"]["max_context"] == 64

@@ -1,0 +1,64 @@
+"""The README demo: every component in .pte and .onnx, fp32 and fp16, measured in the real runtimes."""
+
+import json
+
+import pytest
+
+from edgex.recipes.qwen3_tts import ROLES
+
+
+@pytest.fixture(scope="module")
+def manifest(cpu_export):
+    out, proc = cpu_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    on_disk = json.loads((out / "qwen3-tts" / "cpu" / "manifest.json").read_text())
+    assert on_disk["artifacts"] == data["artifacts"]
+    return out, data
+
+
+def test_every_component_format_and_precision_passes_in_its_runtime(manifest):
+    _, data = manifest
+    got = {(a["component"], a["format"], a["precision"]) for a in data["artifacts"]}
+    want = {(c, f, p) for c in ROLES for f in ("pte", "onnx") for p in ("fp32", "fp16")}
+    assert got == want
+    for a in data["artifacts"]:
+        parity = a["parity"]
+        assert parity["method"] == "runtime", a
+        assert parity["runtime"] == {"pte": "executorch", "onnx": "onnxruntime"}[a["format"]]
+        assert isinstance(parity["min_snr_db"], float) and parity["min_snr_db"] >= parity["threshold_db"], a
+        assert a["verdict"] == "pass"
+        assert len(parity["samples"]) >= 2  # example + held-out inputs from the eager pipeline
+    assert data["status"] == "pass"
+
+
+def test_fp32_is_near_exact_and_fp16_is_lower(manifest):
+    _, data = manifest
+    by_key = {(a["component"], a["format"], a["precision"]): a["parity"]["min_snr_db"] for a in data["artifacts"]}
+    for comp in ROLES:
+        for fmt in ("pte", "onnx"):
+            assert by_key[(comp, fmt, "fp32")] > 90.0, (comp, fmt)
+            assert by_key[(comp, fmt, "fp16")] < by_key[(comp, fmt, "fp32")], (comp, fmt)
+
+
+def test_manifest_records_files_versions_and_timings(manifest):
+    out, data = manifest
+    root = out / "qwen3-tts" / "cpu"
+    assert data["source"] == {"preset": "tiny", "seed": 0}
+    assert data["tool_versions"]["torch"].startswith("2.13.0")
+    assert data["tool_versions"]["executorch"] == "1.5.1"
+    for a in data["artifacts"]:
+        assert a["export_seconds"] > 0 and a["export_peak_rss_mb"] > 0
+        first = a["files"][0]["path"]
+        assert first == f"{a['component']}.{a['precision']}.{a['format']}"
+        for f in a["files"]:
+            assert (root / f["path"]).stat().st_size == f["bytes"]
+            assert len(f["sha256"]) == 64
+    assert not list(root.glob(".staging-*")), "staging folders are removed"
+
+
+def test_predictor_codes_match_exactly_in_every_float_artifact(manifest):
+    _, data = manifest
+    for a in data["artifacts"]:
+        if a["component"] == "code_predictor":
+            assert a["parity"]["min_token_agreement"] == 1.0, a["parity"]

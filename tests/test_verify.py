@@ -1,0 +1,44 @@
+"""`edgex verify` re-runs parity from a manifest and catches tampered or truncated artifacts."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def export_copy(cpu_export, tmp_path_factory):
+    out, proc = cpu_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    copy = tmp_path_factory.mktemp("verify") / "out"
+    shutil.copytree(out, copy)
+    return copy / "qwen3-tts" / "cpu"
+
+
+def test_verify_passes_on_untouched_export(export_copy):
+    proc = run_cli("verify", str(export_copy), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["status"] == "pass" and len(report["artifacts"]) == 28
+    assert all(a["files"] == "ok" and a["verdict"] == "pass" and a["method"] == "runtime" for a in report["artifacts"])
+
+
+def test_verify_fails_on_modified_and_truncated_artifacts(export_copy, tmp_path):
+    tampered = tmp_path / "cpu"
+    shutil.copytree(export_copy, tampered)
+    data = tampered / "talker_decode.fp32.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
+    data.write_bytes(bytes(raw))
+    pte = tampered / "code2wav.fp16.pte"
+    pte.write_bytes(pte.read_bytes()[:1000])
+    proc = run_cli("verify", str(tampered), "--json")
+    assert proc.returncode == 1
+    assert "verification failed: 2 problem(s)" in proc.stderr
+    report = json.loads(proc.stdout)
+    bad = {(a["component"], a["format"], a["precision"]): a["problem"] for a in report["artifacts"] if a["verdict"] != "pass"}
+    assert set(bad) == {("talker_decode", "onnx", "fp32"), ("code2wav", "pte", "fp16")}
+    assert "sha256" in bad[("talker_decode", "onnx", "fp32")]
+    assert "bytes" in bad[("code2wav", "pte", "fp16")]
