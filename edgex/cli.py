@@ -40,9 +40,12 @@ def _quiet_libraries() -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch  # noqa: F401  (torch configures its loggers on import; quiet them afterwards)
+
     for name in ("torch", "torchao", "transformers", "onnxscript", "executorch", "torch.onnx"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def _summary(manifest: dict) -> Table:

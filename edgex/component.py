@@ -24,13 +24,19 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str  # "float32" or "int64"
     kind: str = SIGNAL
+    # For graphs that feed their own sampled tokens back (the code predictor): the TOKENS output
+    # whose earlier steps condition this output's later steps along axis 1. Parity compares such an
+    # output only up to the first token that differs (teacher-forced prefix); past that point the
+    # artifact and the reference are running on different inputs.
+    conditioned_on: str | None = None
 
     @property
     def is_float(self) -> bool:
         return self.dtype.startswith("float")
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "kind": self.kind}
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "kind": self.kind,
+                **({"conditioned_on": self.conditioned_on} if self.conditioned_on else {})}
 
 
 Inputs = tuple[torch.Tensor, ...]

@@ -60,15 +60,12 @@ def plan(recipe, target, components: list[str] | None, formats: list[str] | None
             for p in precisions or placement.precisions:
                 if p in exporter.precisions:
                     jobs.append(Job(name, roles[name], placement.exporter, p))
-    if not jobs:
-        raise EdgexError(
-            f"nothing to export: target {target.name} places no format that supports "
-            f"{', '.join(precisions or ['its defaults'])}{' in ' + ', '.join(formats) if formats else ''}"
-        )
     for p in precisions or []:
         if not any(j.precision == p for j in jobs):
-            supported = sorted({e for j in jobs for e in [j.exporter]})
-            raise EdgexError(f"precision {p!r} is not supported by the formats of target {target.name} ({', '.join(supported)})")
+            offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
+            raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
+    if not jobs:
+        raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
     return jobs
 
 

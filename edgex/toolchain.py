@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
+import sys
+from contextlib import contextmanager
 
 from .errors import EdgexError
 
@@ -27,6 +30,20 @@ def require(module: str, purpose: str):
     except ImportError:
         dist, hint = TOOLCHAINS.get(module, (module, f"pip install {module}"))
         raise EdgexError(f"{purpose} needs {dist}, which is not installed: {hint}") from None
+
+
+@contextmanager
+def stderr_silenced():
+    """Silence native code writing straight to file descriptor 2 (not catchable from Python)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def version(dist: str) -> str | None:

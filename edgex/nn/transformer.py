@@ -39,22 +39,16 @@ def attach_norm_constants(module: nn.Module) -> None:
         if hasattr(norm, "variance_epsilon") and not hasattr(norm, "edgex_mean_column"):
             n = norm.weight.shape[-1]
             norm.register_buffer("edgex_mean_column", torch.full((n, 1), 1.0 / n), persistent=False)
-            norm.register_buffer("edgex_ones_column", torch.ones(n, 1), persistent=False)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An HF RMSNorm (`weight`, `variance_epsilon`; computes in fp32) with the mean of squares as a
     matmul against a constant 1/n column: the same math, but XNNPACK delegates it (it does not
-    delegate a 3-D mean), so a transformer block lowers as one partition instead of several."""
+    delegate a 3-D mean), so a transformer block lowers as one partition instead of several.
+    fp16 graphs keep the fp32 island like HF does (measured: a pure-fp16 norm flipped predictor
+    codes on the tiny preset, 0.87 agreement / 6 dB, against 1.0 / 51 dB with the fp32 island)."""
     if isinstance(norm, nn.Identity):
         return x
-    if x.dtype == torch.float16:
-        # Half graphs stay in half: fp16<->fp32 casts are not delegated, and each one splits the
-        # XNNPACK partition. Pre-scaling by 1/sqrt(n) keeps the squares in range (overflow only
-        # if the RMS exceeds 256, which the parity gate would report as -inf dB).
-        scaled = x * (x.shape[-1] ** -0.5)
-        variance = torch.matmul(scaled * scaled, norm.edgex_ones_column)
-        return norm.weight * (x * torch.rsqrt(variance + norm.variance_epsilon))
     x32 = x.to(torch.float32)
     variance = torch.matmul(x32 * x32, norm.edgex_mean_column.to(torch.float32))
     return norm.weight * (x32 * torch.rsqrt(variance + norm.variance_epsilon)).to(x.dtype)

@@ -55,15 +55,24 @@ def score_outputs(component: Component, sample: str, outputs: list[np.ndarray]) 
     if len(outputs) != len(component.outputs):
         raise ValueError(f"{component.name}: artifact returned {len(outputs)} outputs, spec has {len(component.outputs)}")
     scores = {}
+    divergence = _first_divergence(component, reference, outputs)
     for spec, ref_t, out in zip(component.outputs, reference, outputs):
         ref = ref_t.detach().cpu().numpy()
         if tuple(np.shape(out)) != tuple(ref.shape):
             scores[spec.name] = {"error": f"shape {tuple(np.shape(out))} != reference {tuple(ref.shape)}", "snr_db": -math.inf}
             continue
         if spec.kind == TOKENS:
-            scores[spec.name] = {"agreement": metrics.token_agreement(ref, out)}
+            scores[spec.name] = {"agreement": metrics.token_agreement(ref, out), "first_divergence": divergence.get(spec.name)}
             continue
-        entry = {
+        entry = {}
+        step = divergence.get(spec.conditioned_on) if spec.conditioned_on else None
+        if step is not None:
+            if ref.ndim < 2 or ref.shape[1] == 1:
+                scores[spec.name] = {"skipped": f"depends on all of {spec.conditioned_on}, which diverged at step {step}"}
+                continue
+            ref, out = ref[:, : step + 1], np.asarray(out)[:, : step + 1]
+            entry["compared_steps"] = step + 1
+        entry |= {
             "snr_db": metrics.snr_db(ref, out),
             "psnr_db": metrics.psnr_db(ref, out),
             "cosine": metrics.cosine(ref, out),
@@ -73,6 +82,17 @@ def score_outputs(component: Component, sample: str, outputs: list[np.ndarray]) 
             entry["top1_agreement"] = metrics.top1_agreement(ref, out)
         scores[spec.name] = entry
     return scores
+
+
+def _first_divergence(component: Component, reference, outputs) -> dict[str, int | None]:
+    """Per TOKENS output: the first step (axis 1) where artifact and reference tokens differ."""
+    found = {}
+    for spec, ref_t, out in zip(component.outputs, reference, outputs):
+        if spec.kind == TOKENS and tuple(np.shape(out)) == tuple(ref_t.shape):
+            ref = ref_t.detach().cpu().numpy()
+            diff = np.nonzero((ref != np.asarray(out)).reshape(ref.shape[0], -1).any(axis=0))[0] if ref.ndim > 1 else []
+            found[spec.name] = int(diff[0]) if len(diff) else None
+    return found
 
 
 def measure(

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...toolchain import require, version
+from ...toolchain import require, stderr_silenced, version
 from . import RUNTIMES
 from .base import Runtime, Session
 
@@ -29,7 +29,8 @@ class ExecuTorchRuntime(Runtime):
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         require("executorch", "running .pte artifacts")
-        from executorch.runtime import Runtime as EtRuntime
+        with stderr_silenced():  # its C++ CPU probe prints a few lines on first load
+            from executorch.runtime import Runtime as EtRuntime
 
         if threads:
             from executorch.extension.pybindings import portable_lib

@@ -46,8 +46,8 @@ PREDICTOR_SLOTS = 15  # past positions a predictor step can see (16 per frame, l
 UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
 
 
-def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
-    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
+def _spec(name, tensor, kind=SIGNAL, conditioned_on=None) -> TensorSpec:
+    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind, conditioned_on)
 
 
 @RECIPES.register("qwen3-tts")
@@ -103,7 +103,7 @@ class _ComponentBuilder:
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
-        outs = [_spec(n, t, kind) for (n, kind), t in zip(output_kinds, outputs)]
+        outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata)
         for sample in samples.values():
             comp.check_inputs(sample)
@@ -156,7 +156,7 @@ class _ComponentBuilder:
             "code_predictor",
             predictor.CodePredictorFrame(self.talker),
             ["talker_hidden", "code0", "noise"],
-            [("codes", TOKENS), ("logits", LOGITS), ("codec_embeds", SIGNAL)],
+            [("codes", TOKENS), ("logits", LOGITS, "codes"), ("codec_embeds", SIGNAL, "codes")],
             partial(predictor.frame_reference, self.talker),
             {
                 "utterance_a_frame10_greedy": self._frame_sample("a", 10, False),

@@ -129,8 +129,12 @@ def load_checkpoint(path: Path) -> Qwen3TTSModels:
         raise EdgexError(f"{path / 'config.json'} has no talker_config: not a Qwen3-TTS checkpoint")
     tok_dir = path / "speech_tokenizer"
     tok_config = _read_config(tok_dir / "config.json")
-    talker_cfg, decoder_cfg = _configs(config["talker_config"], tok_config.get("decoder_config", {}))
-    talker, decoder = _instantiate(talker_cfg, decoder_cfg)
-    _load_into(talker, _read_state(path), "talker.", "talker")
-    _load_into(decoder, _read_state(tok_dir), "decoder.", "speech tokenizer decoder")
+    talker_state, decoder_state = _read_state(path), _read_state(tok_dir)
+    try:
+        talker_cfg, decoder_cfg = _configs(config["talker_config"], tok_config.get("decoder_config", {}))
+        talker, decoder = _instantiate(talker_cfg, decoder_cfg)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise EdgexError(f"checkpoint config in {path} is incomplete or invalid: {type(exc).__name__}: {exc}") from None
+    _load_into(talker, talker_state, "talker.", "talker")
+    _load_into(decoder, decoder_state, "decoder.", "speech tokenizer decoder")
     return Qwen3TTSModels(talker, decoder, {"checkpoint": str(path.resolve())})

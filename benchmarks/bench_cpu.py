@@ -1,0 +1,100 @@
+"""Benchmark (not a test): export a preset's components for target `cpu` and time the artifacts
+against the eager model in the same process, at a fixed thread count.
+
+    .venv/bin/python benchmarks/bench_cpu.py --preset 0.6b --threads 2 --out /tmp/bench
+
+Per component x format: export seconds, peak RSS during export, artifact bytes, parity (min SNR
+dB), median latency of the artifact in its runtime and of the eager reference (the unmodified
+Hugging Face modules) on the same inputs, and the ratio eager / artifact. Medians of --runs
+repetitions after one warm-up; the machines are noisy, so read ratios, not absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from edgex.artifacts.files import staging_dir
+from edgex.exporters import EXPORTERS
+from edgex.parity.check import measure, to_numpy
+from edgex.parity.runtimes import RUNTIMES
+from edgex.recipes import RECIPES
+from edgex.resources import PeakRss
+
+
+def median_seconds(fn, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-tts")
+    parser.add_argument("--preset", default="0.6b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--formats", default="executorch,onnx")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--components", default="")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    console = Console(stderr=True)
+    recipe = RECIPES.get(args.model)
+    start = time.perf_counter()
+    loaded = recipe.load(args.preset, None, 0)
+    components = recipe.components(loaded, [c for c in args.components.split(",") if c] or None)
+    console.log(f"built {args.preset} components in {time.perf_counter() - start:.1f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    for comp in components:
+        inputs = comp.example_inputs
+        with torch.no_grad():
+            eager = median_seconds(lambda: comp.reference(*inputs), args.runs)
+        for fmt in args.formats.split(","):
+            exporter = EXPORTERS.get(fmt)
+            with staging_dir(args.out) as stage:
+                t0 = time.perf_counter()
+                with PeakRss() as peak:
+                    result = exporter.export(comp, args.precision, stage / f"{comp.name}.{args.precision}{exporter.extension}")
+                export_s = time.perf_counter() - t0
+                size = sum(f.stat().st_size for f in result.files)
+                session = RUNTIMES.get(exporter.runtime).load(result.files, args.threads)
+                report = measure(comp, session, exporter.runtime, result.io_float_dtype, 0.0, None)
+                arrays = to_numpy(inputs, result.io_float_dtype)
+                artifact = median_seconds(lambda: session.run(arrays), args.runs)
+            row = dict(component=comp.name, format=exporter.format, precision=args.precision,
+                       export_s=round(export_s, 1), peak_rss_mb=peak.mb, bytes=size,
+                       min_snr_db=report.min_snr_db, artifact_ms=round(artifact * 1e3, 2),
+                       eager_ms=round(eager * 1e3, 2), eager_over_artifact=round(eager / artifact, 2))
+            rows.append(row)
+            console.log(json.dumps(row))
+
+    table = Table(title=f"{args.model} {args.preset} on cpu, {args.threads} threads, median of {args.runs}")
+    for col in ("component", "format", "export s", "peak RSS MB", "MB", "min SNR dB", "artifact ms", "eager ms", "eager/artifact"):
+        table.add_column(col, justify="left" if col in ("component", "format") else "right")
+    for r in rows:
+        table.add_row(r["component"], r["format"], f"{r['export_s']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{r['bytes'] / 1e6:.1f}",
+                      f"{r['min_snr_db']:.1f}", f"{r['artifact_ms']:.1f}", f"{r['eager_ms']:.1f}", f"{r['eager_over_artifact']:.2f}x")
+    Console().print(table)
+    (args.out / "bench.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
