@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ...nn.transformer import attach_norm_constants, causal_valid, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
 
 
 def _causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -167,7 +167,6 @@ class Latent2Wav(_DecoderGraph):
         self.context = context
 
     def forward(self, latent, context_valid):
-        new = latent.shape[-1] - self.context
         wav = self._conv_stack(latent, self.context - context_valid)
         return (wav[..., self.context * self.upsample_per_frame :],)
 
