@@ -25,6 +25,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision("8da8w", "int8", "int8 dynamic", "per channel", False, "int8 weights, per-token dynamic int8 activations"),
         Precision("8da4w", "int4", "int8 dynamic", "groups of 32", False, "int4 group-wise weights, dynamic int8 activations"),
         Precision("w8", "int8", "float32", "per channel", False, "int8 weight-only, float compute"),
+        Precision("w4", "int4", "float32", "blocks of 32", False, "int4 block-wise weight-only, float compute"),
     )
 }
 

@@ -33,6 +33,12 @@ TARGETS: dict[str, Target] = {
             {"*": (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))},
             {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"]},
         ),
+        Target(
+            "mnn",
+            "Android/ARM CPU through MNN: every component as .mnn",
+            {"*": (Placement("mnn", ("fp32", "fp16")),)},
+            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
+        ),
     )
 }
 

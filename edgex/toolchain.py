@@ -20,6 +20,7 @@ TOOLCHAINS = {
     "onnx": ("onnx", "pip install onnx"),
     "onnxscript": ("onnxscript", "pip install onnxscript"),
     "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
+    "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import EdgexError
 
-DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.0}
+DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.0, "w4": 5.0}
 ROLE_DB: dict[tuple[str, str], float] = {}
 TOKEN_AGREEMENT = {"fp32": 1.0}  # other schemes: reported, gated through the prefix SNR
 

@@ -1,0 +1,64 @@
+"""MNN `.mnn` from the component's ONNX graph, converted by MNN's own converter extension.
+
+The converter is MNN's C extension `_tools.mnnconvert`, run in a child interpreter (it prints from
+native code and may abort on a bad graph). Never `MNN.tools.mnnconvert`/`mnnquant` or the
+`mnnconvert` script: importing `MNN.tools` pip-installs a logging SDK into the running interpreter
+and uploads telemetry (MODELS.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
+in blocks of 32 along the input dimension (`w4`); `fp16` stores weights in half (MNN computes in
+fp32 on x86).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..component import Component
+from . import EXPORTERS
+from .base import ExportResult, Exporter
+from .onnx import OnnxExporter
+
+W4_BLOCK = 32
+_FLAGS = {
+    "fp32": [],
+    "fp16": ["--fp16"],
+    "w8": ["--weightQuantBits", "8"],
+    "w4": ["--weightQuantBits", "4", "--weightQuantBlock", str(W4_BLOCK)],
+}
+_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv[1:])"
+
+
+def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
+    """Run MNN's converter on an ONNX file; returns its log. It returns success even when it fails,
+    so success is the output file existing and being non-empty."""
+    dest.unlink(missing_ok=True)
+    argv = ["MNNConvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel", str(dest), "--bizCode", "edgex", *flags]
+    proc = subprocess.run([sys.executable, "-c", _CONVERT, *argv], capture_output=True, text=True, timeout=3600)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 or not dest.is_file() or dest.stat().st_size == 0:
+        last = [line for line in log.splitlines() if line.strip()][-3:]
+        raise RuntimeError(f"MNN converter failed (exit {proc.returncode}): {' | '.join(last)}")
+    return log
+
+
+@EXPORTERS.register("mnn")
+class MnnExporter(Exporter):
+    name = "mnn"
+    format = "mnn"
+    backend = "mnn-cpu"
+    extension = ".mnn"
+    runtime = "mnn"
+    precisions = tuple(_FLAGS)
+    requires = ("onnx", "onnxscript", "MNN")
+
+    def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            onnx_path = Path(tmp) / f"{component.name}.onnx"
+            OnnxExporter().export(component, "fp32", onnx_path)
+            convert(onnx_path, dest, _FLAGS[precision])
+        details = {"converter_flags": _FLAGS[precision]}
+        if precision == "w4":
+            details["block_size"] = W4_BLOCK
+        return ExportResult([dest], "float32", details)

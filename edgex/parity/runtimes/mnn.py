@@ -1,0 +1,49 @@
+"""MNN runtime, CPU, through MNN's Module API (`MNN.nn`; never `MNN.tools`).
+
+MNN has no int64 tensors: ONNX int64 inputs become int32, so integer inputs are fed as int32
+(feeding int64 bytes is silently misread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ...toolchain import require, stderr_silenced, version
+from . import RUNTIMES
+from .base import Runtime, Session
+
+
+class _Session(Session):
+    def __init__(self, module, expr):
+        self._module = module
+        self._expr = expr
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        F = self._expr
+        feeds = []
+        for x in inputs:
+            if np.issubdtype(x.dtype, np.integer):
+                feeds.append(F.const(np.ascontiguousarray(x, np.int32), list(x.shape), F.NCHW, F.int))
+            else:
+                feeds.append(F.const(np.ascontiguousarray(x, np.float32), list(x.shape), F.NCHW, F.float))
+        return [np.array(out.read(), copy=True) for out in self._module.forward(feeds)]
+
+
+@RUNTIMES.register("mnn")
+class MnnRuntime(Runtime):
+    name = "mnn"
+
+    def load(self, files: list[Path], threads: int | None = None) -> Session:
+        require("MNN", "running .mnn artifacts")
+        with stderr_silenced():
+            import MNN.expr as F
+            import MNN.nn as nn
+        config = {"backend": "CPU", "numThread": threads or 2, "precision": "high"}
+        manager = nn.create_runtime_manager((config,))
+        module = nn.load_module_from_file(str(files[0]), [], [], runtime_manager=manager)
+        return _Session(module, F)
+
+    def version(self) -> str | None:
+        return version("MNN")

@@ -1,0 +1,99 @@
+"""Format MNN: .mnn artifacts converted by MNN's own converter, run by MNN for parity, and the
+guard that edgex never triggers the MNN Python wrappers' pip installs or telemetry."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import run_cli
+from edgex.errors import EdgexError
+from edgex.recipes.qwen3_tts import ROLES
+
+
+def test_mnn_target_exports_every_component_with_runtime_parity(tmp_path):
+    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    got = {(a["component"], a["precision"]) for a in data["artifacts"]}
+    assert got == {(c, p) for c in ROLES for p in ("fp32", "fp16")}
+    for a in data["artifacts"]:
+        assert a["format"] == "mnn" and a["parity"]["method"] == "runtime" and a["parity"]["runtime"] == "mnn"
+        assert a["verdict"] == "pass", a["parity"]
+        assert (tmp_path / "qwen3-tts" / "mnn" / a["files"][0]["path"]).suffix == ".mnn"
+
+
+def test_mnn_weight_quantization_is_measured(tmp_path):
+    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "-c", "talker_decode",
+                   "-p", "fp32,w8,w4", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    db = {a["precision"]: a["parity"]["min_snr_db"] for a in json.loads(proc.stdout)["artifacts"]}
+    size = {a["precision"]: a["files"][0]["bytes"] for a in json.loads(proc.stdout)["artifacts"]}
+    assert db["fp32"] > db["w8"] > db["w4"] > 5.0
+    assert size["fp32"] > size["w8"] > size["w4"]
+
+
+class _CountingProxy:
+    """A TCP listener on 127.0.0.1 that only counts connections (any pip or HTTP attempt through
+    the proxy variables lands here instead of the network)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def _freeze():
+    return subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+
+
+def test_mnn_export_installs_nothing_and_touches_no_network(tmp_path):
+    before = _freeze()
+    proxy = _CountingProxy()
+    url = f"http://127.0.0.1:{proxy.sock.getsockname()[1]}"
+    code = (
+        "import sys, json\n"
+        "from edgex.export import export_model\n"
+        f"m = export_model('qwen3-tts', 'mnn', {str(tmp_path)!r}, preset='tiny', components=['talker_decode'], precisions=['w8'])\n"
+        "print(json.dumps({'status': m['status'], 'tools': sorted(n for n in sys.modules if n.startswith('MNN.tools'))}))\n"
+    )
+    env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "ALL_PROXY": url, "http_proxy": url, "https_proxy": url,
+           "PIP_INDEX_URL": url, "PIP_NO_INDEX": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=900)
+    proxy.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"status": "pass", "tools": []}
+    assert proxy.connections == 0
+    assert _freeze() == before
+
+
+def test_missing_mnn_names_the_extra(monkeypatch):
+    from edgex.exporters import EXPORTERS
+
+    monkeypatch.setitem(sys.modules, "MNN", None)  # import MNN -> ImportError
+    with pytest.raises(EdgexError, match=r"needs MNN, which is not installed: pip install 'edgex\[mnn\]'"):
+        EXPORTERS.get("mnn").check("fp32")
