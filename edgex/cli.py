@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import EdgexError
+from .logs import quiet_libraries
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
 err = Console(stderr=True)
@@ -33,19 +33,6 @@ def _db(value) -> str:
     if isinstance(value, str):
         return value
     return "inf" if math.isinf(value) and value > 0 else f"{value:.1f}"
-
-
-def _quiet_libraries() -> None:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import torch  # noqa: F401  (torch configures its loggers on import; quiet them afterwards)
-
-    for name in ("torch", "torchao", "transformers", "onnxscript", "executorch", "torch.onnx"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def _summary(manifest: dict) -> Table:
@@ -85,6 +72,7 @@ def export(
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
@@ -94,13 +82,13 @@ def export(
         overrides = parse_overrides(min_db)
         if checkpoint is not None and not checkpoint.exists():
             raise EdgexError(f"checkpoint {checkpoint} does not exist")
-        _quiet_libraries()
+        quiet_libraries()
         from .export import export_model
 
         if as_json:
             manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                     components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                    min_db=overrides, threads=threads)
+                                    min_db=overrides, threads=threads, jobs=jobs)
         else:
             with err.status("starting") as status:
                 def progress(message, _job):
@@ -110,7 +98,7 @@ def export(
 
                 manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                         components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                        min_db=overrides, threads=threads, progress=progress)
+                                        min_db=overrides, threads=threads, jobs=jobs, progress=progress)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -132,7 +120,7 @@ def verify(
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
     try:
-        _quiet_libraries()
+        quiet_libraries()
         from .verify import verify_directory
 
         report = verify_directory(directory, threads=threads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
 from contextlib import contextmanager
@@ -24,27 +25,46 @@ TOOLCHAINS = {
 }
 
 
+def ensure_installed(module: str, purpose: str) -> None:
+    """Raise a one-line EdgexError naming the package to install, without importing `module`
+    (some toolchains print banners or are slow on import)."""
+    try:
+        found = module in sys.modules and sys.modules[module] is not None or importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if sys.modules.get(module, "") is None:  # explicitly blocked
+        found = False
+    if not found:
+        dist, hint = TOOLCHAINS.get(module, (module, f"pip install {module}"))
+        raise EdgexError(f"{purpose} needs {dist}, which is not installed: {hint}")
+
+
 def require(module: str, purpose: str):
     """Import `module` or raise a one-line EdgexError naming the package to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        dist, hint = TOOLCHAINS.get(module, (module, f"pip install {module}"))
-        raise EdgexError(f"{purpose} needs {dist}, which is not installed: {hint}") from None
+    ensure_installed(module, purpose)
+    return importlib.import_module(module)
 
 
 @contextmanager
-def stderr_silenced():
-    """Silence native code writing straight to file descriptor 2 (not catchable from Python)."""
+def native_output_silenced():
+    """Silence native code printing straight to file descriptors 1 and 2 (a runtime's banner on
+    stdout would corrupt `--json`). C stdio buffers are flushed before the descriptors come back."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
         with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
+            for fd in saved:
+                os.dup2(null.fileno(), fd)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        libc.fflush(None)
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def version(dist: str) -> str | None:

@@ -29,14 +29,14 @@ class Exporter(ABC):
     requires: tuple[str, ...]  # importable modules (see toolchain.TOOLCHAINS)
 
     def check(self, precision: str) -> None:
-        from ..toolchain import require
+        from ..toolchain import ensure_installed
 
         if precision not in self.precisions:
             raise EdgexError(
                 f"exporter {self.name} does not support precision {precision!r} (supports: {', '.join(self.precisions)})"
             )
         for module in self.requires:
-            require(module, f"exporting {self.format}")
+            ensure_installed(module, f"exporting {self.format}")
 
     @abstractmethod
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:

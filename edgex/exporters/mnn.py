@@ -10,6 +10,7 @@ fp32 on x86).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,8 +35,14 @@ def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
     """Run MNN's converter on an ONNX file; returns its log. It returns success even when it fails,
     so success is the output file existing and being non-empty."""
     dest.unlink(missing_ok=True)
-    argv = ["MNNConvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel", str(dest), "--bizCode", "edgex", *flags]
-    proc = subprocess.run([sys.executable, "-c", _CONVERT, *argv], capture_output=True, text=True, timeout=3600)
+    argv = ["MNNConvert", "-f", "ONNX", "--modelFile", str(onnx_path.resolve()), "--MNNModel", str(dest.resolve()),
+            "--bizCode", "edgex", *flags]
+    # The converter writes scratch files under fixed names in its working directory: concurrent
+    # conversions sharing one produced broken graphs (measured: zero logits). Give each its own.
+    with tempfile.TemporaryDirectory(prefix="mnnconvert-") as scratch:
+        env = dict(os.environ, TMPDIR=scratch)
+        proc = subprocess.run([sys.executable, "-c", _CONVERT, *argv], capture_output=True, text=True, timeout=3600,
+                              cwd=scratch, env=env)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0 or not dest.is_file() or dest.stat().st_size == 0:
         last = [line for line in log.splitlines() if line.strip()][-3:]

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...toolchain import require, stderr_silenced, version
+from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
 from .base import Runtime, Session
 
@@ -28,8 +28,8 @@ class ExecuTorchRuntime(Runtime):
     name = "executorch"
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
-        require("executorch", "running .pte artifacts")
-        with stderr_silenced():  # its C++ CPU probe prints a few lines on first load
+        ensure_installed("executorch", "running .pte artifacts")
+        with native_output_silenced():  # its C++ CPU probe prints a few lines on first load
             from executorch.runtime import Runtime as EtRuntime
 
         if threads:

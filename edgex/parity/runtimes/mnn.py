@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...toolchain import require, stderr_silenced, version
+from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
 from .base import Runtime, Session
 
@@ -36,13 +36,14 @@ class MnnRuntime(Runtime):
     name = "mnn"
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
-        require("MNN", "running .mnn artifacts")
-        with stderr_silenced():
+        ensure_installed("MNN", "running .mnn artifacts")
+        with native_output_silenced():  # MNN prints its CPU features and precision on stdout
             import MNN.expr as F
             import MNN.nn as nn
-        config = {"backend": "CPU", "numThread": threads or 2, "precision": "high"}
-        manager = nn.create_runtime_manager((config,))
-        module = nn.load_module_from_file(str(files[0]), [], [], runtime_manager=manager)
+
+            config = {"backend": "CPU", "numThread": threads or 2, "precision": "high"}
+            manager = nn.create_runtime_manager((config,))
+            module = nn.load_module_from_file(str(files[0]), [], [], runtime_manager=manager)
         return _Session(module, F)
 
     def version(self) -> str | None:
