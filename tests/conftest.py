@@ -29,7 +29,8 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def cpu_export(tmp_path_factory):
-    """`edgex export qwen3-tts --target cpu --preset tiny --out D --json`, the README demo."""
+    """`edgex export qwen3-tts --target cpu --preset tiny --out D --json`, the README demo, in two
+    worker processes (CI has 2 cores; the artifacts are the same as with one)."""
     out = tmp_path_factory.mktemp("cpu-export")
-    proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--out", str(out), "--json")
+    proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2")
     return out, proc

@@ -16,7 +16,7 @@ from edgex.recipes.qwen3_tts import ROLES
 
 
 def test_mnn_target_exports_every_component_with_runtime_parity(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json")
+    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     got = {(a["component"], a["precision"]) for a in data["artifacts"]}
