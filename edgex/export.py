@@ -190,15 +190,16 @@ def export_model(
     started = time.perf_counter()
     progress("loading model", None)
     loaded = recipe.load(preset, checkpoint, seed)
-    progress("building components from the eager pipeline", None)
     names = list(dict.fromkeys(j.component for j in plan_jobs))
-    built = {c.name: c for c in recipe.components(loaded, names)}
+    parallel = jobs > 1 and len(plan_jobs) > 1
 
     with staging_dir(out_dir) as stage:
         args = (stage, out_dir, min_db, threads)
-        if jobs > 1 and len(plan_jobs) > 1:
-            entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, list(built)), args, progress)
+        if parallel:  # workers build their own components
+            entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, names), args, progress)
         else:
+            progress("building components from the eager pipeline", None)
+            built = {c.name: c for c in recipe.components(loaded, names)}
             entries = []
             for job in plan_jobs:
                 progress(f"{job.component} -> {job.exporter} {job.precision}", job)
