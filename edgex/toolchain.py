@@ -28,12 +28,13 @@ TOOLCHAINS = {
 def ensure_installed(module: str, purpose: str) -> None:
     """Raise a one-line EdgexError naming the package to install, without importing `module`
     (some toolchains print banners or are slow on import)."""
-    try:
-        found = module in sys.modules and sys.modules[module] is not None or importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if sys.modules.get(module, "") is None:  # explicitly blocked
-        found = False
+    if module in sys.modules:
+        found = sys.modules[module] is not None  # None: import explicitly blocked
+    else:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
     if not found:
         dist, hint = TOOLCHAINS.get(module, (module, f"pip install {module}"))
         raise EdgexError(f"{purpose} needs {dist}, which is not installed: {hint}")
