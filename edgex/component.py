@@ -50,6 +50,8 @@ class Component:
     inputs. Parity always compares an artifact with `reference`, never with `module`.
     `samples` are named input sets drawn from the eager pipeline: the first is the example used for
     export, the others are held out for parity (and never used to calibrate).
+    `calibration(n)` draws `n` further input sets from the eager pipeline for quantizers that need
+    representative activations; it must never return a sample's inputs.
     """
 
     name: str
@@ -61,6 +63,7 @@ class Component:
     samples: dict[str, Inputs]
     description: str = ""
     metadata: dict = field(default_factory=dict)
+    calibration: Callable[[int], list[Inputs]] | None = None
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 
