@@ -71,6 +71,8 @@ def export(
     fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter names)"),
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role elsewhere: ROLE=EXPORTER:PRECISION, e.g. decoder=qnn:fp16"),
+    calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes that need them (default 8)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
@@ -85,10 +87,11 @@ def export(
         quiet_libraries()
         from .export import export_model
 
+        options = dict(preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
+                       formats=_split(fmt), precisions=_split(precision), min_db=overrides,
+                       placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs)
         if as_json:
-            manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
-                                    components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                    min_db=overrides, threads=threads, jobs=jobs)
+            manifest = export_model(model, target, out_dir, **options)
         else:
             with err.status("starting") as status:
                 def progress(message, _job):
@@ -96,9 +99,7 @@ def export(
                     if _job is not None and message.endswith(("pass", "fail", "error", "unverified")):
                         err.log(message, highlight=False)
 
-                manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
-                                        components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                        min_db=overrides, threads=threads, jobs=jobs, progress=progress)
+                manifest = export_model(model, target, out_dir, progress=progress, **options)
     except EdgexError as exc:
         _fail(exc)
     if as_json:

@@ -24,7 +24,7 @@ from .parity.runtimes import RUNTIMES
 from .precision import get_precision
 from .recipes import RECIPES
 from .resources import PeakRss
-from .targets import get_target
+from .targets import get_target, parse_placement
 from .toolchain import versions
 
 MANIFEST = "manifest.json"
@@ -37,9 +37,19 @@ class Job:
     role: str
     exporter: str
     precision: str
+    options: tuple = ()  # (key, value) pairs passed to the exporter as keyword arguments
+    placement: tuple = ()  # (key, value) pairs: where it runs on the device, what parity here misses
 
 
-def plan(recipe, target, components: list[str] | None, formats: list[str] | None, precisions: list[str] | None) -> list[Job]:
+def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
+    options = dict(target.exporter_options.get(placement.exporter, {}))
+    if get_precision(precision).calibration and calibration_size:
+        options["calibration_size"] = calibration_size
+    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
+
+
+def plan(recipe, target, components: list[str] | None, formats: list[str] | None, precisions: list[str] | None,
+         calibration_size: int | None = None) -> list[Job]:
     """Every (component, exporter, precision) the target places, filtered by the user's choices.
 
     Unknown names fail here, before any model is built."""
@@ -59,7 +69,10 @@ def plan(recipe, target, components: list[str] | None, formats: list[str] | None
             exporter = EXPORTERS.get(placement.exporter)
             for p in precisions or placement.precisions:
                 if p in exporter.precisions:
-                    jobs.append(Job(name, roles[name], placement.exporter, p))
+                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
+    if formats and not any(j.exporter in formats for j in jobs):
+        placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
+        raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
     for p in precisions or []:
         if not any(j.precision == p for j in jobs):
             offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
@@ -81,10 +94,11 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         "inputs": [s.to_json() for s in component.inputs],
         "outputs": [s.to_json() for s in component.outputs],
         "metadata": component.metadata,
+        **({"placement": dict(job.placement)} if job.placement else {}),
     }
     start = time.perf_counter()
     with PeakRss() as peak:
-        result = exporter.export(component, job.precision, dest)
+        result = exporter.export(component, job.precision, dest, **dict(job.options))
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
     entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads).to_json()
     verdict = entry["parity"]["verdict"]
@@ -158,6 +172,17 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
     return measure(component, session, runtime.name, io_float_dtype, gate, token_threshold(precision), runtime.method)
 
 
+def _placement_overrides(recipe, placements: list[str]) -> dict:
+    overrides = dict(parse_placement(p) for p in placements)
+    roles = sorted(set(recipe.component_names().values()))
+    for role, placement in overrides.items():
+        if role not in roles:
+            raise EdgexError(f"no role {role!r} in {recipe.name} (roles: {', '.join(roles)})")
+        get_precision(placement.precisions[0])
+        EXPORTERS.get(placement.exporter).check(placement.precisions[0])
+    return overrides
+
+
 def export_model(
     model: str,
     target: str,
@@ -170,6 +195,8 @@ def export_model(
     formats: list[str] | None = None,
     precisions: list[str] | None = None,
     min_db: dict[str, float] | None = None,
+    placements: list[str] | None = None,
+    calibration_size: int | None = None,
     threads: int | None = None,
     jobs: int = 1,
     progress: Callable[[str, Job | None], None] | None = None,
@@ -178,11 +205,15 @@ def export_model(
     progress = progress or (lambda _msg, _job: None)
     recipe = RECIPES.get(model)
     tgt = get_target(target)
+    if placements:
+        tgt = tgt.with_overrides(_placement_overrides(recipe, placements))
     if preset and checkpoint:
         raise EdgexError("give either --preset or --checkpoint, not both")
     if preset and preset not in recipe.presets():
         raise EdgexError(f"no such preset {preset!r} for {model} (known: {', '.join(recipe.presets())})")
-    plan_jobs = plan(recipe, tgt, components, formats, precisions)
+    if calibration_size is not None and calibration_size < 1:
+        raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
+    plan_jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
     for job in plan_jobs:
         EXPORTERS.get(job.exporter).check(job.precision)
     out_dir = ensure_writable_dir(Path(out) / model / target)

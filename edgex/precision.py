@@ -26,6 +26,9 @@ PRECISIONS: dict[str, Precision] = {
         Precision("8da4w", "int4", "int8 dynamic", "groups of 32", False, "int4 group-wise weights, dynamic int8 activations"),
         Precision("w8", "int8", "float32", "per channel", False, "int8 weight-only, float compute"),
         Precision("w4", "int4", "float32", "blocks of 32", False, "int4 block-wise weight-only, float compute"),
+        Precision("w8a16", "uint8", "uint16 static", "per channel", True, "uint8 weights, calibrated uint16 activations (HTP)"),
+        Precision("w4a16", "int4", "uint16 static", "per channel", True, "int4 weights, calibrated uint16 activations (HTP)"),
+        Precision("w8a8", "uint8", "uint8 static", "per channel", True, "uint8 weights, calibrated uint8 activations (HTP)"),
     )
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import EdgexError
 
@@ -11,6 +11,13 @@ from .errors import EdgexError
 class Placement:
     exporter: str  # registered exporter name
     precisions: tuple[str, ...]  # default precisions for this role on this target
+    # Where the artifact runs on the device, when that is not what the exporter's runtime checks
+    # here, and what local parity therefore does not cover. Both go into the manifest.
+    device: str | None = None
+    unverified: str | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in (("device", self.device), ("unverified", self.unverified)) if v}
 
 
 @dataclass(frozen=True)
@@ -19,9 +26,31 @@ class Target:
     description: str
     placements: dict[str, tuple[Placement, ...]]  # role -> placements; "*" for any other role
     facts: dict = field(default_factory=dict)
+    # exporter name -> keyword options the target passes to that exporter (e.g. the SoC to build for)
+    exporter_options: dict[str, dict] = field(default_factory=dict)
 
     def placements_for(self, role: str) -> tuple[Placement, ...]:
         return self.placements.get(role, self.placements.get("*", ()))
+
+    def with_overrides(self, overrides: dict[str, Placement]) -> "Target":
+        """This target with some roles placed elsewhere (`--placement role=exporter:precision`)."""
+        return replace(self, placements={**self.placements, **{r: (p,) for r, p in overrides.items()}})
+
+
+def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
+    """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
+    npu = (Placement("qnn", ("fp16",), device=f"Hexagon v{arch} HTP"),)
+    gpu = (Placement(
+        "onnx", ("fp32",), device="Adreno GPU (QNN GPU backend)",
+        unverified="execution on the Adreno GPU: parity ran this ONNX graph in fp32 on ONNX Runtime CPU, not the GPU kernels",
+    ),)
+    return Target(
+        name,
+        f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
+        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, "*": npu},
+        {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)"},
+        {"qnn": {"soc_model": soc_model, "htp_arch": arch}},
+    )
 
 
 TARGETS: dict[str, Target] = {
@@ -39,6 +68,10 @@ TARGETS: dict[str, Target] = {
             {"*": (Placement("mnn", ("fp32", "fp16")),)},
             {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
         ),
+        # SoC model numbers and HTP architectures as QAIRT names them.
+        _htp("s25-htp", "Samsung Galaxy S25", "SM8750 Snapdragon 8 Elite for Galaxy", 69, 79),
+        _htp("s24-htp", "Samsung Galaxy S24", "SM8650 Snapdragon 8 Gen 3", 57, 75),
+        _htp("s23-htp", "Samsung Galaxy S23", "SM8550 Snapdragon 8 Gen 2", 43, 73),
     )
 }
 
@@ -48,3 +81,12 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise EdgexError(f"no such target {name!r} (known: {', '.join(TARGETS)})") from None
+
+
+def parse_placement(text: str) -> tuple[str, Placement]:
+    """`role=exporter:precision` -> (role, Placement); names are checked by the planner."""
+    role, sep, rest = text.partition("=")
+    exporter, sep2, precision = rest.partition(":")
+    if not (sep and sep2 and role and exporter and precision):
+        raise EdgexError(f"bad --placement {text!r}: expected ROLE=EXPORTER:PRECISION, e.g. decoder=qnn:fp16")
+    return role, Placement(exporter, (precision,))

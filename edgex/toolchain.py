@@ -22,6 +22,7 @@ TOOLCHAINS = {
     "onnxscript": ("onnxscript", "pip install onnxscript"),
     "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
     "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
+    "onnxruntime_qnn": ("onnxruntime-qnn", "pip install 'edgex[qnn]' (onnxruntime-qnn==2.7.0)"),
 }
 
 

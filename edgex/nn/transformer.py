@@ -152,6 +152,14 @@ def decoder_layer(
     return hidden, key, value
 
 
+def step_valid(slots: int, position: torch.Tensor) -> torch.Tensor:
+    """[slots + 1] visibility for one new position written after `slots` cache slots, of which the
+    first `position` hold real entries. Built from comparisons only: the QNN HTP backend mishandles
+    a concatenated boolean constant (measured: every slot masked at position 0, -0.1 dB)."""
+    index = torch.arange(slots + 1)
+    return (index < position) | (index == slots)
+
+
 def causal_valid(queries: int, keys: int, device=None) -> torch.Tensor:
     """[Q, K] visibility for Q new positions appended after K - Q cached ones."""
     q = torch.arange(queries, device=device)[:, None] + (keys - queries)

@@ -82,7 +82,10 @@ class Qwen3TTSRecipe(Recipe):
 
 
 class _ComponentBuilder:
-    """Builds each component with samples from two eager utterances: A (example) and B (held out)."""
+    """Builds each component with samples from two eager utterances: A (example) and B (held out).
+
+    Calibration draws from further utterances `cal0`, `cal1`, ... generated with their own seeds,
+    so quantizers never see the inputs parity scores."""
 
     def __init__(self, loaded: LoadedModel):
         self.talker = loaded.models.talker
@@ -91,20 +94,31 @@ class _ComponentBuilder:
         self.slots = loaded.options["max_context"]
         seed = loaded.options["seed"]
         self._seeds = {"a": seed, "b": seed + 1}
+        self._calibration_seed = seed + 1000
         self._utts: dict[str, Utterance] = {}
 
     def utt(self, which: str) -> Utterance:
         if which not in self._utts:
-            self._utts[which] = run_utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, self._seeds[which])
+            seed = self._seeds.get(which)
+            if seed is None:  # "cal<i>"
+                seed = self._calibration_seed + int(which.removeprefix("cal"))
+            self._utts[which] = run_utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
         return self._utts[which]
 
-    def _component(self, name, module, input_names, output_kinds, reference, samples, **metadata) -> Component:
+    def _calibration(self, make, per_utterance: int):
+        """`n` input sets: `make(utterance, k)` for k < per_utterance over as many calibration
+        utterances as needed."""
+        return lambda n: [make(f"cal{i // per_utterance}", i % per_utterance) for i in range(n)]
+
+    def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
+                   **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
-        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata)
+        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
+                         calibration=calibration)
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -118,6 +132,7 @@ class _ComponentBuilder:
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
+            self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
             prefill_len=self.prefill_len,
         )
 
@@ -142,6 +157,7 @@ class _ComponentBuilder:
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.decode_reference, self.talker),
             {"utterance_a_frame10": self._decode_sample("a", 10), "utterance_b_frame30": self._decode_sample("b", 30)},
+            self._calibration(lambda u, k: self._decode_sample(u, 4 + 5 * k), 8),
             max_context=self.slots,
         )
 
@@ -163,6 +179,7 @@ class _ComponentBuilder:
                 "utterance_b_frame30_sampled": self._frame_sample("b", 30, True),
                 "utterance_b_frame31_greedy": self._frame_sample("b", 31, False),
             },
+            self._calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
         )
 
     @torch.no_grad()
@@ -199,6 +216,7 @@ class _ComponentBuilder:
                 "utterance_b_frame30_step1": self._step_sample("b", 30, 1),
                 "utterance_b_frame30_step15": self._step_sample("b", 30, 15),
             },
+            self._calibration(lambda u, k: self._step_sample(u, 20, k), 16),
         )
 
     # -- Code2Wav ---------------------------------------------------------------------------
@@ -214,6 +232,7 @@ class _ComponentBuilder:
                 "utterance_a_frames0_97": (self.utt("a").codes[..., :frames],),
                 "utterance_b_frames3_100": (self.utt("b").codes[..., 3 : 3 + frames],),
             },
+            self._calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
             context_frames=WINDOW_CONTEXT,
             new_frames=WINDOW_NEW,
         )
@@ -253,6 +272,7 @@ class _ComponentBuilder:
                 "utterance_b_chunk0": self._latent_sample("b", 0),
                 "utterance_b_chunk2": self._latent_sample("b", 2),
             },
+            self._calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
             chunk_frames=STREAM_CHUNK,
         )
 
@@ -278,6 +298,7 @@ class _ComponentBuilder:
                 "utterance_b_chunk0": self._wav_sample("b", 0, context),
                 "utterance_b_chunk3": self._wav_sample("b", 3, context),
             },
+            self._calibration(lambda u, k: self._wav_sample(u, k, context), UTTERANCE_FRAMES // STREAM_CHUNK),
             context_frames=context,
             chunk_frames=STREAM_CHUNK,
         )

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from ...nn.transformer import attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
+                              rope_cos_sin, step_valid)
 
 GROUPS = 15  # residual codebooks predicted per frame (codebooks 1..15)
 
@@ -98,7 +99,7 @@ class CodePredictorStep(_PredictorGraph):
         embedded = nn.functional.embedding(row, self.stacked_tables)
         embeds = torch.where(step.reshape(1, 1, 1) == 0, talker_hidden, embedded)
         slots = past_key.shape[3]
-        valid = torch.cat((torch.arange(slots) < step, torch.ones(1, dtype=torch.bool)))
+        valid = step_valid(slots, step)
         mask = mask_from_valid(valid, embeds.dtype)[None, None, None]
         past = [(past_key[i], past_value[i]) for i in range(past_key.shape[0])]
         hidden, new = self._layers(embeds, self._rope(step, embeds.dtype), past, mask)

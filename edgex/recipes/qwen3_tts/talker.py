@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from ...nn.transformer import attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
+                              rope_cos_sin, step_valid)
 
 
 class _TalkerGraph(nn.Module):
@@ -59,7 +60,7 @@ class TalkerDecode(_TalkerGraph):
 
     def forward(self, inputs_embeds, position, past_key, past_value):
         slots = past_key.shape[3]
-        valid = torch.cat((torch.arange(slots) < position, torch.ones(1, dtype=torch.bool)))
+        valid = step_valid(slots, position)
         mask = mask_from_valid(valid, inputs_embeds.dtype)[None, None, None]
         return self._run(inputs_embeds, position, past_key, past_value, mask)
 

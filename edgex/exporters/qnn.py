@@ -1,0 +1,98 @@
+"""Qualcomm HTP context binaries (+ QNN IR `.dlc`) from the component's ONNX graph.
+
+The shape AI Hub calls "precompiled_qnn_onnx": an EPContext `.onnx` that points at a QNN context
+binary `.bin` compiled offline for one SoC / HTP architecture, which ONNX Runtime's QNN execution
+provider loads on the phone without recompiling. Beside it, the same graph through QAIRT's IR backend
+as a `.dlc` for QAIRT's own tools (it cannot run here).
+
+Precisions: `fp16` runs the float graph in half precision on the HTP. The quantized schemes are
+static QDQ graphs made by ONNX Runtime's QNN quantizer, calibrated on activations the recipe draws
+from the eager pipeline (`Component.calibration`), never on the parity samples.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..component import Component
+from ..errors import EdgexError
+from ..qnn import htp_session, plugin_version, qairt_version
+from . import EXPORTERS
+from .base import ExportResult, Exporter
+from .onnx import OnnxExporter
+
+DEFAULT_CALIBRATION = 8
+# scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
+_SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
+
+
+def quantize_qdq(source: Path, dest: Path, component: Component, precision: str, size: int) -> dict:
+    """Static QDQ quantization for the HTP, calibrated on `size` input sets from the eager pipeline."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    if component.calibration is None:
+        raise EdgexError(f"{component.name} provides no calibration data, which {precision} needs")
+    sets = component.calibration(size)
+    names = [s.name for s in component.inputs]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._feeds = iter([{n: t.numpy() for n, t in zip(names, inputs)} for inputs in sets])
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    weights, activations = _SCHEMES[precision]
+    config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
+                                weight_type=getattr(QuantType, weights), per_channel=True)
+    quantize(str(source), str(dest), config)
+    return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations}
+
+
+def _context_binary(ctx: Path) -> Path:
+    """The `.bin` an EPContext model points at (its `ep_cache_context` attribute)."""
+    import onnx
+
+    model = onnx.load(str(ctx), load_external_data=False)
+    names = {onnx.helper.get_attribute_value(a).decode() for n in model.graph.node if n.op_type == "EPContext"
+             for a in n.attribute if a.name == "ep_cache_context"}
+    if len(names) != 1:
+        raise RuntimeError(f"expected one QNN context binary, the EPContext model names {len(names)}: whole graph not on the HTP?")
+    return ctx.parent / names.pop()
+
+
+@EXPORTERS.register("qnn")
+class QnnExporter(Exporter):
+    name = "qnn"
+    format = "qnn-context"
+    backend = "qnn-htp"
+    extension = ".qnn.onnx"
+    runtime = "qnn-htp"
+    precisions = ("fp16", *_SCHEMES)
+    requires = ("onnx", "onnxscript", "onnxruntime_qnn")
+
+    def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
+               calibration_size: int = DEFAULT_CALIBRATION) -> ExportResult:
+        details = {"qairt": qairt_version(), "onnxruntime_qnn": plugin_version(), "soc_model": soc_model,
+                   "htp_arch": f"v{htp_arch}"}
+        stem = dest.name.removesuffix(self.extension)
+        dlc = dest.with_name(f"{stem}.dlc")
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            graph = Path(tmp) / f"{component.name}.onnx"
+            OnnxExporter().export(component, "fp32", graph)
+            if precision in _SCHEMES:
+                quantized = Path(tmp) / f"{component.name}.qdq.onnx"
+                details.update(quantize_qdq(graph, quantized, component, precision, calibration_size))
+                graph = quantized
+            htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, context_out=dest)
+            dumps = Path(tmp) / "dlc"
+            dumps.mkdir()
+            htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, dlc_dir=dumps)
+            written = sorted(dumps.glob("*.dlc"))
+            if len(written) != 1:
+                raise RuntimeError(f"QNN IR backend wrote {len(written)} .dlc files, expected one graph")
+            shutil.move(written[0], dlc)
+        return ExportResult([dest, _context_binary(dest), dlc], "float32", details)
