@@ -74,10 +74,15 @@ def export(
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
+    hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
+    hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
+    hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
+    from .hub import HubSettings
     from .parity.gates import parse_overrides
 
+    hub_settings = HubSettings(hub_device, hub_timeout) if hub or hub_device else None
     try:
         overrides = parse_overrides(min_db)
         if checkpoint is not None and not checkpoint.exists():
@@ -88,7 +93,7 @@ def export(
         if as_json:
             manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                     components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                    min_db=overrides, threads=threads, jobs=jobs)
+                                    min_db=overrides, threads=threads, jobs=jobs, hub=hub_settings)
         else:
             with err.status("starting") as status:
                 def progress(message, _job):
@@ -98,7 +103,7 @@ def export(
 
                 manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                         components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                        min_db=overrides, threads=threads, jobs=jobs, progress=progress)
+                                        min_db=overrides, threads=threads, jobs=jobs, hub=hub_settings, progress=progress)
     except EdgexError as exc:
         _fail(exc)
     if as_json:

@@ -22,6 +22,7 @@ TOOLCHAINS = {
     "onnxscript": ("onnxscript", "pip install onnxscript"),
     "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
     "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
+    "qai_hub": ("qai-hub", "pip install 'edgex[hub]' (qai-hub==0.56.0)"),
 }
 
 
