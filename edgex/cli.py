@@ -37,8 +37,11 @@ def _db(value) -> str:
 
 def _summary(manifest: dict) -> Table:
     table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
-    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method", "verdict"):
-        table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "size", "export s") else "left")
+    device = manifest.get("hub") is not None
+    numeric = ("min SNR dB", "gate dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method",
+                *(("device dB", "device ms") if device else ()), "verdict"):
+        table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
         parity = a.get("parity", {})
         agreement = parity.get("min_token_agreement")
@@ -49,9 +52,17 @@ def _summary(manifest: dict) -> Table:
         table.add_row(
             a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _db(parity.get("threshold_db")),
             agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
-            parity.get("method", "-"), f"[{colour}]{a['verdict']}[/{colour}]",
+            parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
         )
     return table
+
+
+def _device_cells(block: dict) -> tuple[str, str]:
+    """On-device SNR and latency from AI Hub, or why there are none."""
+    if block.get("method") != "device":
+        return ("none" if block else "-"), "-"
+    latency = block.get("latency_ms")
+    return _db(block.get("min_snr_db")), f"{latency:.2f}" if latency else "-"
 
 
 def _fail(exc: EdgexError) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 import zipfile
 
@@ -150,6 +151,12 @@ def test_formats_ai_hub_cannot_run_are_recorded_not_submitted(toy, ini, tmp_path
     assert block["method"] == "none" and block["verdict"] == "unverified" and "not .pte artifacts" in block["reason"]
     assert skipped["method"] == "none" and "local parity verdict is fail" in skipped["reason"]
     assert not hub.jobs and not hub.models
+
+
+def test_missing_qai_hub_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "qai_hub", None)  # import qai_hub -> ImportError
+    with pytest.raises(EdgexError, match=r"needs qai-hub, which is not installed: pip install 'edgex\[hub\]'"):
+        connect(HubSettings(S25), get_target("cpu"))
 
 
 def test_cli_hub_setup_errors_are_one_line(ini, tmp_path):
