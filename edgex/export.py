@@ -90,10 +90,8 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
     entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads).to_json()
     verdict = entry["parity"]["verdict"]
-    if hub is not None:  # after local parity: the artifact also runs on the AI Hub device
-        gate = threshold_db(component.role, job.precision, overrides)
-        entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, gate,
-                                               token_threshold(job.precision), verdict, out_dir)
+    if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
+        entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
         verdict = "fail" if entry["device_parity"]["verdict"] == "fail" else verdict
     placed = move_into_place(result.files, out_dir / FAILED_DIR if verdict == "fail" else out_dir)
     entry["files"] = [file_record(p, out_dir) for p in placed]

@@ -23,6 +23,7 @@ from fake_aihub import FakeAIHub
 from test_cli_errors import assert_one_line_error
 
 S25 = "Samsung Galaxy S25"
+PASSED = {"verdict": "pass", "threshold_db": 60.0, "token_threshold": None}  # the local parity block
 
 
 class _Toy(nn.Module):
@@ -64,7 +65,7 @@ def ini(tmp_path, monkeypatch):
 def _parity(hub_settings, toy, out_dir):
     component, files = toy
     conn = connect(hub_settings, get_target("cpu"))
-    return device_parity(conn, component, files, "float32", 60.0, None, "pass", out_dir)
+    return device_parity(conn, component, files, "float32", PASSED, out_dir)
 
 
 def test_device_parity_runs_compile_profile_and_inference(toy, ini, tmp_path):
@@ -146,8 +147,8 @@ def test_formats_ai_hub_cannot_run_are_recorded_not_submitted(toy, ini, tmp_path
     with FakeAIHub() as hub:
         hub.write_config(ini)
         conn = connect(HubSettings(S25), get_target("cpu"))
-        block = device_parity(conn, component, [pte], "float32", 60.0, None, "pass", tmp_path)
-        skipped = device_parity(conn, component, [pte], "float32", 60.0, None, "fail", tmp_path)
+        block = device_parity(conn, component, [pte], "float32", PASSED, tmp_path)
+        skipped = device_parity(conn, component, [pte], "float32", PASSED | {"verdict": "fail"}, tmp_path)
     assert block["method"] == "none" and block["verdict"] == "unverified" and "not .pte artifacts" in block["reason"]
     assert skipped["method"] == "none" and "local parity verdict is fail" in skipped["reason"]
     assert not hub.jobs and not hub.models

@@ -133,13 +133,14 @@ def _summary(profile: dict) -> dict:
     }
 
 
-def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str,
-                  gate: float, token_gate: float | None, local_verdict: str, out_dir: Path) -> dict:
-    """The manifest's `device_parity` block for one artifact (method `device`, or `none` + reason)."""
+def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, out_dir: Path) -> dict:
+    """The manifest's `device_parity` block for one artifact (method `device`, or `none` + reason),
+    gated like the artifact's local parity block `local`. Only artifacts that passed locally go."""
     runtime = f"qai-hub ({conn.device})"
     base = {"device": conn.device}
-    if local_verdict != "pass":
-        return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local_verdict}", threshold_db=gate).to_json()
+    gate, token_gate = local["threshold_db"], local.get("token_threshold")
+    if local["verdict"] != "pass":
+        return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local['verdict']}", threshold_db=gate).to_json()
     with tempfile.TemporaryDirectory(prefix=".hub-", dir=out_dir) as work:
         submission = prepare(files, Path(work))
         if isinstance(submission, str):
