@@ -39,7 +39,10 @@ import h5py
 import numpy as np
 import onnxruntime as ort
 from qai_hub import public_api_pb2 as pb
-from qai_hub.util.dataset_entries_converters import dataset_entries_to_h5, h5_to_dataset_entries
+from qai_hub.util.dataset_entries_converters import (
+    dataset_entries_to_h5,
+    h5_to_dataset_entries,
+)
 
 PROTOBUF = "application/x-protobuf"
 DEVICES = {
@@ -185,8 +188,8 @@ class FakeAIHub:
         else:
             state = pb.JOB_STATE_FAILED if job["kind"] == self.fail else pb.JOB_STATE_DONE
         device = pb.Device(name=job["device"], os=DEVICES[job["device"]][0], attributes=_attributes(job["device"]))
-        common = dict(name=job["name"], job_state=state, device=device, options=job["options"],
-                      model=pb.Model(model_id=job["model"], model_type=pb.MODEL_TYPE_ONNX))
+        common = {"name": job["name"], "job_state": state, "device": device, "options": job["options"],
+                  "model": pb.Model(model_id=job["model"], model_type=pb.MODEL_TYPE_ONNX)}
         if state == pb.JOB_STATE_FAILED:
             common["failure_reason"] = f"fake AI Hub: {job['kind']} failed (op not supported by the HTP)"
         if job["kind"] == "compile":

@@ -11,16 +11,17 @@ import zipfile
 
 import pytest
 import torch
+from conftest import run_cli
+from fake_aihub import FakeAIHub
+from test_cli_errors import assert_one_line_error
 from torch import nn
 
-from conftest import run_cli
 from edgex.component import Component, TensorSpec
 from edgex.errors import EdgexError
 from edgex.exporters import EXPORTERS
 from edgex.hub import HubSettings, connect, device_parity
+from edgex.hub.artifacts import prepare
 from edgex.targets import get_target
-from fake_aihub import FakeAIHub
-from test_cli_errors import assert_one_line_error
 
 S25 = "Samsung Galaxy S25"
 PASSED = {"verdict": "pass", "threshold_db": 60.0, "token_threshold": None}  # the local parity block
@@ -152,6 +153,23 @@ def test_formats_ai_hub_cannot_run_are_recorded_not_submitted(toy, ini, tmp_path
     assert block["method"] == "none" and block["verdict"] == "unverified" and "not .pte artifacts" in block["reason"]
     assert skipped["method"] == "none" and "local parity verdict is fail" in skipped["reason"]
     assert not hub.jobs and not hub.models
+
+
+def test_submission_follows_the_artifact_files(tmp_path):
+    def files(*names):
+        for name in names:
+            (tmp_path / name).write_bytes(b"x")
+        return [tmp_path / name for name in names]
+
+    epcontext = prepare(files("a.onnx", "a.bin", "a.dlc"), tmp_path / "work")
+    assert epcontext.compile_options == "--target_runtime precompiled_qnn_onnx" and epcontext.kind == "EPContext ONNX"
+    assert sorted(p.name for p in epcontext.upload.iterdir()) == ["a.bin", "a.onnx"] and epcontext.upload.name == "a.onnx"
+    plain = prepare(files("b.onnx"), tmp_path / "work")
+    assert plain.upload == tmp_path / "b.onnx" and plain.compile_options == "--target_runtime qnn_context_binary"
+    for name, kind in (("c.dlc", "QNN DLC"), ("d.bin", "QNN context binary")):
+        device_model = prepare(files(name), tmp_path / "work")
+        assert device_model.compile_options is None and device_model.kind == kind
+    assert "not .mnn artifacts" in prepare(files("e.mnn"), tmp_path / "work")
 
 
 def test_missing_qai_hub_names_the_extra(monkeypatch):

@@ -11,13 +11,22 @@ import contextlib
 import io
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..errors import EdgexError
 from ..toolchain import require
 
+DEFAULT_TIMEOUT_S = 3600.0
 CONFIGURE = "run `qai-hub configure --api_token TOKEN` with the token from your AI Hub account page"
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """What the user asked for on the command line."""
+
+    device: str | None = None  # None: the target's facts["hub_device"]
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per job, wall clock
 
 
 @dataclass(frozen=True)

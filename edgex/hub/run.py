@@ -11,9 +11,9 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -135,11 +135,11 @@ def _summary(profile: dict) -> dict:
 
 def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, out_dir: Path) -> dict:
     """The manifest's `device_parity` block for one artifact (method `device`, or `none` + reason),
-    gated like the artifact's local parity block `local`. Only artifacts that passed locally go."""
+    gated like the artifact's local parity block `local`. Artifacts that failed locally stay home."""
     runtime = f"qai-hub ({conn.device})"
     base = {"device": conn.device}
     gate, token_gate = local["threshold_db"], local.get("token_threshold")
-    if local["verdict"] != "pass":
+    if local["verdict"] == "fail":  # "unverified" goes: the device may be the only place it can run
         return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local['verdict']}", threshold_db=gate).to_json()
     with tempfile.TemporaryDirectory(prefix=".hub-", dir=out_dir) as work:
         submission = prepare(files, Path(work))
