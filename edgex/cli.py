@@ -37,8 +37,11 @@ def _db(value) -> str:
 
 def _summary(manifest: dict) -> Table:
     table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
-    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method", "verdict"):
-        table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "size", "export s") else "left")
+    device = manifest.get("hub") is not None
+    numeric = ("min SNR dB", "gate dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method",
+                *(("device dB", "device ms") if device else ()), "verdict"):
+        table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
         parity = a.get("parity", {})
         agreement = parity.get("min_token_agreement")
@@ -49,9 +52,17 @@ def _summary(manifest: dict) -> Table:
         table.add_row(
             a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _db(parity.get("threshold_db")),
             agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
-            parity.get("method", "-"), f"[{colour}]{a['verdict']}[/{colour}]",
+            parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
         )
     return table
+
+
+def _device_cells(block: dict) -> tuple[str, str]:
+    """On-device SNR and latency from AI Hub, or why there are none."""
+    if block.get("method") != "device":
+        return ("none" if block else "-"), "-"
+    latency = block.get("latency_ms")
+    return _db(block.get("min_snr_db")), f"{latency:.2f}" if latency else "-"
 
 
 def _fail(exc: EdgexError) -> None:
@@ -76,10 +87,15 @@ def export(
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
+    hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
+    hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
+    hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
+    from .hub import HubSettings
     from .parity.gates import parse_overrides
 
+    hub_settings = HubSettings(hub_device, hub_timeout) if hub or hub_device else None
     try:
         overrides = parse_overrides(min_db)
         if checkpoint is not None and not checkpoint.exists():
@@ -89,7 +105,8 @@ def export(
 
         options = dict(preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                        formats=_split(fmt), precisions=_split(precision), min_db=overrides,
-                       placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs)
+                       placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs,
+                       hub=hub_settings)
         if as_json:
             manifest = export_model(model, target, out_dir, **options)
         else:

@@ -18,6 +18,8 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
+from .hub import HubSettings, device_parity
+from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
 from .parity.gates import threshold_db, token_threshold
 from .parity.runtimes import RUNTIMES
@@ -82,7 +84,7 @@ def plan(recipe, target, components: list[str] | None, formats: list[str] | None
     return jobs
 
 
-def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads) -> dict:
+def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads, hub) -> dict:
     dest = stage / f"{component.name}.{job.precision}{exporter.extension}"
     entry = {
         "component": component.name,
@@ -102,17 +104,20 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
     entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads).to_json()
     verdict = entry["parity"]["verdict"]
+    if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
+        entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
+        verdict = "fail" if entry["device_parity"]["verdict"] == "fail" else verdict
     placed = move_into_place(result.files, out_dir / FAILED_DIR if verdict == "fail" else out_dir)
     entry["files"] = [file_record(p, out_dir) for p in placed]
     entry["verdict"] = verdict
     return entry
 
 
-def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads) -> dict:
+def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads, hub) -> dict:
     """One artifact; a lowering or runtime crash is recorded as verdict "error", never hidden."""
     exporter = EXPORTERS.get(job.exporter)
     try:
-        return _export_one(job, component, exporter, stage, out_dir, overrides, threads)
+        return _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub)
     except EdgexError:
         raise
     except Exception as exc:
@@ -199,9 +204,12 @@ def export_model(
     calibration_size: int | None = None,
     threads: int | None = None,
     jobs: int = 1,
+    hub: HubSettings | None = None,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
-    """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/)."""
+    """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/).
+
+    With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`)."""
     progress = progress or (lambda _msg, _job: None)
     recipe = RECIPES.get(model)
     tgt = get_target(target)
@@ -217,6 +225,7 @@ def export_model(
     for job in plan_jobs:
         EXPORTERS.get(job.exporter).check(job.precision)
     out_dir = ensure_writable_dir(Path(out) / model / target)
+    connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
 
     started = time.perf_counter()
     progress("loading model", None)
@@ -225,7 +234,7 @@ def export_model(
     parallel = jobs > 1 and len(plan_jobs) > 1
 
     with staging_dir(out_dir) as stage:
-        args = (stage, out_dir, min_db, threads)
+        args = (stage, out_dir, min_db, threads, connection)
         if parallel:  # workers build their own components
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, names), args, progress)
         else:
@@ -249,6 +258,7 @@ def export_model(
         "target_facts": tgt.facts,
         "threads": threads,
         "gate_overrides": min_db or {},
+        "hub": connection.to_json() if connection else None,
         "artifacts": entries,
         "status": "pass" if all(e["verdict"] in ("pass", "unverified") for e in entries) else "fail",
         "seconds": round(time.perf_counter() - started, 3),

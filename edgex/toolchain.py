@@ -23,6 +23,7 @@ TOOLCHAINS = {
     "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
     "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
     "onnxruntime_qnn": ("onnxruntime-qnn", "pip install 'edgex[qnn]' (onnxruntime-qnn==2.7.0)"),
+    "qai_hub": ("qai-hub", "pip install 'edgex[hub]' (qai-hub==0.56.0)"),
 }
 
 

@@ -1,0 +1,208 @@
+"""AI Hub adapter against a fake AI Hub that speaks the real qai-hub client's protocol
+(tests/fake_aihub.py): success with on-device parity, and every failure path as one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+from conftest import run_cli
+from fake_aihub import FakeAIHub
+from test_cli_errors import assert_one_line_error
+from torch import nn
+
+from edgex.component import Component, TensorSpec
+from edgex.errors import EdgexError
+from edgex.exporters import EXPORTERS
+from edgex.hub import HubSettings, connect, device_parity
+from edgex.hub.artifacts import prepare
+from edgex.targets import get_target
+
+S25 = "Samsung Galaxy S25"
+PASSED = {"verdict": "pass", "threshold_db": 60.0, "token_threshold": None}  # the local parity block
+
+
+class _Toy(nn.Module):
+    """A small graph with a float and an int64 input (the HTP narrows int64: the adapter must follow)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, position):
+        return torch.tanh(self.proj(x)) * (position.to(x.dtype) + 1.0)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A component with an eager reference and two samples, exported by the real ONNX exporter."""
+    torch.manual_seed(0)
+    module = _Toy().eval()
+
+    def reference(x, position):
+        return (torch.tanh(x @ module.proj.weight.T + module.proj.bias) * (position.float() + 1.0),)
+
+    samples = {name: (torch.randn(1, 4, 8), torch.tensor([k])) for k, name in enumerate(("example", "held_out"))}
+    component = Component("toy", "talker", module, [TensorSpec("x", (1, 4, 8), "float32"), TensorSpec("position", (1,), "int64")],
+                          [TensorSpec("y", (1, 4, 8), "float32")], reference, samples)
+    out = tmp_path_factory.mktemp("toy")
+    result = EXPORTERS.get("onnx").export(component, "fp32", out / "toy.fp32.onnx")
+    return component, result.files
+
+
+@pytest.fixture
+def ini(tmp_path, monkeypatch):
+    """Points the qai-hub client (here and in CLI subprocesses) at a config file under tmp_path."""
+    path = tmp_path / "client.ini"
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(path))
+    return path
+
+
+def _parity(hub_settings, toy, out_dir):
+    component, files = toy
+    conn = connect(hub_settings, get_target("cpu"))
+    return device_parity(conn, component, files, "float32", PASSED, out_dir)
+
+
+def test_device_parity_runs_compile_profile_and_inference(toy, ini, tmp_path):
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        block = _parity(HubSettings(S25, 30), toy, tmp_path)
+    assert block["method"] == "device" and block["device"] == S25 and block["verdict"] == "pass"
+    assert block["min_snr_db"] == "inf" or block["min_snr_db"] > 100  # ONNX Runtime as the device, fp32
+    assert set(block["samples"]) == {"example", "held_out"}
+    assert block["compile_options"] == "--target_runtime qnn_context_binary" and block["submitted_as"] == "ONNX"
+    assert block["latency_ms"] > 0 and block["compute_units"] == {"NPU": 1}
+    compile_job, profile_job, inference_job = (hub.jobs[block["jobs"][k]["id"]] for k in ("compile", "profile", "inference"))
+    assert compile_job["device"] == profile_job["device"] == inference_job["device"] == S25
+    assert compile_job["options"] == "--target_runtime qnn_context_binary"
+    assert inference_job["received"] == {"x": ["float32"] * 2, "position": ["int32"] * 2}  # cast to the compiled model's spec
+    uploaded = hub.models[compile_job["model"]]
+    assert uploaded["is_directory"]  # .onnx + .onnx.data travel together as a folder
+    with zipfile.ZipFile(io.BytesIO(uploaded["data"])) as z:
+        assert sorted(z.namelist()) == ["toy.fp32.onnx/", "toy.fp32.onnx/toy.fp32.onnx", "toy.fp32.onnx/toy.fp32.onnx.data"]
+    target = tmp_path / block["target_model"]["path"]
+    assert target.is_file() and target.stat().st_size == block["target_model"]["bytes"]
+
+
+def test_a_numerically_broken_device_build_fails_the_gate(toy, ini, tmp_path):
+    with FakeAIHub(noise=0.1) as hub:
+        hub.write_config(ini)
+        block = _parity(HubSettings(S25, 30), toy, tmp_path)
+    assert block["method"] == "device" and block["verdict"] == "fail"
+    assert 10 < block["min_snr_db"] < 30
+
+
+@pytest.mark.parametrize("kind", ["compile", "profile", "inference"])
+def test_a_failed_job_is_one_line_with_its_reason(toy, ini, tmp_path, kind):
+    with FakeAIHub(fail=kind) as hub:
+        hub.write_config(ini)
+        with pytest.raises(EdgexError, match=rf"AI Hub {kind} job j\d+ failed on {S25}: fake AI Hub: {kind} failed") as info:
+            _parity(HubSettings(S25, 30), toy, tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_job_that_never_finishes_times_out(toy, ini, tmp_path):
+    with FakeAIHub(hang="inference") as hub:
+        hub.write_config(ini)
+        start = time.monotonic()
+        with pytest.raises(EdgexError, match=rf"AI Hub inference job j\d+ on {S25} did not finish within 1 s \(still RUNNING_INFERENCE\)"):
+            _parity(HubSettings(S25, 1), toy, tmp_path)
+    assert time.monotonic() - start < 15
+
+
+def test_no_token_says_how_to_configure_one(ini):
+    with pytest.raises(EdgexError, match=r"no AI Hub token: .*client.ini does not exist; run `qai-hub configure --api_token TOKEN`"):
+        connect(HubSettings(S25), get_target("cpu"))
+    ini.write_text("[api]\napi_token = \napi_url = http://127.0.0.1:9\nweb_url = http://127.0.0.1:9\n")
+    with pytest.raises(EdgexError, match=r"no AI Hub token in .*client.ini: run `qai-hub configure"):
+        connect(HubSettings(S25), get_target("cpu"))
+
+
+def test_a_rejected_token_is_a_401_line(ini):
+    with FakeAIHub() as hub:
+        hub.write_config(ini, token="expired")
+        with pytest.raises(EdgexError, match=r"AI Hub rejected the API token \(401\) .*qai-hub configure"):
+            connect(HubSettings(S25), get_target("cpu"))
+    assert hub.requests == [("GET", "/api/v1/devices/")]
+
+
+def test_unknown_device_and_target_without_device(ini):
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        with pytest.raises(EdgexError, match=r"AI Hub has no device 'Galaxy S99' \(known: .*Samsung Galaxy S25"):
+            connect(HubSettings("Galaxy S99"), get_target("cpu"))
+        with pytest.raises(EdgexError, match=r"target cpu names no AI Hub device: pass --hub-device NAME"):
+            connect(HubSettings(), get_target("cpu"))
+
+
+def test_formats_ai_hub_cannot_run_are_recorded_not_submitted(toy, ini, tmp_path):
+    component, _ = toy
+    pte = tmp_path / "toy.fp32.pte"
+    pte.write_bytes(b"not submitted")
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        conn = connect(HubSettings(S25), get_target("cpu"))
+        block = device_parity(conn, component, [pte], "float32", PASSED, tmp_path)
+        skipped = device_parity(conn, component, [pte], "float32", PASSED | {"verdict": "fail"}, tmp_path)
+    assert block["method"] == "none" and block["verdict"] == "unverified" and "not .pte artifacts" in block["reason"]
+    assert skipped["method"] == "none" and "local parity verdict is fail" in skipped["reason"]
+    assert not hub.jobs and not hub.models
+
+
+def test_submission_follows_the_artifact_files(tmp_path):
+    def files(*names):
+        for name in names:
+            (tmp_path / name).write_bytes(b"x")
+        return [tmp_path / name for name in names]
+
+    epcontext = prepare(files("a.onnx", "a.bin", "a.dlc"), tmp_path / "work")
+    assert epcontext.compile_options == "--target_runtime precompiled_qnn_onnx" and epcontext.kind == "EPContext ONNX"
+    assert sorted(p.name for p in epcontext.upload.iterdir()) == ["a.bin", "a.onnx"] and epcontext.upload.name == "a.onnx"
+    plain = prepare(files("b.onnx"), tmp_path / "work")
+    assert plain.upload == tmp_path / "b.onnx" and plain.compile_options == "--target_runtime qnn_context_binary"
+    for name, kind in (("c.dlc", "QNN DLC"), ("d.bin", "QNN context binary")):
+        device_model = prepare(files(name), tmp_path / "work")
+        assert device_model.compile_options is None and device_model.kind == kind
+    assert "not .mnn artifacts" in prepare(files("e.mnn"), tmp_path / "work")
+
+
+def test_missing_qai_hub_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "qai_hub", None)  # import qai_hub -> ImportError
+    with pytest.raises(EdgexError, match=r"needs qai-hub, which is not installed: pip install 'edgex\[hub\]'"):
+        connect(HubSettings(S25), get_target("cpu"))
+
+
+def test_cli_hub_setup_errors_are_one_line(ini, tmp_path):
+    args = ("export", "qwen3-tts", "--preset", "tiny", "-c", "talker_decode", "-f", "onnx", "--out", str(tmp_path / "o"))
+    assert_one_line_error(run_cli(*args, "--hub-device", S25), "no AI Hub token", "qai-hub configure")
+    with FakeAIHub() as hub:
+        hub.write_config(ini, token="expired")
+        assert_one_line_error(run_cli(*args, "--hub-device", S25), "AI Hub rejected the API token (401)")
+        hub.write_config(ini)
+        assert_one_line_error(run_cli(*args, "--hub"), "target cpu names no AI Hub device")
+    assert not any((tmp_path / "o").rglob("*.onnx"))
+
+
+def test_cli_export_records_on_device_parity(ini, tmp_path):
+    """The real path: tiny talker_decode exported to ONNX, gated locally, then compiled, profiled and
+    run on the (fake) device; the manifest carries both parity blocks."""
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "-c", "talker_decode", "-f", "onnx",
+                       "-p", "fp32", "--hub-device", S25, "--hub-timeout", "60", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads(proc.stdout)
+    assert manifest["hub"]["device"] == S25 and manifest["tool_versions"]["qai-hub"] == "0.56.0"
+    (artifact,) = manifest["artifacts"]
+    device = artifact["device_parity"]
+    assert artifact["parity"]["method"] == "runtime" and artifact["verdict"] == "pass"
+    assert device["method"] == "device" and device["verdict"] == "pass" and device["latency_ms"] > 0
+    assert device["min_snr_db"] > 100 and device["samples"].keys() == artifact["parity"]["samples"].keys()
+    assert [j["options"] for j in hub.jobs_of("compile")] == ["--target_runtime qnn_context_binary"]
+    assert (tmp_path / "qwen3-tts" / "cpu" / device["target_model"]["path"]).is_file()
