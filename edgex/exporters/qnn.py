@@ -12,6 +12,7 @@ from the eager pipeline (`Component.calibration`), never on the parity samples.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -48,7 +49,13 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
     weights, activations = _SCHEMES[precision]
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
                                 weight_type=getattr(QuantType, weights), per_channel=True)
-    quantize(str(source), str(dest), config)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer advises pre-processing through the root logger
+    try:
+        quantize(str(source), str(dest), config)
+    finally:
+        root.setLevel(level)
     return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations}
 
 

@@ -106,9 +106,15 @@ class _ComponentBuilder:
         return self._utts[which]
 
     def _calibration(self, make, per_utterance: int):
-        """`n` input sets: `make(utterance, k)` for k < per_utterance over as many calibration
-        utterances as needed."""
-        return lambda n: [make(f"cal{i // per_utterance}", i % per_utterance) for i in range(n)]
+        """`n` input sets `make(utterance, k)`, k < per_utterance, spread evenly over every position
+        of as many calibration utterances as needed (a quantizer calibrated on early steps only
+        clips the ranges of later ones: measured 1.1 dB on the predictor's step-15 key)."""
+
+        def draw(n: int) -> list:
+            slots = -(-n // per_utterance) * per_utterance
+            return [make(f"cal{s // per_utterance}", s % per_utterance) for s in (i * slots // n for i in range(n))]
+
+        return draw
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
                    **metadata) -> Component:
