@@ -26,6 +26,9 @@ PRECISIONS: dict[str, Precision] = {
         Precision("8da4w", "int4", "int8 dynamic", "groups of 32", False, "int4 group-wise weights, dynamic int8 activations"),
         Precision("w8", "int8", "float32", "per channel", False, "int8 weight-only, float compute"),
         Precision("w4", "int4", "float32", "blocks of 32", False, "int4 block-wise weight-only, float compute"),
+        Precision("f16", "float16", "float32", "-", False, "GGUF F16 weights (llama.cpp computes in fp32)"),
+        Precision("q8_0", "int8", "float32", "blocks of 32, fp16 scale", False, "GGUF Q8_0: llama.cpp int8 blocks"),
+        Precision("q4_0", "int4", "float32", "blocks of 32, fp16 scale", False, "GGUF Q4_0: llama.cpp int4 blocks"),
     )
 }
 
