@@ -7,8 +7,8 @@ import json
 import sys
 
 import pytest
-
 from conftest import run_cli
+
 from edgex.errors import EdgexError
 
 PRECISIONS = ("f16", "q8_0", "q4_0")

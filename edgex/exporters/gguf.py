@@ -24,7 +24,7 @@ from ..component import Component
 from ..layouts import GgufLayout
 from ..parity import metrics
 from . import EXPORTERS
-from .base import ExportResult, Exporter
+from .base import Exporter, ExportResult
 
 # precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
 _SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}

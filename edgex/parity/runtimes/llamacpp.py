@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ def _read_gguf(path: Path) -> dict:
 
     fields = GGUFReader(str(path)).fields
     arch = fields["general.architecture"].contents()
+
     def get(key):
         return fields[key].contents() if key in fields else None
     return {
@@ -61,10 +62,10 @@ class _KvState:
     value: np.ndarray
 
     def to_bytes(self, v_trans: bool) -> bytes:
-        out = [struct.pack("<Iiii", _STATE_MAGIC, 0, 1, len(self.positions))]  # magic, seq, n_stream, cells
+        out = [struct.pack("<IiII", _STATE_MAGIC, 0, 1, len(self.positions))]  # magic, seq, n_stream, cells
         for pos in self.positions:  # pos, n_seq_id, ext {x, y, tok}, seq ids
             out.append(struct.pack("<iIiiii", int(pos), 1, int(pos), int(pos), _TOKEN_NULL, 0))
-        layers, cells, width = self.key.shape
+        layers, _, width = self.key.shape
         out.append(struct.pack("<II", int(v_trans), layers))
         for k in self.key:
             out += [struct.pack("<iQ", _F16, width * 2), k.astype(np.float16).tobytes()]
@@ -76,7 +77,7 @@ class _KvState:
         return b"".join(out)
 
     @classmethod
-    def parse(cls, blob: bytes, ext: bool) -> "_KvState":
+    def parse(cls, blob: bytes, ext: bool) -> _KvState:
         off = 0
 
         def take(fmt):
@@ -98,29 +99,27 @@ class _KvState:
             positions.append(pos)
         v_trans, layers = take("<II")
 
-        def rows(kind):
+        def table():
+            nonlocal off
             ktype, row_bytes = take("<iQ")
             if ktype not in _NP:
-                raise RuntimeError(f"llama.cpp {kind} cache type {ktype} is not F16/F32")
+                raise RuntimeError(f"llama.cpp cache type {ktype} is not F16/F32")
             data = np.frombuffer(blob, _NP[ktype], cells * row_bytes // np.dtype(_NP[ktype]).itemsize, off)
-            off_add = cells * row_bytes
-            return data.reshape(cells, -1).astype(np.float32), off_add
+            off += cells * row_bytes
+            return data.reshape(cells, -1).astype(np.float32)
 
-        keys, values = [], []
+        keys = [table() for _ in range(layers)]
+        values = []
         for _ in range(layers):
-            k, n = rows("key")
-            off += n
-            keys.append(k)
-        for _ in range(layers):
-            if v_trans:
-                vtype, el, width = take("<iII")
-                data = np.frombuffer(blob, _NP[vtype], width * cells, off)
-                off += width * cells * el
-                values.append(data.reshape(width, cells).T.astype(np.float32))
-            else:
-                v, n = rows("value")
-                off += n
-                values.append(v)
+            if not v_trans:
+                values.append(table())
+                continue
+            vtype, el, width = take("<iII")
+            if vtype not in _NP:
+                raise RuntimeError(f"llama.cpp value cache type {vtype} is not F16/F32")
+            data = np.frombuffer(blob, _NP[vtype], width * cells, off)
+            off += width * cells * el
+            values.append(data.reshape(width, cells).T.astype(np.float32))
         if off != len(blob):
             raise RuntimeError(f"llama.cpp sequence state: parsed {off} of {len(blob)} bytes")
         return cls(np.array(positions), np.stack(keys), np.stack(values))
@@ -160,8 +159,9 @@ class _Session(Session):
 
     def _set_past(self, ctx, key: np.ndarray, value: np.ndarray, length: int) -> None:
         """Seed the cache with the first `length` slots of [L, 1, KV, S, D] past K/V."""
-        layers = key.shape[0]
-        rows = lambda t: t[:, 0, :, :length].transpose(0, 2, 1, 3).reshape(layers, length, -1)  # noqa: E731
+        def rows(t: np.ndarray) -> np.ndarray:  # [L, 1, KV, S, D] -> [L, length, KV * D]
+            return t[:, 0, :, :length].transpose(0, 2, 1, 3).reshape(t.shape[0], length, -1)
+
         blob = _KvState(np.arange(length), rows(key), rows(value)).to_bytes(v_trans=True)
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if self._llama.llama_state_seq_set_data(ctx, buf, len(blob), 0) != len(blob):
@@ -174,7 +174,7 @@ class _Session(Session):
         return _KvState.parse(bytes(buf[:written]), ext=self._feed["positions_per_embd"] > 1)
 
     def _decode(self, ctx, embeds: np.ndarray, start: int) -> None:
-        n, width = embeds.shape
+        n = embeds.shape[0]
         npos = self._feed["positions_per_embd"]
         embd = np.ascontiguousarray(embeds, np.float32)
         pos = np.ascontiguousarray(np.tile(np.arange(start, start + n, dtype=np.int32), npos))
