@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import EdgexError
 from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE
 from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
@@ -226,6 +227,13 @@ class _Session(Session):
 @RUNTIMES.register("llamacpp")
 class LlamaCppRuntime(Runtime):
     name = "llamacpp"
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            ensure_installed("llama_cpp", "running .gguf artifacts")
+        except EdgexError as exc:
+            return str(exc)
+        return None
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ensure_installed("llama_cpp", "running .gguf artifacts")
