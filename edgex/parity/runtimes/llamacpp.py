@@ -244,6 +244,9 @@ class LlamaCppRuntime(Runtime):
 
             llama.llama_backend_init()
             params = llama.llama_model_default_params()
+            # No extra CPU buffer types (AMX / repacked weights): on this AMX host llama.cpp 0.3.36's
+            # AMX path segfaults in llama_decode on Q8_0 weights of the tiny preset's shapes.
+            params.use_extra_bufts = False
             model = llama.llama_model_load_from_file(str(files[0]).encode(), params)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {files[0].name}")
