@@ -4,6 +4,7 @@ The export runs through the CLI once (module fixture); the other tests read its 
 """
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -105,6 +106,15 @@ def test_missing_llama_cpp_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(EdgexError, match=r"needs llama-cpp-python, which is not installed: pip install 'edgex\[llama\]'"):
         EXPORTERS.get("gguf").check("q4_0")
+
+
+def test_cli_names_the_extra_in_one_line_without_llama_cpp(tmp_path):
+    code = ("import sys; sys.modules['llama_cpp'] = None; from edgex.cli import app; "
+            f"sys.argv = ['edgex', 'export', 'qwen3-tts', '--target', 'llama-cpp', '--out', {str(tmp_path)!r}]; app()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("edgex:")]
+    assert len(lines) == 1 and "pip install 'edgex[llama]'" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_k_quants_are_refused_with_the_supported_list():
