@@ -37,6 +37,7 @@ _NEEDED_FOR = {
     "executorch": ".pte export + runtime", "torchao": ".pte quantization", "onnx": ".onnx export",
     "onnxscript": ".onnx export", "onnxruntime": ".onnx runtime", "MNN": ".mnn export + runtime",
     "qai-hub": "--hub (Qualcomm AI Hub device jobs)",
+    "gguf": ".gguf export", "llama-cpp-python": ".gguf runtime (llama.cpp)",
 }
 
 

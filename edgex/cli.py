@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import EdgexError
@@ -66,7 +67,8 @@ def _device_cells(block: dict) -> tuple[str, str]:
 
 
 def _fail(exc: EdgexError) -> None:
-    err.print(f"[red]edgex:[/red] {exc}", highlight=False, soft_wrap=True)
+    # escaped: messages quote user input and install hints such as 'edgex[llama]', not markup
+    err.print(f"[red]edgex:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -52,6 +52,8 @@ class Component:
     export, the others are held out for parity (and never used to calibrate).
     `calibration(n)` draws `n` further input sets from the eager pipeline for quantizers that need
     representative activations; it must never return a sample's inputs.
+    `layouts` maps a format to the file layout the component declares for it, where the format's
+    runtime dictates names and conventions per architecture (GGUF: `edgex.layouts.GgufLayout`).
     """
 
     name: str
@@ -64,6 +66,7 @@ class Component:
     description: str = ""
     metadata: dict = field(default_factory=dict)
     calibration: Callable[[int], list[Inputs]] | None = None
+    layouts: dict = field(default_factory=dict)
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 

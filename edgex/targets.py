@@ -72,6 +72,22 @@ TARGETS: dict[str, Target] = {
         _htp("s25-htp", "Samsung Galaxy S25", "SM8750 Snapdragon 8 Elite for Galaxy", 69, 79),
         _htp("s24-htp", "Samsung Galaxy S24", "SM8650 Snapdragon 8 Gen 3", 57, 75),
         _htp("s23-htp", "Samsung Galaxy S23", "SM8550 Snapdragon 8 Gen 2", 43, 73),
+        Target(
+            "llama-cpp",
+            "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
+            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),)},
+            {
+                "runtimes": ["llama.cpp (libllama, cpu)"],
+                "not_placed": {
+                    "predictor": "llama.cpp runs the code predictor only inside libmtmd, from an mmproj GGUF that must "
+                                 "also hold a speaker encoder (mtmd refuses a file without an input encoder); "
+                                 "edgex's components have no speaker encoder, and libmtmd exposes no predictor "
+                                 "logits to measure",
+                    "decoder": "llama.cpp's code2wav (libmtmd) hard-codes the real decoder's sizes (8 layers, "
+                               "16 heads) and is not exposed as a graph with the component's inputs",
+                },
+            },
+        ),
     )
 }
 

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 from .errors import EdgexError
 
+_LLAMA_HINT = "pip install 'edgex[llama]' (gguf==0.19.0; llama-cpp-python==0.3.36 builds from source, scripts/setup caches the wheel)"
+
 # import name -> (distribution name, install hint)
 TOOLCHAINS = {
     "torch": ("torch", "pip install torch==2.13.0"),
@@ -24,6 +26,8 @@ TOOLCHAINS = {
     "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
     "onnxruntime_qnn": ("onnxruntime-qnn", "pip install 'edgex[qnn]' (onnxruntime-qnn==2.7.0)"),
     "qai_hub": ("qai-hub", "pip install 'edgex[hub]' (qai-hub==0.56.0)"),
+    "gguf": ("gguf", _LLAMA_HINT),
+    "llama_cpp": ("llama-cpp-python", _LLAMA_HINT),
 }
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from ..errors import EdgexError
 
-DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.0, "w4": 5.0}
+DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.0, "w4": 5.0,
+              # GGUF (llama.cpp computes in fp32 on F16 / block-quantized weights, F16 KV cache)
+              "f16": 30.0, "q8_0": 25.0, "q4_0": 8.0}
 ROLE_DB: dict[tuple[str, str], float] = {}
 TOKEN_AGREEMENT = {"fp32": 1.0}  # other schemes: reported, gated through the prefix SNR
 

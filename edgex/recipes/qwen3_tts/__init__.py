@@ -23,6 +23,7 @@ from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
 from . import code2wav, predictor, talker
+from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
 from .pipeline import AUDIO_CODES, Utterance, padded_cache, run_utterance
 from .presets import PRESETS, get_preset
@@ -117,14 +118,14 @@ class _ComponentBuilder:
         return draw
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   **metadata) -> Component:
+                   layouts=None, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration)
+                         calibration=calibration, layouts=layouts or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -139,6 +140,7 @@ class _ComponentBuilder:
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
             self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
+            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED)},
             prefill_len=self.prefill_len,
         )
 
@@ -164,6 +166,7 @@ class _ComponentBuilder:
             partial(talker.decode_reference, self.talker),
             {"utterance_a_frame10": self._decode_sample("a", 10), "utterance_b_frame30": self._decode_sample("b", 30)},
             self._calibration(lambda u, k: self._decode_sample(u, 4 + 5 * k), 8),
+            layouts={"gguf": talker_layout(self.talker, DECODE_FEED)},
             max_context=self.slots,
         )
 

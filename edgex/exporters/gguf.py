@@ -1,0 +1,107 @@
+"""GGUF for llama.cpp, written with `gguf` (llama.cpp's own gguf-py) from the component's layout.
+
+The file's contents (architecture, tensor names, metadata keys, how inputs feed the graph) are
+whatever the component declares in `Component.layouts["gguf"]` (`edgex.layouts.GgufLayout`); this
+module only types the metadata, quantizes and writes. Quantization is gguf-py's reference
+implementation of ggml's block formats: `q8_0` (int8, one fp16 scale per 32 weights) and `q4_0`
+(int4, one fp16 scale per 32). As in llama.cpp's converter, 1-D tensors stay F32 and a matrix
+whose rows are not a whole number of blocks falls back to F16. Every stored tensor is dequantized
+again and scored against the original weight (the tensor-level parity in the manifest's details);
+the model-level parity comes from running the file in llama.cpp.
+
+k-quants are not offered: ggml's k-quants work on super-blocks of 256 weights per row, wider
+than every row of the tiny preset (64/128), where llama.cpp's quantizer would silently substitute
+other types — the artifact would not be what its name says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..component import Component
+from ..layouts import GgufLayout
+from ..parity import metrics
+from . import EXPORTERS
+from .base import Exporter, ExportResult
+
+# precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
+_SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
+FEED_PREFIX = "edgex.feed."
+
+
+def _add_metadata(writer, key: str, value) -> None:
+    """Type a metadata value the way llama.cpp's loader expects it (it checks types strictly)."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"GGUF metadata {key}: {value} is negative; only unsigned ints are written")
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
+        writer.add_array(key, list(value))
+    else:
+        raise ValueError(f"GGUF metadata {key}: cannot type {value!r}")
+
+
+def tensor_type(gguf, name: str, array: np.ndarray, precision: str, keep_f32: tuple[str, ...]):
+    """The ggml type one tensor is stored as under `precision`."""
+    types = gguf.GGMLQuantizationType
+    if array.ndim < 2 or name in keep_f32:
+        return types.F32
+    qtype = types[_SCHEMES[precision][0]]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    return qtype if array.shape[-1] % block == 0 else types.F16
+
+
+@EXPORTERS.register("gguf")
+class GgufExporter(Exporter):
+    name = "gguf"
+    format = "gguf"
+    backend = "llama.cpp-cpu"
+    extension = ".gguf"
+    runtime = "llamacpp"
+    precisions = tuple(_SCHEMES)
+    requires = ("gguf", "llama_cpp")
+
+    def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        import gguf
+
+        layout: GgufLayout | None = component.layouts.get("gguf")
+        if layout is None:
+            raise ValueError(f"component {component.name} declares no GGUF layout (Component.layouts['gguf'])")
+        writer = gguf.GGUFWriter(str(dest), layout.architecture)
+        for key, value in layout.metadata.items():
+            _add_metadata(writer, key, value)
+        writer.add_file_type(_SCHEMES[precision][1])
+        feed = layout.feed
+        _add_metadata(writer, FEED_PREFIX + "inputs", list(feed.inputs))
+        _add_metadata(writer, FEED_PREFIX + "outputs", list(feed.outputs))
+        _add_metadata(writer, FEED_PREFIX + "logits_offset", feed.logits_offset)
+        _add_metadata(writer, FEED_PREFIX + "positions_per_embd", feed.positions_per_embd)
+
+        scores = {}
+        for name, array in layout.tensors().items():
+            array = np.ascontiguousarray(array, dtype=np.float32)
+            qtype = tensor_type(gguf, name, array, precision, layout.keep_f32)
+            data = gguf.quants.quantize(array, qtype)
+            writer.add_tensor(name, data, raw_dtype=qtype)
+            if qtype != gguf.GGMLQuantizationType.F32:
+                restored = gguf.quants.dequantize(data, qtype).reshape(array.shape)
+                scores[name] = {"type": qtype.name, "shape": list(array.shape), "snr_db": metrics.snr_db(array, restored)}
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        snrs = [s["snr_db"] for s in scores.values()]
+        details = {
+            "architecture": layout.architecture,
+            "tensor_parity": {"min_snr_db": min(snrs) if snrs else None, "tensors": scores},
+            "types": sorted({s["type"] for s in scores.values()} | {"F32"}),
+        }
+        return ExportResult([dest], "float32", details)

@@ -1,0 +1,57 @@
+"""File layouts that a component declares for formats whose runtime dictates the file's contents.
+
+A GGUF file is read by llama.cpp's own architecture code, which expects fixed tensor names,
+metadata keys and an input convention per architecture. That is knowledge about the model, so it
+lives with the recipe: a component carries a `GgufLayout` under `Component.layouts["gguf"]`, and
+the GGUF exporter and the llama.cpp runtime stay free of model names (a new recipe declares its
+own layout without touching either).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# What a component input or output is to llama.cpp (`LlamaFeed`).
+EMBEDS = "embeds"  # float [1, n, H]: the batch's input embeddings
+POSITION = "position"  # int [1]: position of the first embedding (= cached tokens)
+PAST_KEY = "past_key"  # float [L, 1, KV, S, D]: the first `position` slots seed llama.cpp's KV cache
+PAST_VALUE = "past_value"
+LOGITS = "logits"  # llama.cpp's logits from `logits_offset` on
+HIDDEN = "hidden"  # llama.cpp's post-final-norm hidden state (embeddings output)
+KEY = "key"  # the KV cache entries this call wrote, read back from llama.cpp's cache
+VALUE = "value"
+FEED_INPUTS = (EMBEDS, POSITION, PAST_KEY, PAST_VALUE)
+FEED_OUTPUTS = (LOGITS, HIDDEN, KEY, VALUE)
+
+
+@dataclass(frozen=True)
+class LlamaFeed:
+    """How one call of the component maps onto a llama.cpp context, per declared input/output.
+
+    Written into the GGUF (`edgex.feed.*`), so the runtime and `edgex verify` need only the file."""
+
+    inputs: tuple[str, ...]  # one of FEED_INPUTS per component input, in declared order
+    outputs: tuple[str, ...]  # one of FEED_OUTPUTS per component output, in declared order
+    logits_offset: int = 0  # the component's logits are llama.cpp's logits[..., offset:]
+    positions_per_embd: int = 1  # M-RoPE models take this many positions per input embedding
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    """Everything a GGUF file holds for one component, in llama.cpp's conventions for `architecture`.
+
+    `metadata` values are typed by their Python type: int -> uint32, float -> float32, bool, str,
+    list of int -> int32 array, list of str -> string array. `tensors()` returns float32 arrays in
+    numpy order (a [rows, cols] weight is ggml's ne = [cols, rows]); it is called at export time
+    only, so building a large table (a folded embedding) costs nothing until then."""
+
+    architecture: str
+    metadata: dict
+    tensors: Callable[[], dict[str, np.ndarray]]
+    feed: LlamaFeed
+    # Tensors kept at F32 whatever the precision (besides 1-D tensors, which always are): e.g.
+    # weights whose products overflow half precision.
+    keep_f32: tuple[str, ...] = ()

@@ -1,0 +1,256 @@
+"""llama.cpp runtime: libllama through llama-cpp-python's ctypes API, CPU.
+
+A GGUF written by edgex says in its `edgex.feed.*` metadata what each component input and output
+is to llama.cpp (`edgex.layouts.LlamaFeed`), so this adapter needs only the file:
+  * input embeddings go in as an embedding batch (M-RoPE models: `positions_per_embd` position
+    streams per embedding, section-major, all equal to the token's position);
+  * logits are llama.cpp's, from `logits_offset` on; hidden is its post-final-norm embedding output;
+  * past K/V are written into llama.cpp's own KV cache, and the entries a call adds are read back,
+    through the sequence-state blob (`llama_state_seq_set_data` / `get_data`). Its byte layout is
+    llama.cpp's (`llama_kv_cache::state_write`, llama-cpp-python 0.3.36), written and parsed by
+    `_KvState` below; a layout change fails loudly on the magic, sizes or types.
+The KV cache is llama.cpp's default F16, as a device would run it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import EdgexError
+from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE
+from ...toolchain import ensure_installed, native_output_silenced, version
+from . import RUNTIMES
+from .base import Runtime, Session
+
+_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic
+_TOKEN_NULL = -1
+_F16, _F32 = 1, 0  # ggml_type
+_NP = {_F16: np.float16, _F32: np.float32}
+_CTX_ROUND = 256
+
+
+def _read_gguf(path: Path) -> dict:
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    arch = fields["general.architecture"].contents()
+
+    def get(key):
+        return fields[key].contents() if key in fields else None
+    return {
+        "inputs": tuple(get("edgex.feed.inputs") or ()),
+        "outputs": tuple(get("edgex.feed.outputs") or ()),
+        "logits_offset": int(get("edgex.feed.logits_offset") or 0),
+        "positions_per_embd": int(get("edgex.feed.positions_per_embd") or 1),
+        "layers": int(get(f"{arch}.block_count")),
+        "kv_heads": int(get(f"{arch}.attention.head_count_kv")),
+        "head_dim": int(get(f"{arch}.attention.key_length")),
+    }
+
+
+@dataclass
+class _KvState:
+    """One sequence's cells as llama.cpp serializes them: positions and per-layer K/V rows."""
+
+    positions: np.ndarray  # [cells] int
+    key: np.ndarray  # [layers, cells, kv_heads * head_dim]
+    value: np.ndarray
+
+    def to_bytes(self, v_trans: bool) -> bytes:
+        out = [struct.pack("<IiII", _STATE_MAGIC, 0, 1, len(self.positions))]  # magic, seq, n_stream, cells
+        for pos in self.positions:  # pos, n_seq_id, ext {x, y, tok}, seq ids
+            out.append(struct.pack("<iIiiii", int(pos), 1, int(pos), int(pos), _TOKEN_NULL, 0))
+        layers, _, width = self.key.shape
+        out.append(struct.pack("<II", int(v_trans), layers))
+        for k in self.key:
+            out += [struct.pack("<iQ", _F16, width * 2), k.astype(np.float16).tobytes()]
+        for v in self.value:
+            if v_trans:
+                out += [struct.pack("<iII", _F16, 2, width), v.T.astype(np.float16).tobytes()]
+            else:
+                out += [struct.pack("<iQ", _F16, width * 2), v.astype(np.float16).tobytes()]
+        return b"".join(out)
+
+    @classmethod
+    def parse(cls, blob: bytes, ext: bool) -> _KvState:
+        off = 0
+
+        def take(fmt):
+            nonlocal off
+            values = struct.unpack_from(fmt, blob, off)
+            off += struct.calcsize(fmt)
+            return values
+
+        magic, _seq, streams = take("<IiI")
+        if magic != _STATE_MAGIC or streams != 1:
+            raise RuntimeError(f"unexpected llama.cpp sequence state (magic {magic:#x}, {streams} streams)")
+        (cells,) = take("<I")
+        positions = []
+        for _ in range(cells):
+            pos, n_seq = take("<iI")
+            if ext:
+                take("<iii")
+            take(f"<{n_seq}i")
+            positions.append(pos)
+        v_trans, layers = take("<II")
+
+        def table():
+            nonlocal off
+            ktype, row_bytes = take("<iQ")
+            if ktype not in _NP:
+                raise RuntimeError(f"llama.cpp cache type {ktype} is not F16/F32")
+            data = np.frombuffer(blob, _NP[ktype], cells * row_bytes // np.dtype(_NP[ktype]).itemsize, off)
+            off += cells * row_bytes
+            return data.reshape(cells, -1).astype(np.float32)
+
+        keys = [table() for _ in range(layers)]
+        values = []
+        for _ in range(layers):
+            if not v_trans:
+                values.append(table())
+                continue
+            vtype, el, width = take("<iII")
+            if vtype not in _NP:
+                raise RuntimeError(f"llama.cpp value cache type {vtype} is not F16/F32")
+            data = np.frombuffer(blob, _NP[vtype], width * cells, off)
+            off += width * cells * el
+            values.append(data.reshape(width, cells).T.astype(np.float32))
+        if off != len(blob):
+            raise RuntimeError(f"llama.cpp sequence state: parsed {off} of {len(blob)} bytes")
+        return cls(np.array(positions), np.stack(keys), np.stack(values))
+
+
+class _Session(Session):
+    def __init__(self, llama, model, feed: dict, threads: int):
+        self._llama = llama
+        self._model = model
+        self._feed = feed
+        self._threads = threads
+        self._n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+        self._n_embd = llama.llama_model_n_embd(model)
+
+    def close(self) -> None:
+        if self._model is not None:
+            self._llama.llama_model_free(self._model)
+            self._model = None
+
+    __del__ = close
+
+    def _context(self, n_ctx: int, n_batch: int):
+        llama = self._llama
+        params = llama.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = self._threads
+        params.embeddings = True
+        params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.type_k = params.type_v = _F16
+        ctx = llama.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create a context for this GGUF")
+        return ctx
+
+    def _set_past(self, ctx, key: np.ndarray, value: np.ndarray, length: int) -> None:
+        """Seed the cache with the first `length` slots of [L, 1, KV, S, D] past K/V."""
+        def rows(t: np.ndarray) -> np.ndarray:  # [L, 1, KV, S, D] -> [L, length, KV * D]
+            return t[:, 0, :, :length].transpose(0, 2, 1, 3).reshape(t.shape[0], length, -1)
+
+        blob = _KvState(np.arange(length), rows(key), rows(value)).to_bytes(v_trans=True)
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if self._llama.llama_state_seq_set_data(ctx, buf, len(blob), 0) != len(blob):
+            raise RuntimeError("llama.cpp rejected the KV cache state written from the past key/value inputs")
+
+    def _get_state(self, ctx) -> _KvState:
+        size = self._llama.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._llama.llama_state_seq_get_data(ctx, buf, size, 0)
+        return _KvState.parse(bytes(buf[:written]), ext=self._feed["positions_per_embd"] > 1)
+
+    def _decode(self, ctx, embeds: np.ndarray, start: int) -> None:
+        n = embeds.shape[0]
+        npos = self._feed["positions_per_embd"]
+        embd = np.ascontiguousarray(embeds, np.float32)
+        pos = np.ascontiguousarray(np.tile(np.arange(start, start + n, dtype=np.int32), npos))
+        seq = (ctypes.c_int32 * 1)(0)
+        seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * n)(*([ctypes.cast(seq, ctypes.POINTER(ctypes.c_int32))] * n))
+        n_seq = (ctypes.c_int32 * n)(*([1] * n))
+        logits = (ctypes.c_int8 * n)(*([1] * n))
+        batch = self._llama.llama_batch()
+        batch.n_tokens = n
+        batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        batch.pos = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.n_seq_id = n_seq
+        batch.seq_id = seq_ptrs
+        batch.logits = logits
+        code = self._llama.llama_decode(ctx, batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode failed with code {code}")
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        feed = self._feed
+        given = dict(zip(feed["inputs"], inputs))
+        embeds = np.asarray(given[EMBEDS], np.float32).reshape(-1, self._n_embd)
+        start = int(np.asarray(given[POSITION]).reshape(-1)[0]) if POSITION in given else 0
+        n = embeds.shape[0]
+        n_ctx = -(-(start + n) // _CTX_ROUND) * _CTX_ROUND
+        llama = self._llama
+        with native_output_silenced():
+            ctx = self._context(n_ctx, max(n, 1))
+            try:
+                if start and PAST_KEY in given:
+                    self._set_past(ctx, given[PAST_KEY], given[PAST_VALUE], start)
+                self._decode(ctx, embeds, start)
+                logits = np.stack([np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, i), (self._n_vocab,)).copy()
+                                   for i in range(n)])
+                hidden = np.stack([np.ctypeslib.as_array(llama.llama_get_embeddings_ith(ctx, i), (self._n_embd,)).copy()
+                                   for i in range(n)])
+                state = self._get_state(ctx) if {KEY, VALUE} & set(feed["outputs"]) else None
+            finally:
+                llama.llama_free(ctx)
+        results = {LOGITS: logits[None, :, feed["logits_offset"]:], HIDDEN: hidden[None]}
+        if state is not None:
+            new = np.nonzero(state.positions >= start)[0]
+            shape = (feed["layers"], len(new), feed["kv_heads"], feed["head_dim"])
+            for name, table in ((KEY, state.key), (VALUE, state.value)):
+                results[name] = table[:, new].reshape(shape).transpose(0, 2, 1, 3)[:, None]
+        return [results[name] for name in feed["outputs"]]
+
+
+@RUNTIMES.register("llamacpp")
+class LlamaCppRuntime(Runtime):
+    name = "llamacpp"
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            ensure_installed("llama_cpp", "running .gguf artifacts")
+        except EdgexError as exc:
+            return str(exc)
+        return None
+
+    def load(self, files: list[Path], threads: int | None = None) -> Session:
+        ensure_installed("llama_cpp", "running .gguf artifacts")
+        ensure_installed("gguf", "reading .gguf artifacts")
+        feed = _read_gguf(files[0])
+        with native_output_silenced():  # libllama logs its loader progress on stderr
+            import llama_cpp as llama
+
+            llama.llama_backend_init()
+            params = llama.llama_model_default_params()
+            # No extra CPU buffer types (AMX / repacked weights): on this AMX host llama.cpp 0.3.36's
+            # AMX path segfaults in llama_decode on Q8_0 weights of the tiny preset's shapes.
+            params.use_extra_bufts = False
+            model = llama.llama_model_load_from_file(str(files[0]).encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {files[0].name}")
+        return _Session(llama, model, feed, threads or 2)
+
+    def version(self) -> str | None:
+        return version("llama-cpp-python")

@@ -1,0 +1,124 @@
+"""Format GGUF: the talker as llama.cpp's `qwen3tts` GGUF, loaded and run by llama.cpp for parity.
+
+The export runs through the CLI once (module fixture); the other tests read its manifest and files.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import run_cli
+
+from edgex.errors import EdgexError
+
+PRECISIONS = ("f16", "q8_0", "q4_0")
+TALKERS = ("talker_prefill", "talker_decode")
+
+
+@pytest.fixture(scope="module")
+def gguf_export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gguf-export")
+    proc = run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "qwen3-tts" / "llama-cpp", json.loads(proc.stdout)
+
+
+def test_llama_cpp_target_runs_every_gguf_in_llama_cpp(gguf_export):
+    _, manifest = gguf_export
+    arts = manifest["artifacts"]
+    assert {(a["component"], a["precision"]) for a in arts} == {(c, p) for c in TALKERS for p in PRECISIONS}
+    for a in arts:
+        parity = a["parity"]
+        assert a["format"] == "gguf" and parity["method"] == "runtime" and parity["runtime"] == "llamacpp"
+        assert a["verdict"] == "pass", parity
+        for scores in parity["samples"].values():
+            # every declared output came back from llama.cpp, K/V included (read from its cache)
+            assert set(scores) == {"logits", "hidden", "key", "value"}
+            assert all("snr_db" in s for s in scores.values())
+            assert 0.0 <= scores["logits"]["top1_agreement"] <= 1.0
+    not_placed = manifest["target_facts"]["not_placed"]
+    assert set(not_placed) == {"predictor", "decoder"} and all(not_placed.values())
+
+
+def test_lower_precision_costs_db_and_bytes(gguf_export):
+    _, manifest = gguf_export
+    for comp in TALKERS:
+        arts = {a["precision"]: a for a in manifest["artifacts"] if a["component"] == comp}
+        model_db = [arts[p]["parity"]["min_snr_db"] for p in PRECISIONS]
+        tensor_db = [arts[p]["details"]["tensor_parity"]["min_snr_db"] for p in PRECISIONS]
+        size = [arts[p]["files"][0]["bytes"] for p in PRECISIONS]
+        assert model_db[0] > model_db[1] > model_db[2], model_db
+        assert tensor_db[0] > tensor_db[1] > tensor_db[2] > 15.0, tensor_db
+        assert size[0] > size[1] > size[2], size
+        # quantized types are what the precision says (rows of 64/128 are whole blocks of 32)
+        assert arts["q4_0"]["details"]["types"] == ["F32", "Q4_0"]
+        assert all(s["logits"]["top1_agreement"] == 1.0 for s in arts["f16"]["parity"]["samples"].values())
+
+
+def test_gguf_contract_follows_llama_cpp_qwen3tts(gguf_export, tiny):
+    """Names, shapes and keys llama.cpp's qwen3tts loader reads (shared/llamacpp-qwen3tts-gguf.md)."""
+    from gguf import GGUFReader
+
+    root, manifest = gguf_export
+    path = root / next(a for a in manifest["artifacts"] if a["precision"] == "q8_0")["files"][0]["path"]
+    reader = GGUFReader(str(path))
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    cfg = tiny[0].models.talker.config
+    assert fields["general.architecture"] == "qwen3tts" and fields["general.file_type"] == 7
+    assert fields["qwen3tts.rope.dimension_sections"] == [*cfg.rope_scaling["mrope_section"], 0]
+    assert fields["qwen3tts.attention.key_length"] == cfg.head_dim
+    assert fields["qwen3tts.vocab_size"] == cfg.text_vocab_size + 3072
+    tensors = {t.name: (t.tensor_type.name, [int(n) for n in t.shape]) for t in reader.tensors}
+    assert tensors["token_embd.weight"] == ("Q8_0", [cfg.hidden_size, cfg.text_vocab_size + 3072])
+    assert tensors["output.weight"] == ("Q8_0", [cfg.hidden_size, 3072])
+    assert tensors["blk.0.attn_q_norm.weight"] == ("F32", [cfg.head_dim])
+    expected = {"token_embd.weight", "output.weight", "output_norm.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(cfg.num_hidden_layers) for n in (
+            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+    assert set(tensors) == expected
+
+
+def test_a_wrong_layout_fails_in_llama_cpp(tiny, tmp_path):
+    """The parity is llama.cpp's own: the same weights with a wrong RoPE base lose the decode step."""
+    from dataclasses import replace
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+
+    comp = tiny[1]["talker_decode"]
+    layout = comp.layouts["gguf"]
+    wrong = replace(layout, metadata={**layout.metadata, "qwen3tts.rope.freq_base": 10.0})
+    exporter = EXPORTERS.get("gguf")
+    reports = {}
+    for name, lay in (("right", layout), ("wrong", wrong)):
+        bad = replace(comp, layouts={"gguf": lay}, _reference_outputs=comp._reference_outputs)
+        result = exporter.export(bad, "f16", tmp_path / f"{name}.gguf")
+        reports[name] = run_parity(bad, exporter, result.files, "float32", "f16", None, 2)
+    assert reports["right"].verdict == "pass" and reports["wrong"].verdict == "fail"
+    assert reports["wrong"].min_snr_db < reports["right"].min_snr_db - 20
+
+
+def test_missing_llama_cpp_names_the_extra(monkeypatch):
+    from edgex.exporters import EXPORTERS
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(EdgexError, match=r"needs llama-cpp-python, which is not installed: pip install 'edgex\[llama\]'"):
+        EXPORTERS.get("gguf").check("q4_0")
+
+
+def test_cli_names_the_extra_in_one_line_without_llama_cpp(tmp_path):
+    code = ("import sys; sys.modules['llama_cpp'] = None; from edgex.cli import app; "
+            f"sys.argv = ['edgex', 'export', 'qwen3-tts', '--target', 'llama-cpp', '--out', {str(tmp_path)!r}]; app()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("edgex:")]
+    assert len(lines) == 1 and "pip install 'edgex[llama]'" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_k_quants_are_refused_with_the_supported_list():
+    from edgex.exporters import EXPORTERS
+
+    with pytest.raises(EdgexError, match="does not support precision 'q4_k'.*f16, q8_0, q4_0"):
+        EXPORTERS.get("gguf").check("q4_k")
