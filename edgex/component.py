@@ -52,6 +52,8 @@ class Component:
     export, the others are held out for parity (and never used to calibrate).
     `calibration(n)` draws `n` further input sets from the eager pipeline for quantizers that need
     representative activations; it must never return a sample's inputs.
+    `float_only` are module-name patterns (fnmatch, relative to `module`, e.g. "*.g_proj") that
+    every quantized scheme must leave in float: layers a model is known to break on when quantized.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Component:
     description: str = ""
     metadata: dict = field(default_factory=dict)
     calibration: Callable[[int], list[Inputs]] | None = None
+    float_only: tuple[str, ...] = ()
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 
