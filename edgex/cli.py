@@ -73,13 +73,16 @@ def export(
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (edgex list shows each model's)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
     from .parity.gates import parse_overrides
+    from .recipes.base import parse_settings
 
     try:
         overrides = parse_overrides(min_db)
+        options = parse_settings(settings)
         if checkpoint is not None and not checkpoint.exists():
             raise EdgexError(f"checkpoint {checkpoint} does not exist")
         quiet_libraries()
@@ -88,7 +91,7 @@ def export(
         if as_json:
             manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                     components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                    min_db=overrides, threads=threads, jobs=jobs)
+                                    min_db=overrides, threads=threads, jobs=jobs, settings=options)
         else:
             with err.status("starting") as status:
                 def progress(message, _job):
@@ -98,7 +101,8 @@ def export(
 
                 manifest = export_model(model, target, out_dir, preset=preset, checkpoint=checkpoint, seed=seed,
                                         components=_split(component), formats=_split(fmt), precisions=_split(precision),
-                                        min_db=overrides, threads=threads, jobs=jobs, progress=progress)
+                                        min_db=overrides, threads=threads, jobs=jobs, settings=options,
+                                        progress=progress)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -159,6 +163,8 @@ def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
             table.add_row(comp, role)
         out.print(table)
         out.print("presets: " + ", ".join(f"[bold]{p}[/bold] ({d})" for p, d in model["presets"].items()))
+        if model["options"]:
+            out.print("options (--set KEY=VALUE): " + ", ".join(f"[bold]{k}[/bold] ({d})" for k, d in model["options"].items()))
     for title, key, cols in (
         ("targets", "targets", ("description",)),
         ("formats", "formats", ("format", "backend", "runtime", "precisions")),

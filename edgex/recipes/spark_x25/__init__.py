@@ -29,7 +29,7 @@ ROLES = {"prefill": "llm", "decode": "llm"}
 # MODELS.md: the head-wise gate stays unquantized in every quantized scheme.
 FLOAT_ONLY = ("*.self_attn.g_proj",)
 INPUTS = ["tokens", "position", "ring_key", "ring_value", "past_key", "past_value"]
-OUTPUTS = [("logits", LOGITS), ("ring_key", SIGNAL), ("ring_value", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)]
+OUTPUTS = [("logits", LOGITS), ("next_ring_key", SIGNAL), ("next_ring_value", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)]
 _SAMPLE_SEEDS = {"a": 1, "b": 2}  # offsets from the user's seed; calibration prompts use 100 +
 _CALIBRATION_SEED = 100
 _CALIBRATION_PER_PROMPT = 4
