@@ -73,7 +73,7 @@ def export(
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
-    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (edgex list shows each model's)"),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
