@@ -23,6 +23,7 @@ from edgex.recipes.spark_x25.config import FULL, SLIDING, get_preset
 from edgex.recipes.spark_x25.graphs import empty_state
 from edgex.recipes.spark_x25.model import build
 from edgex.recipes.spark_x25.runner import CacheRunner, numpy_callable
+from edgex.verify import verify_directory
 from test_cli_errors import assert_one_line_error
 
 
@@ -118,6 +119,8 @@ def test_mnn_target_with_a_context_option(tmp_path):
         assert a["metadata"]["context"] == 48 and a["metadata"]["window"] == 16
     assert by_precision["fp32"]["parity"]["min_snr_db"] > by_precision["w8"]["parity"]["min_snr_db"]
     assert "not honoured" in by_precision["w8"]["details"]["float_only"]
+    # verify rebuilds the graphs with the recorded settings (context 48, not the preset's 128)
+    assert verify_directory(tmp_path)["status"] == "pass"
 
 
 @pytest.mark.parametrize("setting, fragment", [
