@@ -2,6 +2,8 @@
 against the eager model in the same process, at a fixed thread count.
 
     .venv/bin/python benchmarks/bench_cpu.py --preset 0.6b --threads 2 --out /tmp/bench
+    .venv/bin/python benchmarks/bench_cpu.py --model spark-x2.5 --preset 1.7b --components decode \
+        --formats executorch --precision 8da4w --set context=1024 --threads 2 --out /tmp/bench
 
 Per component x format: export seconds, peak RSS during export, artifact bytes, parity (min SNR
 dB), median latency of the artifact in its runtime and of the eager reference (the unmodified
@@ -29,6 +31,7 @@ from edgex.exporters import EXPORTERS
 from edgex.parity.check import measure, to_numpy
 from edgex.parity.runtimes import RUNTIMES
 from edgex.recipes import RECIPES
+from edgex.recipes.base import parse_settings
 from edgex.resources import PeakRss
 
 
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default="executorch,onnx")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--components", default="")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe build option (repeatable)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     args = parser.parse_args(argv)
 
@@ -58,7 +62,7 @@ def main(argv=None) -> int:
     console = Console(stderr=True)
     recipe = RECIPES.get(args.model)
     start = time.perf_counter()
-    loaded = recipe.load(args.preset, None, 0)
+    loaded = recipe.load(args.preset, None, 0, recipe.parse_options(parse_settings(args.set)))
     components = recipe.components(loaded, [c for c in args.components.split(",") if c] or None)
     console.log(f"built {args.preset} components in {time.perf_counter() - start:.1f} s")
     args.out.mkdir(parents=True, exist_ok=True)

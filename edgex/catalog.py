@@ -13,7 +13,8 @@ from .toolchain import TOOLCHAINS, version
 def catalog() -> dict:
     return {
         "models": {
-            name: {"description": r.description, "presets": r.presets(), "components": r.component_names()}
+            name: {"description": r.description, "presets": r.presets(), "components": r.component_names(),
+                   "options": {k: o.description for k, o in r.options().items()}}
             for name, r in RECIPES.items()
         },
         "targets": {

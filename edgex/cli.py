@@ -88,6 +88,7 @@ def export(
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes that need them (default 8)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
@@ -96,10 +97,12 @@ def export(
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
     from .hub import HubSettings
     from .parity.gates import parse_overrides
+    from .recipes.base import parse_settings
 
     hub_settings = HubSettings(hub_device, hub_timeout) if hub or hub_device else None
     try:
         overrides = parse_overrides(min_db)
+        recipe_settings = parse_settings(settings)
         if checkpoint is not None and not checkpoint.exists():
             raise EdgexError(f"checkpoint {checkpoint} does not exist")
         quiet_libraries()
@@ -108,7 +111,7 @@ def export(
         options = dict(preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                        formats=_split(fmt), precisions=_split(precision), min_db=overrides,
                        placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs,
-                       hub=hub_settings)
+                       hub=hub_settings, settings=recipe_settings)
         if as_json:
             manifest = export_model(model, target, out_dir, **options)
         else:
@@ -179,6 +182,8 @@ def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
             table.add_row(comp, role)
         out.print(table)
         out.print("presets: " + ", ".join(f"[bold]{p}[/bold] ({d})" for p, d in model["presets"].items()))
+        if model["options"]:
+            out.print("options (--set KEY=VALUE): " + ", ".join(f"[bold]{k}[/bold] ({d})" for k, d in model["options"].items()))
     for title, key, cols in (
         ("targets", "targets", ("description",)),
         ("formats", "formats", ("format", "backend", "runtime", "precisions")),

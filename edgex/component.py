@@ -54,6 +54,8 @@ class Component:
     representative activations; it must never return a sample's inputs.
     `layouts` maps a format to the file layout the component declares for it, where the format's
     runtime dictates names and conventions per architecture (GGUF: `edgex.layouts.GgufLayout`).
+    `float_only` are module-name patterns (fnmatch, relative to `module`, e.g. "*.g_proj") that
+    every quantized scheme must leave in float: layers a model is known to break on when quantized.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Component:
     metadata: dict = field(default_factory=dict)
     calibration: Callable[[int], list[Inputs]] | None = None
     layouts: dict = field(default_factory=dict)
+    float_only: tuple[str, ...] = ()
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 

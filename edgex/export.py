@@ -130,7 +130,7 @@ def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, t
 _WORKER: dict = {}
 
 
-def _worker_init(model, preset, checkpoint, seed, names, threads_per_worker) -> None:
+def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_worker) -> None:
     """Each worker rebuilds the (deterministic) eager model and components once."""
     import torch
 
@@ -139,7 +139,7 @@ def _worker_init(model, preset, checkpoint, seed, names, threads_per_worker) -> 
     quiet_libraries()
     torch.set_num_threads(threads_per_worker)
     recipe = RECIPES.get(model)
-    loaded = recipe.load(preset, checkpoint, seed)
+    loaded = recipe.load(preset, checkpoint, seed, options)
     _WORKER["components"] = {c.name: c for c in recipe.components(loaded, names)}
 
 
@@ -205,11 +205,15 @@ def export_model(
     threads: int | None = None,
     jobs: int = 1,
     hub: HubSettings | None = None,
+    settings: dict[str, str] | None = None,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
     """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/).
 
-    With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`)."""
+    With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
+
+    `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
+    model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
     progress = progress or (lambda _msg, _job: None)
     recipe = RECIPES.get(model)
     tgt = get_target(target)
@@ -221,6 +225,7 @@ def export_model(
         raise EdgexError(f"no such preset {preset!r} for {model} (known: {', '.join(recipe.presets())})")
     if calibration_size is not None and calibration_size < 1:
         raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
+    options = recipe.parse_options(settings)
     plan_jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
     for job in plan_jobs:
         EXPORTERS.get(job.exporter).check(job.precision)
@@ -229,14 +234,14 @@ def export_model(
 
     started = time.perf_counter()
     progress("loading model", None)
-    loaded = recipe.load(preset, checkpoint, seed)
+    loaded = recipe.load(preset, checkpoint, seed, options)
     names = list(dict.fromkeys(j.component for j in plan_jobs))
     parallel = jobs > 1 and len(plan_jobs) > 1
 
     with staging_dir(out_dir) as stage:
         args = (stage, out_dir, min_db, threads, connection)
         if parallel:  # workers build their own components
-            entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, names), args, progress)
+            entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
@@ -253,6 +258,7 @@ def export_model(
         "tool_versions": versions(),
         "model": model,
         "source": loaded.source,
+        "settings": settings or {},
         "options": loaded.options,
         "target": tgt.name,
         "target_facts": tgt.facts,

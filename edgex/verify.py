@@ -73,7 +73,8 @@ def verify_directory(directory: Path, threads: int | None = None) -> dict:
         row["files"] = "ok" if not problems else "BAD"
         if not problems and entry.get("verdict") != "error":
             if loaded is None:
-                loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)))
+                options = recipe.parse_options(manifest.get("settings"))
+                loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)
             name = entry["component"]
             if name not in components:
                 components[name] = recipe.components(loaded, [name])[0]

@@ -2,13 +2,15 @@
 
 fp16 converts the module (ExecuTorch's own LLM export does the same: there is no fp16 switch on the
 partitioner). 8da8w / 8da4w use torchao's dynamic-activation int schemes on linear layers, as
-ExecuTorch's LLM export does. `w8` (int8 weight-only) is offered on purpose: it lowers and runs
+ExecuTorch's LLM export does; layers matching the component's `float_only` patterns stay in float.
+`w8` (int8 weight-only) is offered on purpose: it lowers and runs
 but XNNPACK returns wrong numbers (MODELS.md), and the parity gate is what must catch it.
 """
 
 from __future__ import annotations
 
 import copy
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -19,7 +21,7 @@ from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype
 
 
-def _quantize(module: nn.Module, precision: str) -> None:
+def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) -> None:
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig
@@ -29,8 +31,10 @@ def _quantize(module: nn.Module, precision: str) -> None:
         "8da4w": lambda: Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
         "w8": Int8WeightOnlyConfig,
     }
-    linear_only = lambda m, _fqn: isinstance(m, nn.Linear) and m.in_features % 32 == 0  # noqa: E731
-    quantize_(module, configs[precision](), filter_fn=linear_only)
+    def quantizable(m: nn.Module, fqn: str) -> bool:
+        return isinstance(m, nn.Linear) and m.in_features % 32 == 0 and not any(fnmatch(fqn, p) for p in float_only)
+
+    quantize_(module, configs[precision](), filter_fn=quantizable)
 
 
 def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
@@ -40,7 +44,7 @@ def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
     if precision == "fp16":
         module = module.to(dtype)
     elif precision != "fp32":
-        _quantize(module, precision)
+        _quantize(module, precision, component.float_only)
     return module, cast_inputs(component.example_inputs, dtype)
 
 

@@ -5,7 +5,9 @@ native code and may abort on a bad graph). Never `MNN.tools.mnnconvert`/`mnnquan
 `mnnconvert` script: importing `MNN.tools` pip-installs a logging SDK into the running interpreter
 and uploads telemetry (MODELS.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
 in blocks of 32 along the input dimension (`w4`); `fp16` stores weights in half (MNN computes in
-fp32 on x86).
+fp32 on x86). The converter's weight quantization has no per-layer exclusion, so a component's
+`float_only` layers are quantized too; the manifest says so (`details.float_only`) and the parity
+gate measures the result.
 """
 
 from __future__ import annotations
@@ -68,4 +70,6 @@ class MnnExporter(Exporter):
         details = {"converter_flags": _FLAGS[precision]}
         if precision == "w4":
             details["block_size"] = W4_BLOCK
+        if precision in ("w8", "w4") and component.float_only:
+            details["float_only"] = f"not honoured (MNN's converter quantizes every weight): {', '.join(component.float_only)}"
         return ExportResult([dest], "float32", details)

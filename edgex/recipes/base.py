@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..component import Component
+from ..errors import EdgexError
 
 
 @dataclass
@@ -19,10 +23,54 @@ class LoadedModel:
     options: dict = field(default_factory=dict)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+@dataclass(frozen=True)
+class RecipeOption:
+    """A build option of a recipe (`edgex export MODEL --set KEY=VALUE`): graph sizes and the like
+    that are not part of the model's weights, so every recipe declares its own without a CLI flag."""
+
+    description: str
+    parse: Callable[[str], object] = positive_int  # raises ValueError on bad text
+
+
+def parse_settings(values: list[str] | None) -> dict[str, str]:
+    """`--set context=1024 --set prefill=64` -> {"context": "1024", "prefill": "64"}."""
+    settings: dict[str, str] = {}
+    for value in values or []:
+        key, sep, text = value.partition("=")
+        if not sep or not key.strip():
+            raise EdgexError(f"bad --set {value!r}: expected KEY=VALUE")
+        settings[key.strip()] = text.strip()
+    return settings
+
+
 class Recipe(ABC):
     name: str
     description: str
     default_preset: str = "tiny"
+
+    def options(self) -> dict[str, RecipeOption]:
+        """Build options this recipe accepts; none unless it declares some."""
+        return {}
+
+    def parse_options(self, settings: dict[str, str] | None) -> dict:
+        """Typed options from `--set` text; an unknown key or a bad value is a one-line error."""
+        known = self.options()
+        parsed = {}
+        for key, text in (settings or {}).items():
+            if key not in known:
+                raise EdgexError(f"unknown option {key!r} for {self.name} (known: {', '.join(known) or 'none'})")
+            try:
+                parsed[key] = known[key].parse(str(text))
+            except ValueError as exc:
+                raise EdgexError(f"bad value {text!r} for option {key} of {self.name}: {exc}") from None
+        return parsed
 
     @abstractmethod
     def presets(self) -> dict[str, str]:
@@ -33,9 +81,37 @@ class Recipe(ABC):
         """Component name -> role, without building anything (for `edgex list`)."""
 
     @abstractmethod
-    def load(self, preset: str | None, checkpoint: Path | None, seed: int) -> LoadedModel:
-        """Build from a preset (seeded random weights) or load a local checkpoint."""
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
+        """Build from a preset (seeded random weights) or load a local checkpoint; `options` are
+        the parsed build options (see `options`)."""
 
     @abstractmethod
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         """The deployable graphs (all, or those named), each with samples from the eager pipeline."""
+
+
+def read_config_json(path: Path) -> dict:
+    """A checkpoint's JSON config; missing or malformed -> one-line error."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EdgexError(f"checkpoint is missing {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EdgexError(f"checkpoint config {path} is not valid JSON: {exc}") from None
+
+
+def read_safetensors(folder: Path) -> dict:
+    """Every tensor of the *.safetensors files in `folder`; none or a corrupt one -> one-line error."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise EdgexError(f"checkpoint folder {folder} has no .safetensors file")
+    state: dict = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise EdgexError(f"corrupt safetensors file {file}: {exc}") from None
+    return state

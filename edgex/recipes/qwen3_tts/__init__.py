@@ -62,7 +62,7 @@ class Qwen3TTSRecipe(Recipe):
     def component_names(self) -> dict[str, str]:
         return dict(ROLES)
 
-    def load(self, preset: str | None, checkpoint: Path | None, seed: int) -> LoadedModel:
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         if checkpoint is not None:
             models = load_checkpoint(checkpoint)
             sizes = _REAL_SIZES

@@ -9,7 +9,6 @@ the wav to ~1e-8 and zero codebooks give a constant wav, which would make SNR me
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from ...errors import EdgexError
+from ..base import read_config_json, read_safetensors
 from .presets import Qwen3TTSPreset
 from .reference import qwen_tts_modules
 
@@ -79,31 +79,6 @@ def build_from_preset(preset: Qwen3TTSPreset, seed: int) -> Qwen3TTSModels:
     return Qwen3TTSModels(talker, decoder, {"preset": preset.name, "seed": seed})
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EdgexError(f"checkpoint is missing {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EdgexError(f"checkpoint config {path} is not valid JSON: {exc}") from None
-
-
-def _read_state(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise EdgexError(f"checkpoint folder {folder} has no .safetensors file")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file)))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise EdgexError(f"corrupt safetensors file {file}: {exc}") from None
-    return state
-
-
 def _load_into(module: nn.Module, state: dict, prefix: str, what: str) -> None:
     sub = {k[len(prefix):]: v.float() for k, v in state.items() if k.startswith(prefix)}
     expected = module.state_dict()
@@ -124,12 +99,12 @@ def load_checkpoint(path: Path) -> Qwen3TTSModels:
     path = Path(path)
     if not path.is_dir():
         raise EdgexError(f"checkpoint {path} is not a directory")
-    config = _read_config(path / "config.json")
+    config = read_config_json(path / "config.json")
     if "talker_config" not in config:
         raise EdgexError(f"{path / 'config.json'} has no talker_config: not a Qwen3-TTS checkpoint")
     tok_dir = path / "speech_tokenizer"
-    tok_config = _read_config(tok_dir / "config.json")
-    talker_state, decoder_state = _read_state(path), _read_state(tok_dir)
+    tok_config = read_config_json(tok_dir / "config.json")
+    talker_state, decoder_state = read_safetensors(path), read_safetensors(tok_dir)
     try:
         talker_cfg, decoder_cfg = _configs(config["talker_config"], tok_config.get("decoder_config", {}))
         talker, decoder = _instantiate(talker_cfg, decoder_cfg)

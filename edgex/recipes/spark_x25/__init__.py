@@ -1,0 +1,142 @@
+"""Recipe `spark-x2.5`: Spark-X2.5, a hybrid sliding/full-attention LLM, as prefill + decode graphs.
+
+Components (role `llm`; both run the same layers, a target places them alike):
+  prefill   a fixed chunk of tokens against the cache state -> logits, updated ring, new full K/V
+  decode    one token against the cache state -> logits, updated ring, new full K/V
+
+The sliding layers' window lives in a ring buffer the graphs maintain; the full layers' cache has
+`context` slots (`--set context=N`, and `--set prefill=N` for the chunk). See `graphs.py` for the
+state contract and `runner.py` for a runner. Samples and calibration data are real eager
+activations: cache states from running the reference model over seeded prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...component import LOGITS, SIGNAL, Component, TensorSpec
+from ...errors import EdgexError
+from .. import RECIPES
+from ..base import LoadedModel, Recipe, RecipeOption
+from .checkpoint import load_checkpoint
+from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, PRESETS, get_preset
+from .graphs import SparkDecode, SparkPrefill, state_from_cache, step_reference
+from .model import SparkCache, build
+
+ROLES = {"prefill": "llm", "decode": "llm"}
+# MODELS.md: the head-wise gate stays unquantized in every quantized scheme.
+FLOAT_ONLY = ("*.self_attn.g_proj",)
+INPUTS = ["tokens", "position", "ring_key", "ring_value", "past_key", "past_value"]
+OUTPUTS = [("logits", LOGITS), ("next_ring_key", SIGNAL), ("next_ring_value", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)]
+_SAMPLE_SEEDS = {"a": 1, "b": 2}  # offsets from the user's seed; calibration prompts use 100 +
+_CALIBRATION_SEED = 100
+_CALIBRATION_PER_PROMPT = 4
+
+
+@RECIPES.register("spark-x2.5")
+class SparkRecipe(Recipe):
+    name = "spark-x2.5"
+    description = "Spark-X2.5: 3:1 sliding/full attention LLM with a head-wise gate; prefill + decode"
+
+    def presets(self) -> dict[str, str]:
+        return {name: p.description for name, p in PRESETS.items()}
+
+    def component_names(self) -> dict[str, str]:
+        return dict(ROLES)
+
+    def options(self) -> dict[str, RecipeOption]:
+        return {
+            "context": RecipeOption("full-attention KV slots (tiny 128, 1.7b / checkpoint 1024)"),
+            "prefill": RecipeOption("tokens per prefill call (tiny 12, 1.7b / checkpoint 128)"),
+        }
+
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
+        if checkpoint is not None:
+            model = load_checkpoint(checkpoint)
+            source, sizes = {"checkpoint": str(Path(checkpoint).resolve())}, (CHECKPOINT_PREFILL, CHECKPOINT_CONTEXT)
+        else:
+            p = get_preset(preset or self.default_preset)
+            model = build(p.config, seed)
+            source, sizes = {"preset": p.name, "seed": seed}, (p.prefill, p.context)
+        options = options or {}
+        prefill, context = options.get("prefill", sizes[0]), options.get("context", sizes[1])
+        if prefill > context:
+            raise EdgexError(f"prefill chunk {prefill} is larger than the context {context}")
+        sizes = {"prefill": prefill, "context": context, "window": model.config.sliding_window, "seed": seed}
+        return LoadedModel(self.name, model, source, sizes)
+
+    def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
+        for n in names or []:
+            if n not in ROLES:
+                raise EdgexError(f"no such component {n!r} in spark-x2.5 (known: {', '.join(ROLES)})")
+        builder = _ComponentBuilder(loaded)
+        return [getattr(builder, n)() for n in names or ROLES]
+
+
+class _ComponentBuilder:
+    """Inputs from the eager model run over seeded prompts: a and b for parity samples, further
+    prompts (never a or b) for calibration."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.model = loaded.models
+        self.config = self.model.config
+        self.chunk, self.context = loaded.options["prefill"], loaded.options["context"]
+        self.seed = loaded.options["seed"]
+        self._runs: dict[int, tuple[torch.Tensor, SparkCache]] = {}
+
+    def _run(self, prompt_seed: int, length: int) -> tuple[torch.Tensor, SparkCache]:
+        """A seeded prompt of `context` tokens and the eager cache over at least its first `length`."""
+        if prompt_seed not in self._runs:
+            gen = torch.Generator().manual_seed(1000 * self.seed + prompt_seed)
+            tokens = torch.randint(0, self.config.vocab_size, (1, self.context), generator=gen)
+            self._runs[prompt_seed] = (tokens, SparkCache.empty(self.config))
+        tokens, cache = self._runs[prompt_seed]
+        if cache.length < length:
+            self.model(tokens[:, cache.length : length], cache)
+        return tokens, cache
+
+    def _inputs(self, prompt_seed: int, position: int, count: int) -> tuple[torch.Tensor, ...]:
+        tokens, cache = self._run(prompt_seed, position)
+        state = state_from_cache(self.config, cache, position, self.context)
+        return (tokens[:, position : position + count], torch.tensor([position]), *state)
+
+    def _component(self, name, module, count: int, samples: dict, starts: list[int]) -> Component:
+        first = next(iter(samples.values()))
+        outputs = step_reference(self.model, *first)
+        inputs = [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(INPUTS, first)]
+        outs = [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch."), kind) for (n, kind), t in zip(OUTPUTS, outputs)]
+
+        def calibration(n: int) -> list[tuple[torch.Tensor, ...]]:
+            return [self._inputs(_CALIBRATION_SEED + i // _CALIBRATION_PER_PROMPT, starts[i % len(starts)], count) for i in range(n)]
+
+        cfg = self.config
+        comp = Component(
+            name, ROLES[name], module.eval(), inputs, outs, lambda *x: step_reference(self.model, *x), samples,
+            metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
+                      "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
+            calibration=calibration, float_only=FLOAT_ONLY,
+        )
+        for sample in samples.values():
+            comp.check_inputs(sample)
+        return comp
+
+    def prefill(self) -> Component:
+        p, window = self.chunk, self.config.sliding_window
+        late = (min(self.context - p, 2 * window + p) // p) * p  # ring wrapped at least twice
+        samples = {"prompt_a_start0": self._inputs(_SAMPLE_SEEDS["a"], 0, p),
+                   f"prompt_b_start{late}": self._inputs(_SAMPLE_SEEDS["b"], late, p)}
+        starts = sorted({(j * (self.context - p) // (_CALIBRATION_PER_PROMPT - 1)) // p * p for j in range(_CALIBRATION_PER_PROMPT)})
+        return self._component("prefill", SparkPrefill(self.model), p, samples, starts)
+
+    def decode(self) -> Component:
+        window = self.config.sliding_window
+        late, early = self.context - 1, min(window // 2, self.context) - 1  # full context (the example); ring half full
+        samples = {f"prompt_a_pos{late}": self._inputs(_SAMPLE_SEEDS["a"], late, 1),
+                   f"prompt_b_pos{early}": self._inputs(_SAMPLE_SEEDS["b"], early, 1)}
+        starts = [j * (self.context - 1) // (_CALIBRATION_PER_PROMPT - 1) for j in range(_CALIBRATION_PER_PROMPT)]
+        return self._component("decode", SparkDecode(self.model), 1, samples, starts)
+
+
+__all__ = ["SparkRecipe", "ROLES", "FLOAT_ONLY"]

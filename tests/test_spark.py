@@ -1,0 +1,189 @@
+"""Recipe spark-x2.5 (tiny preset, window 16): the graphs equal the eager reference, a runner
+over them reproduces a full-sequence forward across several sliding windows, exported graphs
+generate the reference's greedy tokens, quantized schemes keep the head gate in float, and
+checkpoints load with the published names."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import run_cli
+from edgex.catalog import catalog
+from edgex.errors import EdgexError
+from edgex.exporters.onnx import OnnxExporter
+from edgex.parity.metrics import snr_db, token_agreement
+from edgex.parity.runtimes import RUNTIMES
+from edgex.recipes import RECIPES
+from edgex.recipes.base import parse_settings
+from edgex.recipes.spark_x25 import ROLES
+from edgex.recipes.spark_x25.checkpoint import load_checkpoint
+from edgex.recipes.spark_x25.config import FULL, SLIDING, get_preset
+from edgex.recipes.spark_x25.graphs import empty_state
+from edgex.recipes.spark_x25.model import build
+from edgex.recipes.spark_x25.runner import CacheRunner, numpy_callable
+from edgex.verify import verify_directory
+from test_cli_errors import assert_one_line_error
+
+
+@pytest.fixture(scope="module")
+def spark():
+    recipe = RECIPES.get("spark-x2.5")
+    loaded = recipe.load("tiny", None, 0)
+    return loaded, {c.name: c for c in recipe.components(loaded)}
+
+
+def test_tiny_keeps_the_published_structure():
+    config = get_preset("tiny").config
+    assert config.layer_types == (SLIDING, SLIDING, SLIDING, FULL)
+    assert config.sliding_window == 16 and config.vocab_size == 131072
+    assert get_preset("1.7b").config.layer_types.count(FULL) == 7  # 3:1 over 28 layers
+
+
+@pytest.mark.parametrize("name", list(ROLES))
+def test_wrapper_equals_reference(spark, name):
+    _, components = spark
+    comp = components[name]
+    assert len(comp.samples) >= 2
+    for sample, inputs in comp.samples.items():
+        with torch.no_grad():
+            got = comp.module(*inputs)
+        for spec, ref, out in zip(comp.outputs, comp.reference_outputs(sample), got):
+            assert tuple(out.shape) == spec.shape, (sample, spec.name)
+            assert snr_db(ref.numpy(), out.numpy()) >= 100.0, (sample, spec.name)
+
+
+def test_decode_after_prefill_equals_full_forward_across_windows(spark):
+    loaded, components = spark
+    model, opts = loaded.models, loaded.options
+    prompt = torch.randint(0, model.config.vocab_size, (1, 60), generator=torch.Generator().manual_seed(7))
+    runner = CacheRunner(numpy_callable(components["prefill"].module), numpy_callable(components["decode"].module),
+                         [t.numpy() for t in empty_state(model.config, opts["context"])], opts["prefill"])
+    got = runner.feed(prompt[0].numpy())
+    decoded = 60 - 2 * opts["prefill"]
+    assert decoded > 2 * opts["window"], "the decode steps alone cross more than two sliding windows"
+    assert snr_db(model(prompt)[0].numpy(), got) >= 100.0
+
+
+def test_calibration_draws_held_out_eager_activations(spark):
+    _, components = spark
+    for comp in components.values():
+        batches = comp.calibration(5)
+        assert len(batches) == 5
+        for inputs in batches:
+            comp.check_inputs(inputs)
+            for sample in comp.samples.values():
+                assert not all(torch.equal(a, b) for a, b in zip(inputs, sample))
+        assert len({int(b[1]) for b in batches}) >= 3, "several positions, not one state"
+        assert any(float(b[2].abs().sum()) > 0 for b in batches), "real cache state, not zeros"
+
+
+def test_greedy_tokens_from_the_exported_graphs_match_the_reference(spark, tmp_path):
+    loaded, components = spark
+    model, opts = loaded.models, loaded.options
+    sessions = {}
+    for name in ROLES:
+        files = OnnxExporter().export(components[name], "fp32", tmp_path / f"{name}.onnx").files
+        sessions[name] = RUNTIMES.get("onnxruntime").load(files, 2)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(11))
+    runner = CacheRunner(sessions["prefill"].run, sessions["decode"].run,
+                         [t.numpy() for t in empty_state(model.config, opts["context"])], opts["prefill"])
+    got = runner.greedy(prompt[0].numpy(), 64)
+    want = model.greedy(prompt, 64)[0].numpy()
+    assert len(set(want.tolist())) > 16, "the reference text varies, so agreement means something"
+    assert token_agreement(want, got) == 1.0
+
+
+def test_quantized_executorch_keeps_the_gate_in_float(spark):
+    from edgex.exporters.executorch import prepare
+
+    _, components = spark
+    module, _ = prepare(components["decode"], "8da8w")
+    layer = module.model.layers[0]
+    assert type(layer.self_attn.g_proj.weight) in (torch.Tensor, torch.nn.Parameter)
+    assert type(layer.self_attn.q_k_v_proj.weight) not in (torch.Tensor, torch.nn.Parameter)
+    assert type(layer.mlp.down_proj.weight) not in (torch.Tensor, torch.nn.Parameter)
+
+
+def test_mnn_target_with_a_context_option(tmp_path):
+    proc = run_cli("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "fp32,w8",
+                   "--set", "context=48", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["settings"] == {"context": "48"} and data["options"]["context"] == 48
+    by_precision = {a["precision"]: a for a in data["artifacts"]}
+    for a in by_precision.values():
+        assert a["parity"]["method"] == "runtime" and a["verdict"] == "pass", a["parity"]
+        assert {s["name"]: s["shape"] for s in a["inputs"]}["past_key"] == [1, 1, 2, 48, 32]
+        assert a["metadata"]["context"] == 48 and a["metadata"]["window"] == 16
+    assert by_precision["fp32"]["parity"]["min_snr_db"] > by_precision["w8"]["parity"]["min_snr_db"]
+    assert "not honoured" in by_precision["w8"]["details"]["float_only"]
+    # verify rebuilds the graphs with the recorded settings (context 48, not the preset's 128)
+    assert verify_directory(tmp_path)["status"] == "pass"
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("window=8", "unknown option 'window' for spark-x2.5 (known: context, prefill)"),
+    ("context=lots", "bad value 'lots' for option context"),
+    ("context=-4", "expected a positive integer"),
+    ("context", "bad --set 'context': expected KEY=VALUE"),
+])
+def test_bad_options_are_refused(setting, fragment):
+    with pytest.raises(EdgexError) as err:
+        RECIPES.get("spark-x2.5").parse_options(parse_settings([setting]))
+    assert fragment in str(err.value)
+
+
+def test_unknown_option_is_a_one_line_cli_error_also_for_recipes_without_options(tmp_path):
+    proc = run_cli("export", "qwen3-tts", "--set", "context=64", "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "unknown option 'context' for qwen3-tts (known: none)")
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _write_checkpoint(root, model, split_qkv=False, drop=None):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"architectures": ["SparkForCausalLM"], **model.config.to_dict()}))
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if k != drop}
+    if split_qkv:
+        cfg = model.config
+        for name in [k for k in state if k.endswith("q_k_v_proj.weight")]:
+            q, k, v = state.pop(name).split([cfg.num_attention_heads * cfg.head_dim] + [cfg.num_key_value_heads * cfg.head_dim] * 2)
+            for part, tensor in zip("qkv", (q, k, v)):
+                state[name.replace("q_k_v_proj", f"{part}_proj")] = tensor.contiguous()
+    save_file(state, str(root / "model.safetensors"))
+    return root
+
+
+@pytest.mark.parametrize("split_qkv", [False, True])
+def test_checkpoint_loads_published_names(tmp_path, split_qkv):
+    model = build(get_preset("tiny").config, seed=3)
+    assert "model.layers.0.self_attn.q_k_v_proj.weight" in model.state_dict()
+    assert not any("lm_head" in k for k in model.state_dict())
+    loaded = load_checkpoint(_write_checkpoint(tmp_path / "ckpt", model, split_qkv))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16).float()), name
+
+
+def test_checkpoint_missing_tensor_is_refused(tmp_path):
+    model = build(get_preset("tiny").config, seed=3)
+    root = _write_checkpoint(tmp_path / "ckpt", model, drop="model.layers.1.self_attn.g_proj.weight")
+    with pytest.raises(EdgexError, match="lacks 1 tensors, e.g. model.layers.1.self_attn.g_proj.weight"):
+        load_checkpoint(root)
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(get_preset("tiny").config.to_dict()))
+    (root / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    proc = run_cli("export", "spark-x2.5", "--checkpoint", str(root), "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "corrupt safetensors file", "model.safetensors")
+    assert not any(p.is_file() for p in (tmp_path / "o").rglob("*"))
+
+
+def test_list_shows_presets_components_and_options():
+    data = catalog()["models"]["spark-x2.5"]
+    assert set(data["presets"]) == {"tiny", "1.7b"}
+    assert data["components"] == {"prefill": "llm", "decode": "llm"}
+    assert set(data["options"]) == {"context", "prefill"}
