@@ -6,7 +6,9 @@ and outputs are float16), which is what an fp16 ONNX deployment runs.
 
 from __future__ import annotations
 
+import ast
 import copy
+import fnmatch
 import logging
 from pathlib import Path
 
@@ -48,3 +50,18 @@ class OnnxExporter(Exporter):
         files = [dest] + ([data] if data.exists() else [])
         opset = program.model_proto.opset_import[0].version
         return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset})
+
+
+def nodes_from_modules(path: Path, patterns: tuple[str, ...]) -> list[str]:
+    """Names of the ONNX nodes the exporter emitted for modules whose path matches one of the
+    fnmatch `patterns` (read from the `pkg.torch.onnx.name_scopes` metadata each node carries)."""
+    import onnx
+
+    if not patterns:
+        return []
+    found = []
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        scopes = next((ast.literal_eval(p.value) for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
+        if any(fnmatch.fnmatch(scope, pattern) for scope in scopes for pattern in patterns):
+            found.append(node.name)
+    return found

@@ -22,7 +22,7 @@ from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
 from .base import ExportResult, Exporter
-from .onnx import OnnxExporter
+from .onnx import OnnxExporter, nodes_from_modules
 
 DEFAULT_CALIBRATION = 8
 # scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
@@ -47,8 +47,10 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
             return next(self._feeds, None)
 
     weights, activations = _SCHEMES[precision]
+    keep_float = nodes_from_modules(source, component.float_only)
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
-                                weight_type=getattr(QuantType, weights), per_channel=True)
+                                weight_type=getattr(QuantType, weights), per_channel=True,
+                                nodes_to_exclude=keep_float or None)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer advises pre-processing through the root logger
@@ -56,7 +58,8 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
         quantize(str(source), str(dest), config)
     finally:
         root.setLevel(level)
-    return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations}
+    return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations,
+            "float_only": {"patterns": list(component.float_only), "nodes": keep_float}}
 
 
 def _context_binary(ctx: Path) -> Path:
