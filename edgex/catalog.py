@@ -36,6 +36,7 @@ _NEEDED_FOR = {
     "torch": "everything", "transformers": "qwen3-tts reference", "qwen-tts": "qwen3-tts reference",
     "executorch": ".pte export + runtime", "torchao": ".pte quantization", "onnx": ".onnx export",
     "onnxscript": ".onnx export", "onnxruntime": ".onnx runtime", "MNN": ".mnn export + runtime",
+    "coremltools": ".mlpackage export + reference interpreter",
 }
 
 

@@ -22,6 +22,7 @@ TOOLCHAINS = {
     "onnxscript": ("onnxscript", "pip install onnxscript"),
     "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
     "MNN": ("MNN", "pip install 'edgex[mnn]' (MNN==3.6.1)"),
+    "coremltools": ("coremltools", "pip install 'edgex[coreml]' (coremltools==9.0)"),
 }
 
 
