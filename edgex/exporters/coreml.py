@@ -27,6 +27,7 @@ from .base import ExportResult, Exporter
 MINIMUM_DEPLOYMENT_TARGET = "iOS18"  # blockwise int4 and Core ML states need iOS 18 / macOS 15
 W4_BLOCK = 32
 _SKIPPED_PASSES = ["common::fuse_linear_bias"]
+_QUANTIZE_PASS = "compression::linear_quantize_weights"
 
 
 def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
@@ -73,7 +74,6 @@ class CoreMLExporter(Exporter):
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
         import coremltools as ct
-        import coremltools.optimize as cto
 
         logging.getLogger("coremltools").setLevel(logging.ERROR)
         module = copy.deepcopy(component.module).eval()
@@ -82,6 +82,11 @@ class CoreMLExporter(Exporter):
         _rewrite_for_coreml(program)
         pipeline = ct.PassPipeline.DEFAULT
         pipeline.remove_passes(_SKIPPED_PASSES)
+        if precision in ("w8", "w4"):
+            # Compress inside the conversion pipeline, after its cleanup passes: the stand-alone
+            # `linear_quantize_weights` re-runs the default pipeline and hits the skipped pass's crash.
+            pipeline.append_pass(_QUANTIZE_PASS)
+            pipeline.set_options(_QUANTIZE_PASS, {"config": _compression(precision)})
         compute = ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16
         model = ct.convert(
             program,
@@ -91,8 +96,6 @@ class CoreMLExporter(Exporter):
             pass_pipeline=pipeline,
             skip_model_load=True,
         )
-        if precision in ("w8", "w4"):
-            model = cto.coreml.linear_quantize_weights(model, _compression(precision))
         model.save(str(dest))
         details = {
             "compute_precision": "float32" if precision == "fp32" else "float16",
