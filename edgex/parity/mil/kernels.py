@@ -88,19 +88,24 @@ def silu(a: dict) -> tuple:
     return (x * (1 / (1 + np.exp(-x))),)
 
 
-def _decompressor(op_type: str) -> Callable[[dict], tuple]:
+_DECOMPRESSORS = {  # iOS 18 constexpr op -> the arguments of its coremltools `decompress`
+    "constexpr_blockwise_shift_scale": ("data", "scale", "offset"),
+    "constexpr_lut_to_dense": ("indices", "lut", "vector_axis"),
+    "constexpr_sparse_to_dense": ("nonzero_data", "mask"),
+}
+
+
+def _decompressor(op_type: str, arguments: tuple[str, ...]) -> Callable[[dict], tuple]:
     """A constexpr op evaluated by its coremltools definition's own `decompress` (the program's
     dequantization), applied to the raw stored data rather than to any value folded at load time."""
 
     def run(a: dict) -> tuple:
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
 
-        cls = getattr(compression, op_type)
-        names = [n for n in cls.decompress.__code__.co_varnames[: cls.decompress.__code__.co_argcount]]
-        return (cls.decompress(*(a.get(n) for n in names)),)
+        return (getattr(compression, op_type).decompress(*(a.get(n) for n in arguments)),)
 
     return run
 
 
-for _name in ("constexpr_blockwise_shift_scale", "constexpr_lut_to_dense", "constexpr_sparse_to_dense"):
-    KERNELS[_name] = _decompressor(_name)
+for _op, _arguments in _DECOMPRESSORS.items():
+    KERNELS[_op] = _decompressor(_op, _arguments)
