@@ -39,6 +39,7 @@ _NEEDED_FOR = {
     "onnxscript": ".onnx export", "onnxruntime": ".onnx runtime", "MNN": ".mnn export + runtime",
     "qai-hub": "--hub (Qualcomm AI Hub device jobs)",
     "gguf": ".gguf export", "llama-cpp-python": ".gguf runtime (llama.cpp)",
+    "coremltools": ".mlpackage export + reference interpreter",
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
-from .artifacts.files import ensure_writable_dir, file_record, move_into_place, staging_dir, write_json_atomic
+from .artifacts.files import ensure_writable_dir, file_records, move_into_place, staging_dir, write_json_atomic
 from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
@@ -23,6 +23,7 @@ from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
 from .parity.gates import threshold_db, token_threshold
 from .parity.runtimes import RUNTIMES
+from .parity.runtimes.base import Unsupported
 from .precision import get_precision
 from .recipes import RECIPES
 from .resources import PeakRss
@@ -108,7 +109,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
         verdict = "fail" if entry["device_parity"]["verdict"] == "fail" else verdict
     placed = move_into_place(result.files, out_dir / FAILED_DIR if verdict == "fail" else out_dir)
-    entry["files"] = [file_record(p, out_dir) for p in placed]
+    entry["files"] = [record for p in placed for record in file_records(p, out_dir)]
     entry["verdict"] = verdict
     return entry
 
@@ -173,8 +174,12 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
     reason = runtime.unavailable_reason()
     if reason:
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
-    session = runtime.load(files, threads)
-    return measure(component, session, runtime.name, io_float_dtype, gate, token_threshold(precision), runtime.method)
+    try:
+        session = runtime.load(files, threads)
+        return measure(component, session, runtime.name, io_float_dtype, gate, token_threshold(precision), runtime.method,
+                       runtime.simulator)
+    except Unsupported as exc:
+        return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 
 
 def _placement_overrides(recipe, placements: list[str]) -> dict:

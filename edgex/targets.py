@@ -88,6 +88,23 @@ TARGETS: dict[str, Target] = {
                 },
             },
         ),
+        Target(
+            "apple",
+            "iPhone / Mac (Apple Neural Engine) through Core ML: every component as an .mlpackage ML program",
+            {
+                "*": (Placement("coreml", ("fp16", "w8", "w4")),),
+                "decoder": (Placement("coreml", ("fp32", "fp16", "w8", "w4")),),
+            },
+            {
+                "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
+                "minimum_deployment_target": "iOS18 / macOS15",
+                # The LM graphs run fp16 on the Neural Engine. The decoder's conv stack is the least
+                # fp16-tolerant graph (lowest fp16 dB on every format): it keeps an fp32 build for
+                # the GPU beside the fp16 one, until on-device timing picks between them.
+                "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU"},
+                "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
+            },
+        ),
     )
 }
 

@@ -28,6 +28,7 @@ TOOLCHAINS = {
     "qai_hub": ("qai-hub", "pip install 'edgex[hub]' (qai-hub==0.56.0)"),
     "gguf": ("gguf", _LLAMA_HINT),
     "llama_cpp": ("llama-cpp-python", _LLAMA_HINT),
+    "coremltools": ("coremltools", "pip install 'edgex[coreml]' (coremltools==9.0)"),
 }
 
 

@@ -32,6 +32,13 @@ def file_record(path: Path, root: Path) -> dict:
     return {"path": str(path.relative_to(root)), "sha256": sha256(path), "bytes": path.stat().st_size}
 
 
+def file_records(path: Path, root: Path) -> list[dict]:
+    """One record for a file; one per contained file for a folder artifact (a Core ML .mlpackage)."""
+    if path.is_dir():
+        return [file_record(p, root) for p in sorted(path.rglob("*")) if p.is_file()]
+    return [file_record(path, root)]
+
+
 def ensure_writable_dir(path: Path) -> Path:
     """Create `path` (and parents) or fail with a one-line reason."""
     try:
@@ -54,12 +61,19 @@ def staging_dir(parent: Path) -> Iterator[Path]:
 
 
 def move_into_place(files: list[Path], dest_dir: Path) -> list[Path]:
-    """Rename staged files into `dest_dir`, replacing older versions atomically file by file."""
+    """Rename staged files into `dest_dir`, replacing older versions atomically file by file. A folder
+    artifact replaces its older version as a whole: the old one is renamed aside, then removed."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     placed = []
     for file in files:
         target = dest_dir / file.name
-        os.replace(file, target)
+        if file.is_dir() and target.exists():
+            old = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest_dir)) / target.name
+            os.replace(target, old)
+            os.replace(file, target)
+            shutil.rmtree(old.parent, ignore_errors=True)
+        else:
+            os.replace(file, target)
         placed.append(target)
     return placed
 

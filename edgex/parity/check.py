@@ -17,6 +17,7 @@ from .runtimes.base import Session
 class ParityReport:
     method: str  # "runtime" | "simulated" | "none"
     runtime: str | None
+    simulator: str | None = None  # which interpreter / simulator ran it when method is "simulated"
     reason: str | None = None  # why method is "none"
     threshold_db: float | None = None
     token_threshold: float | None = None
@@ -103,9 +104,10 @@ def measure(
     threshold_db: float,
     token_threshold: float | None,
     method: str = "runtime",
+    simulator: str | None = None,
 ) -> ParityReport:
     start = time.perf_counter()
-    report = ParityReport(method, runtime, threshold_db=threshold_db, token_threshold=token_threshold)
+    report = ParityReport(method, runtime, simulator, threshold_db=threshold_db, token_threshold=token_threshold)
     snrs, agreements = [], []
     for sample, inputs in component.samples.items():
         outputs = session.run(to_numpy(inputs, float_dtype))

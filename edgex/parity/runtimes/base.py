@@ -9,6 +9,11 @@ from typing import Sequence
 import numpy as np
 
 
+class Unsupported(Exception):
+    """This artifact cannot be run here (e.g. an op a reference interpreter does not implement):
+    parity is then reported as method `none` with this reason, never as a pass."""
+
+
 class Session(ABC):
     @abstractmethod
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -18,6 +23,7 @@ class Session(ABC):
 class Runtime(ABC):
     name: str
     method: str = "runtime"  # how parity obtained by this adapter is labelled in the manifest
+    simulator: str | None = None  # the interpreter / simulator that ran the artifact, when "simulated"
 
     def unavailable_reason(self) -> str | None:
         """None when this machine can run the format, else a one-line reason."""

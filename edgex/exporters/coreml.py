@@ -1,0 +1,112 @@
+"""Core ML `.mlpackage` (ML program) through coremltools' torch.export path.
+
+`fp32` / `fp16` set the program's compute precision. `w8` and `w4` are weight-only compression by
+`coremltools.optimize` on the fp16 program (what the Neural Engine runs): int8 per output channel
+(`w8`) and int4 in blocks of 32 along the input dimension (`w4`), both symmetric linear, stored as
+`constexpr_blockwise_shift_scale` ops (iOS 18 / macOS 15). Inputs and outputs stay float32 / int32.
+
+Two graph rewrites work around coremltools 9.0's torch frontend (tested with torch 2.7, not 2.13):
+an integer `clamp(x, min)` becomes `clamp_min` (its `clamp` converter promotes ints to float and
+then feeds float indices to `gather`), and a boolean `&` becomes `logical_and` (no converter).
+The `fuse_linear_bias` pass is skipped: it crashes on a scalar added to a one-output linear.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ..component import Component
+from . import EXPORTERS
+from .base import ExportResult, Exporter
+
+MINIMUM_DEPLOYMENT_TARGET = "iOS18"  # blockwise int4 and Core ML states need iOS 18 / macOS 15
+W4_BLOCK = 32
+_SKIPPED_PASSES = ["common::fuse_linear_bias"]
+_QUANTIZE_PASS = "compression::linear_quantize_weights"
+
+
+def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
+    for node in program.graph.nodes:
+        if node.target == torch.ops.aten.clamp.default and not node.args[0].meta["val"].is_floating_point():
+            low, high = (list(node.args[1:]) + [None, None])[:2]
+            if low is not None and high is None:
+                node.target, node.args = torch.ops.aten.clamp_min.default, (node.args[0], low)
+            elif low is None and high is not None:
+                node.target, node.args = torch.ops.aten.clamp_max.default, (node.args[0], high)
+        elif node.target == torch.ops.aten.__and__.Tensor:
+            node.target = torch.ops.aten.logical_and.default
+    program.graph_module.recompile()
+
+
+def _compression(precision: str):
+    import coremltools.optimize as cto
+
+    if precision == "w8":
+        op = cto.coreml.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel")
+    else:
+        op = cto.coreml.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_block",
+                                                block_size=W4_BLOCK)
+    return cto.coreml.OptimizationConfig(global_config=op)
+
+
+def _op_types(model) -> dict[str, int]:
+    """Op type -> count in the saved program's main function (the interpreter must cover them)."""
+    from collections import Counter
+
+    return dict(sorted(Counter(op.op_type for op in model._mil_program.functions["main"].operations).items()))
+
+
+@EXPORTERS.register("coreml")
+class CoreMLExporter(Exporter):
+    name = "coreml"
+    format = "mlpackage"
+    backend = "coreml-mlprogram"
+    extension = ".mlpackage"
+    runtime = "coreml"
+    precisions = ("fp32", "fp16", "w8", "w4")
+    requires = ("coremltools",)
+
+    def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
+        import coremltools as ct
+
+        logging.getLogger("coremltools").setLevel(logging.ERROR)
+        module = copy.deepcopy(component.module).eval()
+        with torch.no_grad():
+            program = torch.export.export(module, tuple(component.example_inputs), strict=False).run_decompositions({})
+        _rewrite_for_coreml(program)
+        pipeline = ct.PassPipeline.DEFAULT
+        pipeline.remove_passes(_SKIPPED_PASSES)
+        if precision in ("w8", "w4"):
+            # Compress inside the conversion pipeline, after its cleanup passes: the stand-alone
+            # `linear_quantize_weights` re-runs the default pipeline and hits the skipped pass's crash.
+            pipeline.append_pass(_QUANTIZE_PASS)
+            pipeline.set_options(_QUANTIZE_PASS, {"config": _compression(precision)})
+        compute = ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16
+        model = ct.convert(
+            program,
+            convert_to="mlprogram",
+            compute_precision=compute,
+            minimum_deployment_target=getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET),
+            pass_pipeline=pipeline,
+            skip_model_load=True,
+        )
+        model.save(str(dest))
+        details = {
+            "compute_precision": "float32" if precision == "fp32" else "float16",
+            "minimum_deployment_target": MINIMUM_DEPLOYMENT_TARGET,
+            "coreml_inputs": [i.name for i in model.get_spec().description.input],
+            "coreml_outputs": [o.name for o in model.get_spec().description.output],
+            "mil_ops": _op_types(model),
+            # Components carry their KV cache as explicit inputs/outputs; Core ML states would need
+            # the cache as a registered buffer in the recipe's graphs.
+            "stateful_kv_cache": False,
+        }
+        if precision == "w4":
+            details["block_size"] = W4_BLOCK
+        return ExportResult([dest], "float32", details)

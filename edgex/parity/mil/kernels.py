@@ -1,0 +1,111 @@
+"""edgex's own kernels for MIL ops whose coremltools definition has no value semantics.
+
+Each kernel takes the op's arguments as numpy values (defaults filled in by the op's definition)
+and returns numpy outputs; the interpreter rounds them to the op's declared output dtypes.
+Convolutions run in float32 and are rounded once per op in fp16 programs (Core ML's fp16 kernels
+accumulate in wider precision too); elementwise kernels run in the program's own dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+KERNELS: dict[str, Callable[[dict], tuple]] = {}
+
+
+class KernelUnsupported(Exception):
+    """The op is known but uses an argument combination these kernels do not implement."""
+
+
+def kernel(op_type: str):
+    def add(fn):
+        KERNELS[op_type] = fn
+        return fn
+
+    return add
+
+
+def _f32(x) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, np.float32))
+
+
+def _conv_padding(a: dict, spatial: int) -> list[int]:
+    """MIL `pad` as [begin_0, end_0, begin_1, end_1, ...]; only explicit and valid padding."""
+    if a["pad_type"] == "valid":
+        return [0] * (2 * spatial)
+    if a["pad_type"] == "custom":
+        return [int(p) for p in np.asarray(a["pad"]).reshape(-1)]
+    raise KernelUnsupported(f"pad_type {a['pad_type']!r}")
+
+
+_CONV = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d}
+_CONV_T = {1: torch.nn.functional.conv_transpose1d, 2: torch.nn.functional.conv_transpose2d}
+
+
+@kernel("conv")
+def conv(a: dict) -> tuple:
+    x, weight = _f32(a["x"]), _f32(a["weight"])
+    spatial = x.ndim - 2
+    if spatial not in _CONV:
+        raise KernelUnsupported(f"{spatial}-d convolution")
+    pads = _conv_padding(a, spatial)
+    torch_pad = [p for axis in reversed(range(spatial)) for p in (pads[2 * axis], pads[2 * axis + 1])]
+    x = torch.nn.functional.pad(x, torch_pad)
+    bias = None if a.get("bias") is None else _f32(a["bias"])
+    out = _CONV[spatial](x, weight, bias, stride=[int(s) for s in a["strides"]],
+                         dilation=[int(d) for d in a["dilations"]], groups=int(a["groups"]))
+    return (out.numpy(),)
+
+
+@kernel("conv_transpose")
+def conv_transpose(a: dict) -> tuple:
+    """MIL pads crop the full transposed-convolution output: `begin` from the start, `end` from the
+    end of each spatial axis."""
+    x, weight = _f32(a["x"]), _f32(a["weight"])
+    spatial = x.ndim - 2
+    if spatial not in _CONV_T:
+        raise KernelUnsupported(f"{spatial}-d transposed convolution")
+    pads = _conv_padding(a, spatial)
+    bias = None if a.get("bias") is None else _f32(a["bias"])
+    out = _CONV_T[spatial](x, weight, bias, stride=[int(s) for s in a["strides"]],
+                           dilation=[int(d) for d in a["dilations"]], groups=int(a["groups"]))
+    index = [slice(None), slice(None)]
+    for axis in range(spatial):
+        size = out.shape[2 + axis]
+        index.append(slice(pads[2 * axis], size - pads[2 * axis + 1]))
+    out = out[tuple(index)]
+    if a.get("output_shape") is not None and tuple(out.shape) != tuple(int(s) for s in a["output_shape"]):
+        raise KernelUnsupported(f"output_shape {list(a['output_shape'])} differs from the padded result {list(out.shape)}")
+    return (out.numpy(),)
+
+
+@kernel("silu")
+def silu(a: dict) -> tuple:
+    x = a["x"]
+    return (x * (1 / (1 + np.exp(-x))),)
+
+
+_DECOMPRESSORS = {  # iOS 18 constexpr op -> the arguments of its coremltools `decompress`
+    "constexpr_blockwise_shift_scale": ("data", "scale", "offset"),
+    "constexpr_lut_to_dense": ("indices", "lut", "vector_axis"),
+    "constexpr_sparse_to_dense": ("nonzero_data", "mask"),
+}
+
+
+def _decompressor(op_type: str, arguments: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """A constexpr op evaluated by its coremltools definition's own `decompress` (the program's
+    dequantization), applied to the raw stored data rather than to any value folded at load time."""
+
+    def run(a: dict) -> tuple:
+        from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
+
+        return (getattr(compression, op_type).decompress(*(a.get(n) for n in arguments)),)
+
+    return run
+
+
+for _op, _arguments in _DECOMPRESSORS.items():
+    KERNELS[_op] = _decompressor(_op, _arguments)

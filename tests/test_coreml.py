@@ -1,0 +1,63 @@
+"""Format Core ML: .mlpackage artifacts for target `apple`, parity by the reference interpreter on
+Linux (method `simulated`, interpreter named), real prediction selected on macOS."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import run_cli
+from edgex.errors import EdgexError
+
+pytest.importorskip("coremltools")
+
+
+def test_apple_target_exports_mlpackages_with_simulated_parity(tmp_path):
+    proc = run_cli("export", "qwen3-tts", "--target", "apple", "--preset", "tiny", "-c", "code_predictor_step",
+                   "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["target_facts"]["compute_units"]["predictor"] == "CPU_AND_NE"
+    db = {}
+    for a in data["artifacts"]:
+        parity = a["parity"]
+        assert a["format"] == "mlpackage" and parity["method"] == "simulated", parity
+        assert parity["runtime"] == "coreml" and parity["simulator"] == "edgex-mil-interpreter"
+        assert a["verdict"] == "pass" and a["details"]["minimum_deployment_target"] == "iOS18"
+        paths = {f["path"] for f in a["files"]}
+        package = f"{a['component']}.{a['precision']}.mlpackage"
+        assert f"{package}/Data/com.apple.CoreML/model.mlmodel" in paths
+        assert (tmp_path / "qwen3-tts" / "apple" / package / "Manifest.json").is_file()
+        db[a["precision"]] = parity["min_snr_db"]
+    assert set(db) == {"fp16", "w8", "w4"}
+    assert db["fp16"] > db["w8"] > db["w4"] > 5.0
+    size = {a["precision"]: sum(f["bytes"] for f in a["files"]) for a in data["artifacts"]}
+    assert size["fp16"] > size["w8"] > size["w4"]
+    verify = run_cli("verify", str(tmp_path / "qwen3-tts" / "apple"), "--json")
+    assert verify.returncode == 0, verify.stderr[-2000:]
+    assert {a["verdict"] for a in json.loads(verify.stdout)["artifacts"]} == {"pass"}
+
+
+def test_macos_selects_real_prediction(monkeypatch):
+    from edgex.parity.runtimes import RUNTIMES
+
+    runtime = RUNTIMES.get("coreml")
+    monkeypatch.setattr("edgex.parity.runtimes.coreml._on_macos", lambda: True)
+    assert (runtime.method, runtime.simulator) == ("runtime", None)
+    monkeypatch.setattr("edgex.parity.runtimes.coreml._on_macos", lambda: False)
+    assert (runtime.method, runtime.simulator) == ("simulated", "edgex-mil-interpreter")
+
+
+def test_missing_coremltools_names_the_extra(monkeypatch):
+    from edgex.exporters import EXPORTERS
+
+    monkeypatch.setitem(sys.modules, "coremltools", None)
+    with pytest.raises(EdgexError, match=r"needs coremltools, which is not installed: pip install 'edgex\[coreml\]'"):
+        EXPORTERS.get("coreml").check("fp16")
+
+
+def test_unsupported_precision_is_refused():
+    from edgex.exporters import EXPORTERS
+
+    with pytest.raises(EdgexError, match="does not support precision '8da4w'"):
+        EXPORTERS.get("coreml").check("8da4w")
