@@ -73,8 +73,8 @@ def plan(recipe, target, components: list[str] | None, formats: list[str] | None
             for p in precisions or placement.precisions:
                 if p in exporter.precisions:
                     jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
-    if formats and not any(j.exporter in formats for j in jobs):
-        placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
+    placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
+    if formats and not set(formats) & set(placed):
         raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
     for p in precisions or []:
         if not any(j.precision == p for j in jobs):
