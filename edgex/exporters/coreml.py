@@ -7,7 +7,8 @@
 
 Two graph rewrites work around coremltools 9.0's torch frontend (tested with torch 2.7, not 2.13):
 an integer `clamp(x, min)` becomes `clamp_min` (its `clamp` converter promotes ints to float and
-then feeds float indices to `gather`), and a boolean `&` becomes `logical_and` (no converter).
+then feeds float indices to `gather`), and a boolean `&` / `|` becomes `logical_and` / `logical_or`
+(no converter).
 The `fuse_linear_bias` pass is skipped: it crashes on a scalar added to a one-output linear.
 """
 
@@ -30,6 +31,11 @@ _SKIPPED_PASSES = ["common::fuse_linear_bias"]
 _QUANTIZE_PASS = "compression::linear_quantize_weights"
 
 
+# boolean operators coremltools has no converter for -> the logical ops it has
+_LOGICAL = {torch.ops.aten.__and__.Tensor: torch.ops.aten.logical_and.default,
+            torch.ops.aten.__or__.Tensor: torch.ops.aten.logical_or.default}
+
+
 def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
     for node in program.graph.nodes:
         if node.target == torch.ops.aten.clamp.default and not node.args[0].meta["val"].is_floating_point():
@@ -38,8 +44,8 @@ def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
                 node.target, node.args = torch.ops.aten.clamp_min.default, (node.args[0], low)
             elif low is None and high is not None:
                 node.target, node.args = torch.ops.aten.clamp_max.default, (node.args[0], high)
-        elif node.target == torch.ops.aten.__and__.Tensor:
-            node.target = torch.ops.aten.logical_and.default
+        elif node.target in _LOGICAL:
+            node.target = _LOGICAL[node.target]
     program.graph_module.recompile()
 
 
