@@ -79,3 +79,14 @@ def test_refusals_are_one_line(tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not any(tmp_path.rglob("*.onnx"))
+
+
+def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
+    proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
+                   "-c", "decode", "-p", "fp16,w8a16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _artifacts(proc)
+    fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
+    assert fp16["parity"]["min_snr_db"] > w8["parity"]["min_snr_db"] > 10.0
+    kept = w8["details"]["float_only"]
+    assert kept["patterns"] == ["*.self_attn.g_proj"] and len(kept["nodes"]) == 4  # one per layer (tiny: 4)

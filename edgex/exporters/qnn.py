@@ -48,10 +48,11 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
             return next(self._feeds, None)
 
     weights, activations = _SCHEMES[precision]
-    keep_float = nodes_from_modules(source, component.float_only) + _fp16_on_htp(source)
+    float_only = nodes_from_modules(source, component.float_only)
+    htp_fp16 = _fp16_on_htp(source)
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
                                 weight_type=getattr(QuantType, weights), per_channel=True,
-                                nodes_to_exclude=keep_float or None)
+                                nodes_to_exclude=float_only + htp_fp16 or None)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer advises pre-processing through the root logger
@@ -60,7 +61,7 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
     finally:
         root.setLevel(level)
     return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations,
-            "float_only": {"patterns": list(component.float_only), "nodes": keep_float}}
+            "float_only": {"patterns": list(component.float_only), "nodes": float_only}, "fp16_nodes": len(htp_fp16)}
 
 
 def _fp16_on_htp(source: Path) -> list[str]:
