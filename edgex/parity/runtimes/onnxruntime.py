@@ -12,7 +12,9 @@ from . import RUNTIMES
 from .base import Runtime, Session
 
 
-class _Session(Session):
+class OrtSession(Session):
+    """Any onnxruntime.InferenceSession, fed in declared input order (also used by the QNN runtime)."""
+
     def __init__(self, session):
         self._session = session
         self._inputs = [i.name for i in session.get_inputs()]
@@ -33,7 +35,7 @@ class OnnxRuntime(Runtime):
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(files[0]), options, providers=["CPUExecutionProvider"])
-        return _Session(session)
+        return OrtSession(session)
 
     def version(self) -> str | None:
         return version("onnxruntime")
