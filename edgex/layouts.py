@@ -15,16 +15,23 @@ from dataclasses import dataclass
 import numpy as np
 
 # What a component input or output is to llama.cpp (`LlamaFeed`).
+# "Full layers" are those in llama.cpp's non-sliding KV cache (all layers of a model without a
+# sliding window); "sliding layers" are those in its sliding-window cache, in layer order.
 EMBEDS = "embeds"  # float [1, n, H]: the batch's input embeddings
+TOKENS = "tokens"  # int [1, n]: the batch's token ids (instead of embeds)
 POSITION = "position"  # int [1]: position of the first embedding (= cached tokens)
-PAST_KEY = "past_key"  # float [L, 1, KV, S, D]: the first `position` slots seed llama.cpp's KV cache
+PAST_KEY = "past_key"  # float [full layers, 1, KV, S, D]: the first `position` slots seed the cache
 PAST_VALUE = "past_value"
+RING_KEY = "ring_key"  # float [sliding layers, 1, KV, W, D]: position p in slot p % W seeds the window
+RING_VALUE = "ring_value"
 LOGITS = "logits"  # llama.cpp's logits from `logits_offset` on
 HIDDEN = "hidden"  # llama.cpp's post-final-norm hidden state (embeddings output)
-KEY = "key"  # the KV cache entries this call wrote, read back from llama.cpp's cache
+KEY = "key"  # the full layers' cache entries this call wrote, read back from llama.cpp's cache
 VALUE = "value"
-FEED_INPUTS = (EMBEDS, POSITION, PAST_KEY, PAST_VALUE)
-FEED_OUTPUTS = (LOGITS, HIDDEN, KEY, VALUE)
+NEXT_RING_KEY = "next_ring_key"  # the ring input with this call's sliding-cache entries written in
+NEXT_RING_VALUE = "next_ring_value"
+FEED_INPUTS = (EMBEDS, TOKENS, POSITION, PAST_KEY, PAST_VALUE, RING_KEY, RING_VALUE)
+FEED_OUTPUTS = (LOGITS, HIDDEN, KEY, VALUE, NEXT_RING_KEY, NEXT_RING_VALUE)
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class GgufLayout:
     """Everything a GGUF file holds for one component, in llama.cpp's conventions for `architecture`.
 
     `metadata` values are typed by their Python type: int -> uint32, float -> float32, bool, str,
-    list of int -> int32 array, list of str -> string array. `tensors()` returns float32 arrays in
+    list of int -> int32 array, list of bool -> bool array, list of str -> string array. `tensors()` returns float32 arrays in
     numpy order (a [rows, cols] weight is ggml's ne = [cols, rows]); it is called at export time
     only, so building a large table (a folded embedding) costs nothing until then."""
 

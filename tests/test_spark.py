@@ -123,6 +123,52 @@ def test_mnn_target_with_a_context_option(tmp_path):
     assert verify_directory(tmp_path)["status"] == "pass"
 
 
+def test_llama_cpp_target_runs_spark_in_llama_cpp_s_own_architecture(tmp_path):
+    """llama.cpp knows Spark-X2.5 (`spark2_5`): the GGUF is its layout, run by libllama, the ring
+    and the full layers' past seeding its two caches (the second sample starts after two wraps)."""
+    from gguf import GGUFReader
+
+    proc = run_cli("export", "spark-x2.5", "--target", "llama-cpp", "--preset", "tiny", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    artifacts = json.loads(proc.stdout)["artifacts"]
+    assert {(a["component"], a["precision"]) for a in artifacts} == {(c, p) for c in ROLES for p in ("f16", "q8_0")}
+    for a in artifacts:
+        parity = a["parity"]
+        assert a["format"] == "gguf" and parity["method"] == "runtime" and parity["runtime"] == "llamacpp"
+        assert a["verdict"] == "pass" and a["details"]["architecture"] == "spark2_5"
+        for sample in parity["samples"].values():
+            assert set(sample) == {"logits", "next_ring_key", "next_ring_value", "key", "value"}
+    f16 = {a["component"]: a["parity"] for a in artifacts if a["precision"] == "f16"}
+    assert "prompt_b_start36" in f16["prefill"]["samples"]
+    assert min(p["min_snr_db"] for p in f16.values()) > 45  # tanh-GELU + F16 cache vs the exact fp32 reference
+    q8 = next(a for a in artifacts if a["precision"] == "q8_0" and a["component"] == "decode")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(tmp_path / "spark-x2.5" / "llama-cpp" / q8["files"][0]["path"])).tensors}
+    assert {t for n, t in types.items() if n.endswith("attn_gate.weight")} == {"F32"}  # the gate stays float
+    assert types["blk.0.attn_qkv.weight"] == "Q8_0" and types["blk.0.ffn_down.weight"] == "Q8_0"
+
+
+def test_llama_cpp_parity_catches_a_wrong_spark_layout(spark, tmp_path):
+    """The sliding and full layers' RoPE bases swapped: llama.cpp loads and runs the file, the gate fails it."""
+    from dataclasses import replace
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+
+    comp = spark[1]["decode"]
+    layout = comp.layouts["gguf"]
+    meta = layout.metadata
+    swapped = {**meta, "spark2_5.rope.freq_base": meta["spark2_5.rope.freq_base_swa"],
+               "spark2_5.rope.freq_base_swa": meta["spark2_5.rope.freq_base"]}
+    exporter = EXPORTERS.get("gguf")
+    reports = {}
+    for name, lay in (("right", layout), ("swapped", replace(layout, metadata=swapped))):
+        variant = replace(comp, layouts={"gguf": lay}, _reference_outputs=comp._reference_outputs)
+        result = exporter.export(variant, "f16", tmp_path / f"{name}.gguf")
+        reports[name] = run_parity(variant, exporter, result.files, "float32", "f16", None, 2)
+    assert reports["right"].verdict == "pass" and reports["swapped"].verdict == "fail"
+    assert reports["swapped"].min_snr_db < reports["right"].min_snr_db - 20
+
+
 @pytest.mark.parametrize("setting, fragment", [
     ("window=8", "unknown option 'window' for spark-x2.5 (known: context, prefill)"),
     ("context=lots", "bad value 'lots' for option context"),

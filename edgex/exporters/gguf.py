@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..component import Component
-from ..layouts import GgufLayout
+from ..layouts import FEED_INPUTS, FEED_OUTPUTS, GgufLayout
 from ..parity import metrics
 from . import EXPORTERS
 from .base import Exporter, ExportResult
@@ -43,7 +43,7 @@ def _add_metadata(writer, key: str, value) -> None:
         writer.add_float32(key, value)
     elif isinstance(value, str):
         writer.add_string(key, value)
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
+    elif isinstance(value, (list, tuple)) and value and len({type(v) for v in value}) == 1 and isinstance(value[0], (bool, int, str)):
         writer.add_array(key, list(value))
     else:
         raise ValueError(f"GGUF metadata {key}: cannot type {value!r}")
@@ -75,11 +75,14 @@ class GgufExporter(Exporter):
         layout: GgufLayout | None = component.layouts.get("gguf")
         if layout is None:
             raise ValueError(f"component {component.name} declares no GGUF layout (Component.layouts['gguf'])")
+        feed = layout.feed
+        unknown = sorted((set(feed.inputs) - set(FEED_INPUTS)) | (set(feed.outputs) - set(FEED_OUTPUTS)))
+        if unknown or len(feed.inputs) != len(component.inputs) or len(feed.outputs) != len(component.outputs):
+            raise ValueError(f"component {component.name}'s GGUF feed does not match its inputs/outputs ({unknown or 'count'})")
         writer = gguf.GGUFWriter(str(dest), layout.architecture)
         for key, value in layout.metadata.items():
             _add_metadata(writer, key, value)
         writer.add_file_type(_SCHEMES[precision][1])
-        feed = layout.feed
         _add_metadata(writer, FEED_PREFIX + "inputs", list(feed.inputs))
         _add_metadata(writer, FEED_PREFIX + "outputs", list(feed.outputs))
         _add_metadata(writer, FEED_PREFIX + "logits_offset", feed.logits_offset)

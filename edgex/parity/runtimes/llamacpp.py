@@ -2,13 +2,17 @@
 
 A GGUF written by edgex says in its `edgex.feed.*` metadata what each component input and output
 is to llama.cpp (`edgex.layouts.LlamaFeed`), so this adapter needs only the file:
-  * input embeddings go in as an embedding batch (M-RoPE models: `positions_per_embd` position
-    streams per embedding, section-major, all equal to the token's position);
+  * token ids go in as a token batch, input embeddings as an embedding batch (M-RoPE models:
+    `positions_per_embd` position streams per embedding, section-major, all equal to the token's
+    position);
   * logits are llama.cpp's, from `logits_offset` on; hidden is its post-final-norm embedding output;
   * past K/V are written into llama.cpp's own KV cache, and the entries a call adds are read back,
     through the sequence-state blob (`llama_state_seq_set_data` / `get_data`). Its byte layout is
     llama.cpp's (`llama_kv_cache::state_write`, llama-cpp-python 0.3.36), written and parsed by
-    `_KvState` below; a layout change fails loudly on the magic, sizes or types.
+    `_KvState` below; a layout change fails loudly on the magic, sizes or types. A model with a
+    sliding window (Spark-X2.5) has two caches: the full layers' past K/V seed the non-sliding
+    one, the ring's last W - 1 positions the sliding one, and the sliding entries a call adds are
+    written back into the ring at slot position % W.
 The KV cache is llama.cpp's default F16, as a device would run it.
 """
 
@@ -23,7 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import EdgexError
-from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE
+from ...layouts import (
+    EMBEDS, HIDDEN, KEY, LOGITS, NEXT_RING_KEY, NEXT_RING_VALUE, PAST_KEY, PAST_VALUE, POSITION, RING_KEY,
+    RING_VALUE, TOKENS, VALUE,
+)
 from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
 from .base import Runtime, Session
@@ -49,6 +56,8 @@ def _read_gguf(path: Path) -> dict:
         "logits_offset": int(get("edgex.feed.logits_offset") or 0),
         "positions_per_embd": int(get("edgex.feed.positions_per_embd") or 1),
         "layers": int(get(f"{arch}.block_count")),
+        "sliding": [bool(b) for b in get(f"{arch}.attention.sliding_window_pattern") or ()],
+        "window": int(get(f"{arch}.attention.sliding_window") or 0),
         "kv_heads": int(get(f"{arch}.attention.head_count_kv")),
         "head_dim": int(get(f"{arch}.attention.key_length")),
     }
@@ -56,16 +65,24 @@ def _read_gguf(path: Path) -> dict:
 
 @dataclass
 class _KvState:
-    """One sequence's cells as llama.cpp serializes them: positions and per-layer K/V rows."""
+    """One llama.cpp KV cache's cells for one sequence: positions and per-layer K/V rows.
+
+    A model with a sliding window has two caches (llama_kv_cache_iswa): the non-sliding one, then
+    the sliding-window one, each serialized as one of these parts after the blob's header."""
 
     positions: np.ndarray  # [cells] int
     key: np.ndarray  # [layers, cells, kv_heads * head_dim]
     value: np.ndarray
 
-    def to_bytes(self, v_trans: bool) -> bytes:
-        out = [struct.pack("<IiII", _STATE_MAGIC, 0, 1, len(self.positions))]  # magic, seq, n_stream, cells
-        for pos in self.positions:  # pos, n_seq_id, ext {x, y, tok}, seq ids
-            out.append(struct.pack("<iIiiii", int(pos), 1, int(pos), int(pos), _TOKEN_NULL, 0))
+    def to_bytes(self, v_trans: bool, ext: bool) -> bytes:
+        out = [struct.pack("<II", 1, len(self.positions))]  # n_stream, cells
+        if not len(self.positions):
+            return out[0]
+        for pos in self.positions:  # pos, n_seq_id, [ext {x, y, tok}], seq ids
+            out.append(struct.pack("<iI", int(pos), 1))
+            if ext:
+                out.append(struct.pack("<iii", int(pos), int(pos), _TOKEN_NULL))
+            out.append(struct.pack("<i", 0))
         layers, _, width = self.key.shape
         out.append(struct.pack("<II", int(v_trans), layers))
         for k in self.key:
@@ -78,19 +95,20 @@ class _KvState:
         return b"".join(out)
 
     @classmethod
-    def parse(cls, blob: bytes, ext: bool) -> _KvState:
-        off = 0
-
+    def parse(cls, blob: bytes, off: int, ext: bool) -> tuple[_KvState, int]:
+        """The part at `off`, and the offset after it."""
         def take(fmt):
             nonlocal off
             values = struct.unpack_from(fmt, blob, off)
             off += struct.calcsize(fmt)
             return values
 
-        magic, _seq, streams = take("<IiI")
-        if magic != _STATE_MAGIC or streams != 1:
-            raise RuntimeError(f"unexpected llama.cpp sequence state (magic {magic:#x}, {streams} streams)")
-        (cells,) = take("<I")
+        streams, cells = take("<II")
+        if streams != 1:
+            raise RuntimeError(f"unexpected llama.cpp sequence state ({streams} streams)")
+        if not cells:
+            empty = np.zeros((0, 0, 0), np.float32)
+            return cls(np.zeros(0, np.int64), empty, empty), off
         positions = []
         for _ in range(cells):
             pos, n_seq = take("<iI")
@@ -121,9 +139,31 @@ class _KvState:
             data = np.frombuffer(blob, _NP[vtype], width * cells, off)
             off += width * cells * el
             values.append(data.reshape(width, cells).T.astype(np.float32))
-        if off != len(blob):
-            raise RuntimeError(f"llama.cpp sequence state: parsed {off} of {len(blob)} bytes")
-        return cls(np.array(positions), np.stack(keys), np.stack(values))
+        return cls(np.array(positions), np.stack(keys), np.stack(values)), off
+
+
+def _state_bytes(parts: list[_KvState], ext: bool) -> bytes:
+    header = struct.pack("<Ii", _STATE_MAGIC, 0)  # magic, seq id
+    return header + b"".join(p.to_bytes(v_trans=True, ext=ext) for p in parts)
+
+
+def _parse_state(blob: bytes, parts: int, ext: bool) -> list[_KvState]:
+    magic, _seq = struct.unpack_from("<Ii", blob, 0)
+    if magic != _STATE_MAGIC:
+        raise RuntimeError(f"unexpected llama.cpp sequence state (magic {magic:#x})")
+    off, states = 8, []
+    for _ in range(parts):
+        state, off = _KvState.parse(blob, off, ext)
+        states.append(state)
+    if off != len(blob):
+        raise RuntimeError(f"llama.cpp sequence state: parsed {off} of {len(blob)} bytes")
+    return states
+
+
+def _cache_rows(t: np.ndarray, slots) -> np.ndarray:
+    """[L, 1, KV, S, D] at `slots` -> llama.cpp's cache rows [L, len(slots), KV * D]."""
+    picked = t[:, 0][:, :, slots]
+    return picked.transpose(0, 2, 1, 3).reshape(t.shape[0], len(slots), -1)
 
 
 class _Session(Session):
@@ -158,26 +198,48 @@ class _Session(Session):
             raise RuntimeError("llama.cpp could not create a context for this GGUF")
         return ctx
 
-    def _set_past(self, ctx, key: np.ndarray, value: np.ndarray, length: int) -> None:
-        """Seed the cache with the first `length` slots of [L, 1, KV, S, D] past K/V."""
-        def rows(t: np.ndarray) -> np.ndarray:  # [L, 1, KV, S, D] -> [L, length, KV * D]
-            return t[:, 0, :, :length].transpose(0, 2, 1, 3).reshape(t.shape[0], length, -1)
+    @property
+    def _ext(self) -> bool:
+        return self._feed["positions_per_embd"] > 1  # M-RoPE cells carry 2-D positions
 
-        blob = _KvState(np.arange(length), rows(key), rows(value)).to_bytes(v_trans=True)
+    @property
+    def _caches(self) -> int:
+        return 2 if any(self._feed["sliding"]) else 1  # non-sliding cache, then the sliding one
+
+    def _seed(self, ctx, given: dict, start: int) -> None:
+        """Write the past inputs into llama.cpp's caches: the full layers' first `start` slots, and
+        the window's last W - 1 positions before `start` from their ring slots."""
+        if PAST_KEY not in given or (self._caches == 2 and RING_KEY not in given):
+            raise RuntimeError(f"the GGUF's feed starts at position {start} but declares no past K/V to seed the cache")
+        full = np.arange(start)
+        parts = [_KvState(full, _cache_rows(given[PAST_KEY], full), _cache_rows(given[PAST_VALUE], full))]
+        if self._caches == 2:
+            window = self._feed["window"]
+            recent = np.arange(max(0, start - window + 1), start)
+            slots = recent % window
+            parts.append(_KvState(recent, _cache_rows(given[RING_KEY], slots), _cache_rows(given[RING_VALUE], slots)))
+        blob = _state_bytes(parts, self._ext)
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if self._llama.llama_state_seq_set_data(ctx, buf, len(blob), 0) != len(blob):
             raise RuntimeError("llama.cpp rejected the KV cache state written from the past key/value inputs")
 
-    def _get_state(self, ctx) -> _KvState:
+    def _get_state(self, ctx) -> list[_KvState]:
         size = self._llama.llama_state_seq_get_size(ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = self._llama.llama_state_seq_get_data(ctx, buf, size, 0)
-        return _KvState.parse(bytes(buf[:written]), ext=self._feed["positions_per_embd"] > 1)
+        return _parse_state(bytes(buf[:written]), self._caches, self._ext)
 
-    def _decode(self, ctx, embeds: np.ndarray, start: int) -> None:
-        n = embeds.shape[0]
+    def _batch(self, given: dict) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+        """The call's token ids or embeddings (one of them is None), and its length."""
+        if TOKENS in given:
+            tokens = np.ascontiguousarray(np.asarray(given[TOKENS]).reshape(-1), np.int32)
+            return tokens, None, len(tokens)
+        embd = np.ascontiguousarray(np.asarray(given[EMBEDS], np.float32).reshape(-1, self._n_embd))
+        return None, embd, embd.shape[0]
+
+    def _decode(self, ctx, tokens: np.ndarray | None, embd: np.ndarray | None, n: int, start: int) -> None:
+        """One llama_decode of the batch at `start`."""
         npos = self._feed["positions_per_embd"]
-        embd = np.ascontiguousarray(embeds, np.float32)
         pos = np.ascontiguousarray(np.tile(np.arange(start, start + n, dtype=np.int32), npos))
         seq = (ctypes.c_int32 * 1)(0)
         seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * n)(*([ctypes.cast(seq, ctypes.POINTER(ctypes.c_int32))] * n))
@@ -185,7 +247,10 @@ class _Session(Session):
         logits = (ctypes.c_int8 * n)(*([1] * n))
         batch = self._llama.llama_batch()
         batch.n_tokens = n
-        batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        if tokens is not None:
+            batch.token = tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        else:
+            batch.embd = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         batch.pos = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         batch.n_seq_id = n_seq
         batch.seq_id = seq_ptrs
@@ -194,33 +259,45 @@ class _Session(Session):
         if code != 0:
             raise RuntimeError(f"llama_decode failed with code {code}")
 
+    def _new_entries(self, state: _KvState, start: int, layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions >= start in a cache part, and their K/V as [layers, n, KV, D]."""
+        new = np.nonzero(state.positions >= start)[0]
+        shape = (layers, len(new), self._feed["kv_heads"], self._feed["head_dim"])
+        return state.positions[new], state.key[:, new].reshape(shape), state.value[:, new].reshape(shape)
+
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         feed = self._feed
         given = dict(zip(feed["inputs"], inputs))
-        embeds = np.asarray(given[EMBEDS], np.float32).reshape(-1, self._n_embd)
         start = int(np.asarray(given[POSITION]).reshape(-1)[0]) if POSITION in given else 0
-        n = embeds.shape[0]
+        tokens, embd, n = self._batch(given)
         n_ctx = -(-(start + n) // _CTX_ROUND) * _CTX_ROUND
         llama = self._llama
+        wants_state = bool({KEY, VALUE, NEXT_RING_KEY, NEXT_RING_VALUE} & set(feed["outputs"]))
         with native_output_silenced():
             ctx = self._context(n_ctx, max(n, 1))
             try:
-                if start and PAST_KEY in given:
-                    self._set_past(ctx, given[PAST_KEY], given[PAST_VALUE], start)
-                self._decode(ctx, embeds, start)
+                if start:
+                    self._seed(ctx, given, start)
+                self._decode(ctx, tokens, embd, n, start)
                 logits = np.stack([np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, i), (self._n_vocab,)).copy()
                                    for i in range(n)])
                 hidden = np.stack([np.ctypeslib.as_array(llama.llama_get_embeddings_ith(ctx, i), (self._n_embd,)).copy()
                                    for i in range(n)])
-                state = self._get_state(ctx) if {KEY, VALUE} & set(feed["outputs"]) else None
+                states = self._get_state(ctx) if wants_state else None
             finally:
                 llama.llama_free(ctx)
         results = {LOGITS: logits[None, :, feed["logits_offset"]:], HIDDEN: hidden[None]}
-        if state is not None:
-            new = np.nonzero(state.positions >= start)[0]
-            shape = (feed["layers"], len(new), feed["kv_heads"], feed["head_dim"])
-            for name, table in ((KEY, state.key), (VALUE, state.value)):
-                results[name] = table[:, new].reshape(shape).transpose(0, 2, 1, 3)[:, None]
+        if states is not None:
+            sliding = sum(feed["sliding"])
+            _, key, value = self._new_entries(states[0], start, feed["layers"] - sliding)
+            results[KEY], results[VALUE] = key.transpose(0, 2, 1, 3)[:, None], value.transpose(0, 2, 1, 3)[:, None]
+            if self._caches == 2 and RING_KEY in given:
+                positions, key, value = self._new_entries(states[1], start, sliding)
+                slots = positions % feed["window"]
+                for out, ring, new in ((NEXT_RING_KEY, RING_KEY, key), (NEXT_RING_VALUE, RING_VALUE, value)):
+                    updated = np.array(given[ring], np.float32, copy=True)
+                    updated[:, 0][:, :, slots] = new.transpose(0, 2, 1, 3)
+                    results[out] = updated
         return [results[name] for name in feed["outputs"]]
 
 

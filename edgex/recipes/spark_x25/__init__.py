@@ -22,6 +22,7 @@ from .. import RECIPES
 from ..base import LoadedModel, Recipe, RecipeOption
 from .checkpoint import load_checkpoint
 from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, PRESETS, get_preset
+from .gguf import spark_layout
 from .graphs import SparkDecode, SparkPrefill, state_from_cache, step_reference
 from .model import SparkCache, build
 
@@ -116,7 +117,7 @@ class _ComponentBuilder:
             name, ROLES[name], module.eval(), inputs, outs, lambda *x: step_reference(self.model, *x), samples,
             metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
-            calibration=calibration, float_only=FLOAT_ONLY,
+            calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context)},
         )
         for sample in samples.values():
             comp.check_inputs(sample)
