@@ -85,7 +85,7 @@ def export(
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
     placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role elsewhere: ROLE=EXPORTER:PRECISION, e.g. decoder=qnn:fp16"),
-    calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes that need them (default 8)"),
+    calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (see edgex list)"),

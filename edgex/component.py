@@ -51,7 +51,9 @@ class Component:
     `samples` are named input sets drawn from the eager pipeline: the first is the example used for
     export, the others are held out for parity (and never used to calibrate).
     `calibration(n)` draws `n` further input sets from the eager pipeline for quantizers that need
-    representative activations; it must never return a sample's inputs.
+    representative activations; it must never return a sample's inputs. `calibration_size` is the
+    `n` a quantizer uses unless the user asks for another (`--calibration`): enough sets to cover
+    every position the graph takes (one per step for a graph that runs once per step).
     `layouts` maps a format to the file layout the component declares for it, where the format's
     runtime dictates names and conventions per architecture (GGUF: `edgex.layouts.GgufLayout`).
     `float_only` are module-name patterns (fnmatch, relative to `module`, e.g. "*.g_proj") that
@@ -68,6 +70,7 @@ class Component:
     description: str = ""
     metadata: dict = field(default_factory=dict)
     calibration: Callable[[int], list[Inputs]] | None = None
+    calibration_size: int = 8
     layouts: dict = field(default_factory=dict)
     float_only: tuple[str, ...] = ()
 

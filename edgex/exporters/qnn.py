@@ -24,7 +24,6 @@ from . import EXPORTERS
 from .base import ExportResult, Exporter
 from .onnx import OnnxExporter, nodes_from_modules
 
-DEFAULT_CALIBRATION = 8
 # scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
 _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
@@ -98,7 +97,7 @@ class QnnExporter(Exporter):
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
-               calibration_size: int = DEFAULT_CALIBRATION) -> ExportResult:
+               calibration_size: int | None = None) -> ExportResult:
         details = {"qairt": qairt_version(), "onnxruntime_qnn": plugin_version(), "soc_model": soc_model,
                    "htp_arch": f"v{htp_arch}"}
         stem = dest.name.removesuffix(self.extension)
@@ -108,7 +107,8 @@ class QnnExporter(Exporter):
             OnnxExporter().export(component, "fp32", graph)
             if precision in _SCHEMES:
                 quantized = Path(tmp) / f"{component.name}.qdq.onnx"
-                details.update(quantize_qdq(graph, quantized, component, precision, calibration_size))
+                details.update(quantize_qdq(graph, quantized, component, precision,
+                                            calibration_size or component.calibration_size))
                 graph = quantized
             htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, context_out=dest)
             dumps = Path(tmp) / "dlc"

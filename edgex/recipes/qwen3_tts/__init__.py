@@ -44,6 +44,7 @@ _REAL_SIZES = (32, 256)
 WINDOW_CONTEXT, WINDOW_NEW = 72, 25  # code2wav window (frames)
 STREAM_CHUNK = 25  # frames per code2latent / latent2wav call
 PREDICTOR_SLOTS = 15  # past positions a predictor step can see (16 per frame, last never cached)
+PREDICTOR_STEPS = PREDICTOR_SLOTS + 1  # step graph calls per frame (codebook 0 position, then 15 codebooks)
 UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
 
 
@@ -118,14 +119,14 @@ class _ComponentBuilder:
         return draw
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   layouts=None, **metadata) -> Component:
+                   layouts=None, calibration_size=8, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration, layouts=layouts or {})
+                         calibration=calibration, calibration_size=calibration_size, layouts=layouts or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -225,7 +226,8 @@ class _ComponentBuilder:
                 "utterance_b_frame30_step1": self._step_sample("b", 30, 1),
                 "utterance_b_frame30_step15": self._step_sample("b", 30, 15),
             },
-            self._calibration(lambda u, k: self._step_sample(u, 20, k), 16),
+            self._calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
+            calibration_size=PREDICTOR_STEPS,  # one set per codebook step: 8 covered only the even ones (step 15: 5.9 dB)
         )
 
     # -- Code2Wav ---------------------------------------------------------------------------
