@@ -132,19 +132,26 @@ _WORKER: dict = {}
 
 
 def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_worker) -> None:
-    """Each worker rebuilds the (deterministic) eager model and components once."""
+    """Each worker rebuilds the (deterministic) eager model and components once. A failure is kept
+    for the worker's first job to raise: an exception escaping an initializer is logged with its
+    traceback by concurrent.futures and breaks the pool without a message."""
     import torch
 
     from .logs import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(threads_per_worker)
-    recipe = RECIPES.get(model)
-    loaded = recipe.load(preset, checkpoint, seed, options)
-    _WORKER["components"] = {c.name: c for c in recipe.components(loaded, names)}
+    try:
+        recipe = RECIPES.get(model)
+        loaded = recipe.load(preset, checkpoint, seed, options)
+        _WORKER["components"] = {c.name: c for c in recipe.components(loaded, names)}
+    except Exception as exc:  # noqa: BLE001 - reported by _worker_job as a one-line error
+        _WORKER["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _worker_job(job: Job, args) -> dict:
+    if "error" in _WORKER:
+        raise EdgexError(f"an export worker could not build the model: {_WORKER['error']}")
     return _export_guarded(job, _WORKER["components"][job.component], *args)
 
 
@@ -154,6 +161,7 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     per_worker = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
@@ -162,7 +170,10 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
         futures = {pool.submit(_worker_job, job, args): i for i, job in enumerate(plan_jobs)}
         for future in as_completed(futures):
             i = futures[future]
-            entries[i] = future.result()
+            try:
+                entries[i] = future.result()
+            except BrokenProcessPool:
+                raise EdgexError(f"an export worker process died (killed for memory?): rerun with fewer --jobs than {workers}") from None
             job = plan_jobs[i]
             progress(f"{job.component} {job.exporter} {job.precision}: {entries[i]['verdict']}", job)
     return entries

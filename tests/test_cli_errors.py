@@ -70,3 +70,20 @@ def test_corrupt_checkpoint(tmp_path):
 def test_verify_without_manifest(tmp_path):
     proc = run_cli("verify", str(tmp_path))
     assert_one_line_error(proc, "no manifest.json")
+
+
+def test_a_worker_that_cannot_build_the_model_fails_its_jobs_in_one_line():
+    """--jobs N: the worker keeps its initializer's failure and each job raises it as an EdgexError
+    (an exception escaping the initializer would print a traceback and break the pool)."""
+    import torch
+
+    from edgex import export
+    from edgex.errors import EdgexError
+
+    export._WORKER.clear()
+    try:
+        export._worker_init("no-such-model", "tiny", None, 0, {}, None, torch.get_num_threads())
+        with pytest.raises(EdgexError, match=r"^an export worker could not build the model: EdgexError: .*no-such-model"):
+            export._worker_job(export.Job("talker_decode", "talker", "onnx", "fp32"), ())
+    finally:
+        export._WORKER.clear()
