@@ -9,6 +9,9 @@ Per component x format: export seconds, peak RSS during export, artifact bytes, 
 dB), median latency of the artifact in its runtime and of the eager reference (the unmodified
 Hugging Face modules) on the same inputs, and the ratio eager / artifact. Medians of --runs
 repetitions after one warm-up; the machines are noisy, so read ratios, not absolute numbers.
+Runtimes whose call wraps more than the graph report its phases too (llama.cpp: `seed_cache`,
+writing the state inputs into its KV cache; `llama_decode`, the graph; `read_outputs`, logits and
+the cache read back), so a decode step can be compared without the harness's state round trip.
 """
 
 from __future__ import annotations
@@ -35,13 +38,19 @@ from edgex.recipes.base import parse_settings
 from edgex.resources import PeakRss
 
 
-def median_seconds(fn, runs: int) -> float:
+def median_seconds(fn, runs: int, phases=None) -> float:
+    """Median wall time of `runs` calls after a warm-up; `phases()`, when given, is read after each
+    call and its per-phase milliseconds are collected into `phases.medians`."""
     fn()
-    times = []
+    times, seen = [], []
     for _ in range(runs):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+        if phases:
+            seen.append(phases())
+    if phases:
+        phases.medians = {k: round(statistics.median(p[k] for p in seen), 2) for k in (seen[0] if seen else {})}
     return statistics.median(times)
 
 
@@ -83,23 +92,27 @@ def main(argv=None) -> int:
                 session = RUNTIMES.get(exporter.runtime).load(result.files, args.threads)
                 report = measure(comp, session, exporter.runtime, result.io_float_dtype, 0.0, None)
                 arrays = to_numpy(inputs, result.io_float_dtype)
-                artifact = median_seconds(partial(session.run, arrays), args.runs)
+                def phases():
+                    return dict(session.phases)
+                artifact = median_seconds(partial(session.run, arrays), args.runs, phases)
                 del session  # a 0.6b session holds ~1.8 GB: free it before the next export
             row = dict(component=comp.name, format=exporter.format, precision=args.precision,
                        export_s=round(export_s, 1), peak_rss_mb=peak.mb, bytes=size,
                        min_snr_db=report.min_snr_db, artifact_ms=round(artifact * 1e3, 2),
-                       eager_ms=round(eager * 1e3, 2), eager_over_artifact=round(eager / artifact, 2))
+                       eager_ms=round(eager * 1e3, 2), eager_over_artifact=round(eager / artifact, 2),
+                       runtime_phases_ms=phases.medians)
             rows.append(row)
             console.print(json.dumps(row), soft_wrap=True)
             gc.collect()
 
     table = Table(title=f"{args.model} {args.preset} on cpu, {args.threads} threads, median of {args.runs}")
-    for col in ("component", "format", "export s", "peak RSS MB", "MB", "min SNR dB", "artifact ms", "eager ms", "eager/artifact"):
-        table.add_column(col, justify="left" if col in ("component", "format") else "right")
+    for col in ("component", "format", "export s", "peak RSS MB", "MB", "min SNR dB", "artifact ms", "eager ms", "eager/artifact", "phases ms"):
+        table.add_column(col, justify="left" if col in ("component", "format", "phases ms") else "right")
     for r in rows:
         table.add_row(r["component"], r["format"], f"{r['export_s']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{r['bytes'] / 1e6:.1f}",
-                      f"{r['min_snr_db']:.1f}", f"{r['artifact_ms']:.1f}", f"{r['eager_ms']:.1f}", f"{r['eager_over_artifact']:.2f}x")
-    Console().print(table)
+                      f"{r['min_snr_db']:.1f}", f"{r['artifact_ms']:.1f}", f"{r['eager_ms']:.1f}", f"{r['eager_over_artifact']:.2f}x",
+                      " ".join(f"{k} {v:.1f}" for k, v in r["runtime_phases_ms"].items()))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     (args.out / "bench.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2))
     return 0
 

@@ -15,6 +15,11 @@ class Unsupported(Exception):
 
 
 class Session(ABC):
+    # Milliseconds per phase of the last `run`, for runtimes whose call wraps more than the graph
+    # (llama.cpp: writing the state inputs into its cache, the decode itself, reading the cache back);
+    # benchmarks report them beside the whole call.
+    phases: dict[str, float] = {}
+
     @abstractmethod
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Inputs in the artifact's own dtypes, in declared order; outputs in declared order."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,27 +72,30 @@ class _KvState:
     the sliding-window one, each serialized as one of these parts after the blob's header."""
 
     positions: np.ndarray  # [cells] int
-    key: np.ndarray  # [layers, cells, kv_heads * head_dim]
+    key: np.ndarray  # [layers, cells, kv_heads * head_dim], in the cache's dtype (F16 / F32)
     value: np.ndarray
 
     def to_bytes(self, v_trans: bool, ext: bool) -> bytes:
-        out = [struct.pack("<II", 1, len(self.positions))]  # n_stream, cells
-        if not len(self.positions):
+        cells = len(self.positions)
+        out = [struct.pack("<II", 1, cells)]  # n_stream, cells
+        if not cells:
             return out[0]
-        for pos in self.positions:  # pos, n_seq_id, [ext {x, y, tok}], seq ids
-            out.append(struct.pack("<iI", int(pos), 1))
-            if ext:
-                out.append(struct.pack("<iii", int(pos), int(pos), _TOKEN_NULL))
-            out.append(struct.pack("<i", 0))
+        # per cell: pos, n_seq_id (1), [ext {x, y, tok}], the seq id (0)
+        fields = [("pos", "<i4"), ("n_seq", "<u4")] + ([("x", "<i4"), ("y", "<i4"), ("tok", "<i4")] if ext else []) + [("seq", "<i4")]
+        meta = np.zeros(cells, np.dtype(fields))
+        meta["pos"], meta["n_seq"] = self.positions, 1
+        if ext:
+            meta["x"] = meta["y"] = self.positions
+            meta["tok"] = _TOKEN_NULL
+        out.append(meta.tobytes())
         layers, _, width = self.key.shape
         out.append(struct.pack("<II", int(v_trans), layers))
-        for k in self.key:
-            out += [struct.pack("<iQ", _F16, width * 2), k.astype(np.float16).tobytes()]
-        for v in self.value:
-            if v_trans:
-                out += [struct.pack("<iII", _F16, 2, width), v.T.astype(np.float16).tobytes()]
-            else:
-                out += [struct.pack("<iQ", _F16, width * 2), v.astype(np.float16).tobytes()]
+        keys = self.key.astype(np.float16)
+        for k in keys:
+            out += [struct.pack("<iQ", _F16, width * 2), k.tobytes()]
+        values = np.ascontiguousarray(self.value.transpose(0, 2, 1) if v_trans else self.value, np.float16)
+        for v in values:
+            out += [struct.pack("<iII", _F16, 2, width) if v_trans else struct.pack("<iQ", _F16, width * 2), v.tobytes()]
         return b"".join(out)
 
     @classmethod
@@ -125,7 +129,7 @@ class _KvState:
                 raise RuntimeError(f"llama.cpp cache type {ktype} is not F16/F32")
             data = np.frombuffer(blob, _NP[ktype], cells * row_bytes // np.dtype(_NP[ktype]).itemsize, off)
             off += cells * row_bytes
-            return data.reshape(cells, -1).astype(np.float32)
+            return data.reshape(cells, -1)
 
         keys = [table() for _ in range(layers)]
         values = []
@@ -138,7 +142,7 @@ class _KvState:
                 raise RuntimeError(f"llama.cpp value cache type {vtype} is not F16/F32")
             data = np.frombuffer(blob, _NP[vtype], width * cells, off)
             off += width * cells * el
-            values.append(data.reshape(width, cells).T.astype(np.float32))
+            values.append(data.reshape(width, cells).T)
         return cls(np.array(positions), np.stack(keys), np.stack(values)), off
 
 
@@ -230,7 +234,7 @@ class _Session(Session):
             slots = recent % window
             parts.append(_KvState(recent, _cache_rows(given[RING_KEY], slots), _cache_rows(given[RING_VALUE], slots)))
         blob = _state_bytes(parts, self._ext)
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        buf = ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8))  # read-only use, no copy
         if self._llama.llama_state_seq_set_data(ctx, buf, len(blob), 0) != len(blob):
             raise RuntimeError("llama.cpp rejected the KV cache state written from the past key/value inputs")
 
@@ -238,7 +242,7 @@ class _Session(Session):
         size = self._llama.llama_state_seq_get_size(ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         written = self._llama.llama_state_seq_get_data(ctx, buf, size, 0)
-        return _parse_state(bytes(buf[:written]), self._caches, self._ext)
+        return _parse_state(ctypes.string_at(buf, written), self._caches, self._ext)  # slicing would build a list of ints
 
     def _batch(self, given: dict) -> tuple[np.ndarray | None, np.ndarray | None, int]:
         """The call's token ids or embeddings (one of them is None), and its length."""
@@ -274,7 +278,8 @@ class _Session(Session):
         """Positions >= start in a cache part, and their K/V as [layers, n, KV, D]."""
         new = np.nonzero(state.positions >= start)[0]
         shape = (layers, len(new), self._feed["kv_heads"], self._feed["head_dim"])
-        return state.positions[new], state.key[:, new].reshape(shape), state.value[:, new].reshape(shape)
+        key, value = (t[:, new].astype(np.float32).reshape(shape) for t in (state.key, state.value))
+        return state.positions[new], key, value
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         feed = self._feed
@@ -286,14 +291,19 @@ class _Session(Session):
         wants_state = bool({KEY, VALUE, NEXT_RING_KEY, NEXT_RING_VALUE} & set(feed["outputs"]))
         with native_output_silenced():
             ctx = self._context(n_ctx, max(n, 1))
+            clock = [time.perf_counter()]
             if start:
                 self._seed(ctx, given, start)
+            clock.append(time.perf_counter())
             self._decode(ctx, tokens, embd, n, start)
+            clock.append(time.perf_counter())
             logits = np.stack([np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, i), (self._n_vocab,)).copy()
                                for i in range(n)])
             hidden = np.stack([np.ctypeslib.as_array(llama.llama_get_embeddings_ith(ctx, i), (self._n_embd,)).copy()
                                for i in range(n)])
             states = self._get_state(ctx) if wants_state else None
+            clock.append(time.perf_counter())
+        self.phases = {name: 1e3 * (b - a) for name, a, b in zip(("seed_cache", "llama_decode", "read_outputs"), clock, clock[1:])}
         results = {LOGITS: logits[None, :, feed["logits_offset"]:], HIDDEN: hidden[None]}
         if states is not None:
             sliding = sum(feed["sliding"])
