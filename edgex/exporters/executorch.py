@@ -60,12 +60,16 @@ class ExecuTorchExporter(Exporter):
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import to_edge_transform_and_lower
+        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
         module, inputs = prepare(component, precision)
         with torch.no_grad():
             program = torch.export.export(module, inputs, strict=False)
-        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
+        # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
+        # which runs the artifact, makes anyway.
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
+                                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
         delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
         buffer = lowered.to_executorch().buffer
         dest.write_bytes(buffer)
