@@ -17,8 +17,11 @@ from .errors import EdgexError
 from .logs import quiet_libraries
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
-err = Console(stderr=True)
-out = Console()
+# Piped output (CI logs, `| tee`) gets rich's 80-column default, which folds the summary table into
+# truncated cells; a wide fixed width keeps one row per artifact there. A terminal keeps its own width.
+_PIPED_WIDTH = 160
+err = Console(stderr=True, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
+out = Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH)
 
 
 def _split(values: Optional[List[str]]) -> Optional[List[str]]:
@@ -131,7 +134,7 @@ def export(
         out.print(f"manifest: {manifest['manifest_path']}")
     if manifest["status"] != "pass":
         failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
-        err.print(f"[red]edgex:[/red] parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}", highlight=False)
+        err.print(f"[red]edgex:[/red] parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -161,7 +164,7 @@ def verify(
                           _db(a.get("threshold_db")), f"[{colour}]{a['verdict']}[/{colour}]", a.get("problem") or "")
         out.print(table)
     if report["status"] != "pass":
-        err.print(f"[red]edgex:[/red] verification failed: {report['problem_count']} problem(s) in {report['manifest']}", highlight=False)
+        err.print(f"[red]edgex:[/red] verification failed: {report['problem_count']} problem(s) in {report['manifest']}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
