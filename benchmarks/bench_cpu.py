@@ -38,20 +38,17 @@ from edgex.recipes.base import parse_settings
 from edgex.resources import PeakRss
 
 
-def median_seconds(fn, runs: int, phases=None) -> float:
-    """Median wall time of `runs` calls after a warm-up; `phases()`, when given, is read after each
-    call and its per-phase milliseconds are collected into `phases.medians`."""
+def median_seconds(fn, runs: int, phases=lambda: {}) -> tuple[float, dict[str, float]]:
+    """Median wall time of `runs` calls after a warm-up, and the median of each phase `phases()`
+    reports after a call (a session's `phases`, in ms)."""
     fn()
     times, seen = [], []
     for _ in range(runs):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-        if phases:
-            seen.append(phases())
-    if phases:
-        phases.medians = {k: round(statistics.median(p[k] for p in seen), 2) for k in (seen[0] if seen else {})}
-    return statistics.median(times)
+        seen.append(phases())
+    return statistics.median(times), {k: round(statistics.median(p[k] for p in seen), 2) for k in seen[0]}
 
 
 def main(argv=None) -> int:
@@ -80,7 +77,7 @@ def main(argv=None) -> int:
     for comp in components:
         inputs = comp.example_inputs
         with torch.no_grad():
-            eager = median_seconds(partial(comp.reference, *inputs), args.runs)
+            eager, _ = median_seconds(partial(comp.reference, *inputs), args.runs)
         for fmt in args.formats.split(","):
             exporter = EXPORTERS.get(fmt)
             with staging_dir(args.out) as stage:
@@ -92,15 +89,13 @@ def main(argv=None) -> int:
                 session = RUNTIMES.get(exporter.runtime).load(result.files, args.threads)
                 report = measure(comp, session, exporter.runtime, result.io_float_dtype, 0.0, None)
                 arrays = to_numpy(inputs, result.io_float_dtype)
-                def phases():
-                    return dict(session.phases)
-                artifact = median_seconds(partial(session.run, arrays), args.runs, phases)
+                artifact, phases = median_seconds(partial(session.run, arrays), args.runs, lambda: dict(session.phases))
                 del session  # a 0.6b session holds ~1.8 GB: free it before the next export
             row = dict(component=comp.name, format=exporter.format, precision=args.precision,
                        export_s=round(export_s, 1), peak_rss_mb=peak.mb, bytes=size,
                        min_snr_db=report.min_snr_db, artifact_ms=round(artifact * 1e3, 2),
                        eager_ms=round(eager * 1e3, 2), eager_over_artifact=round(eager / artifact, 2),
-                       runtime_phases_ms=phases.medians)
+                       runtime_phases_ms=phases)
             rows.append(row)
             console.print(json.dumps(row), soft_wrap=True)
             gc.collect()

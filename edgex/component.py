@@ -42,6 +42,9 @@ class TensorSpec:
 Inputs = tuple[torch.Tensor, ...]
 
 
+DEFAULT_CALIBRATION_SIZE = 8  # calibration input sets a component draws unless it or the user says otherwise
+
+
 @dataclass
 class Component:
     """A graph to export plus what it must equal.
@@ -70,7 +73,7 @@ class Component:
     description: str = ""
     metadata: dict = field(default_factory=dict)
     calibration: Callable[[int], list[Inputs]] | None = None
-    calibration_size: int = 8
+    calibration_size: int = DEFAULT_CALIBRATION_SIZE
     layouts: dict = field(default_factory=dict)
     float_only: tuple[str, ...] = ()
 

@@ -46,6 +46,26 @@ class LlamaFeed:
     positions_per_embd: int = 1  # M-RoPE models take this many positions per input embedding
 
 
+def llm_metadata(arch: str, *, name: str, layers: int, context: int, hidden: int, ffn: int, heads: int,
+                 kv_heads: int, head_dim: int, rms_eps: float, vocab: int) -> dict:
+    """The hyperparameter keys every llama.cpp transformer architecture reads, under `arch`, plus
+    llama.cpp's `none` vocabulary (edgex ships no tokenizer); a layout adds its own keys."""
+    return {
+        "general.name": name,
+        f"{arch}.block_count": layers,
+        f"{arch}.context_length": context,
+        f"{arch}.embedding_length": hidden,
+        f"{arch}.feed_forward_length": ffn,
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv_heads,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(rms_eps),
+        f"{arch}.vocab_size": vocab,
+        "tokenizer.ggml.model": "none",
+    }
+
+
 @dataclass(frozen=True)
 class GgufLayout:
     """Everything a GGUF file holds for one component, in llama.cpp's conventions for `architecture`.

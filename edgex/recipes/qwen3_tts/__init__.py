@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ...component import LOGITS, SIGNAL, TOKENS, Component, TensorSpec
+from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, TOKENS, Component, TensorSpec
 from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
@@ -119,7 +119,7 @@ class _ComponentBuilder:
         return draw
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   layouts=None, calibration_size=8, **metadata) -> Component:
+                   layouts=None, calibration_size=DEFAULT_CALIBRATION_SIZE, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE, GgufLayout, LlamaFeed
+from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE, GgufLayout, LlamaFeed, llm_metadata
 
 ARCH = "qwen3tts"
 CODEC_ROWS = 3072  # llama.cpp's `n_vocab_out` for qwen3tts (TAG_LLAMA_N_VOCAB_OUT)
@@ -74,21 +74,11 @@ def talker_layout(talker, feed_inputs: tuple[str, ...]) -> GgufLayout:
         raise ValueError(f"llama.cpp's qwen3tts graph needs a {CODEC_ROWS}-row codec head, this talker has {codec_rows}")
     sections = list(cfg.rope_scaling["mrope_section"])
     sections += [0] * (ROPE_SECTIONS - len(sections))
-    meta = {
-        "general.name": "qwen3-tts talker (edgex)",
-        f"{ARCH}.block_count": cfg.num_hidden_layers,
-        f"{ARCH}.context_length": cfg.max_position_embeddings,
-        f"{ARCH}.embedding_length": cfg.hidden_size,
-        f"{ARCH}.feed_forward_length": cfg.intermediate_size,
-        f"{ARCH}.attention.head_count": cfg.num_attention_heads,
-        f"{ARCH}.attention.head_count_kv": cfg.num_key_value_heads,
-        f"{ARCH}.attention.key_length": cfg.head_dim,
-        f"{ARCH}.attention.value_length": cfg.head_dim,
-        f"{ARCH}.rope.dimension_sections": sections,
-        f"{ARCH}.rope.freq_base": float(cfg.rope_theta),
-        f"{ARCH}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
-        f"{ARCH}.vocab_size": text_vocab + codec_rows,
-        "tokenizer.ggml.model": "none",
-    }
+    meta = llm_metadata(
+        ARCH, name="qwen3-tts talker (edgex)", layers=cfg.num_hidden_layers, context=cfg.max_position_embeddings,
+        hidden=cfg.hidden_size, ffn=cfg.intermediate_size, heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_eps=cfg.rms_norm_eps, vocab=text_vocab + codec_rows,
+    )
+    meta |= {f"{ARCH}.rope.dimension_sections": sections, f"{ARCH}.rope.freq_base": float(cfg.rope_theta)}
     feed = LlamaFeed(feed_inputs, TALKER_OUTPUTS, logits_offset=text_vocab, positions_per_embd=POSITIONS_PER_EMBD)
     return GgufLayout(ARCH, meta, lambda: talker_tensors(talker), feed)

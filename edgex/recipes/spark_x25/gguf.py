@@ -19,7 +19,7 @@ import torch
 
 from ...layouts import (
     KEY, LOGITS, NEXT_RING_KEY, NEXT_RING_VALUE, PAST_KEY, PAST_VALUE, POSITION, RING_KEY, RING_VALUE, TOKENS,
-    VALUE, GgufLayout, LlamaFeed,
+    VALUE, GgufLayout, LlamaFeed, llm_metadata,
 )
 from .config import SLIDING
 from .model import SparkForCausalLM
@@ -61,25 +61,18 @@ def spark_tensors(model: SparkForCausalLM) -> dict[str, np.ndarray]:
 def spark_layout(model: SparkForCausalLM, context: int) -> GgufLayout:
     """The whole model as one `spark2_5` GGUF; the prefill and decode graphs share it."""
     cfg = model.config
-    meta = {
-        "general.name": "spark-x2.5 (edgex)",
-        f"{ARCH}.block_count": cfg.num_hidden_layers,
-        f"{ARCH}.context_length": context,
-        f"{ARCH}.embedding_length": cfg.hidden_size,
-        f"{ARCH}.feed_forward_length": cfg.intermediate_size,
-        f"{ARCH}.attention.head_count": cfg.num_attention_heads,
-        f"{ARCH}.attention.head_count_kv": cfg.num_key_value_heads,
-        f"{ARCH}.attention.key_length": cfg.head_dim,
-        f"{ARCH}.attention.value_length": cfg.head_dim,
-        f"{ARCH}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+    meta = llm_metadata(
+        ARCH, name="spark-x2.5 (edgex)", layers=cfg.num_hidden_layers, context=context, hidden=cfg.hidden_size,
+        ffn=cfg.intermediate_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, rms_eps=cfg.rms_norm_eps, vocab=cfg.vocab_size,
+    )
+    meta |= {
         f"{ARCH}.attention.sliding_window": cfg.sliding_window,
         f"{ARCH}.attention.sliding_window_pattern": [t == SLIDING for t in cfg.layer_types],
         f"{ARCH}.rope.freq_base": float(cfg.full_rope_theta),
         f"{ARCH}.rope.freq_base_swa": float(cfg.sliding_rope_theta),
         f"{ARCH}.rope.dimension_count": int(cfg.head_dim * cfg.full_partial_rotary_factor),
         f"{ARCH}.rope.dimension_count_swa": cfg.head_dim,
-        f"{ARCH}.vocab_size": cfg.vocab_size,
-        "tokenizer.ggml.model": "none",
     }
     gates = tuple(f"blk.{i}.attn_gate.weight" for i in range(cfg.num_hidden_layers))  # MODELS.md: never quantized
     return GgufLayout(ARCH, meta, lambda: spark_tensors(model), FEED, keep_f32=gates)
