@@ -80,6 +80,9 @@ def main(argv=None) -> int:
             eager, _ = median_seconds(partial(comp.reference, *inputs), args.runs)
         for fmt in args.formats.split(","):
             exporter = EXPORTERS.get(fmt)
+            if args.precision not in exporter.precisions:  # an exporter would not refuse it by itself
+                console.log(f"skipping {fmt}: it has no precision {args.precision} ({', '.join(exporter.precisions)})")
+                continue
             with staging_dir(args.out) as stage:
                 t0 = time.perf_counter()
                 with PeakRss() as peak:
