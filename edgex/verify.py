@@ -61,28 +61,19 @@ def verify_directory(directory: Path, threads: int | None = None) -> dict:
     path = find_manifest(directory)
     manifest = load_manifest(path)
     root = path.parent
-    recipe = RECIPES.get(manifest["model"])
-    source = manifest["source"]
-    checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
-    loaded = None
-    components = {}
+    checks = [(entry, _file_problems(entry, root)) for entry in manifest["artifacts"]]
+    rerun = [entry for entry, problems in checks if not problems and entry.get("verdict") != "error"]
+    components = _components(manifest, list(dict.fromkeys(e["component"] for e in rerun))) if rerun else {}
     rows = []
-    for entry in manifest["artifacts"]:
+    for entry, problems in checks:
         row = {k: entry.get(k) for k in ("component", "format", "precision")}
-        problems = _file_problems(entry, root)
         row["files"] = "ok" if not problems else "BAD"
-        if not problems and entry.get("verdict") != "error":
-            if loaded is None:
-                options = recipe.parse_options(manifest.get("settings"))
-                loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)
-            name = entry["component"]
-            if name not in components:
-                components[name] = recipe.components(loaded, [name])[0]
+        if entry in rerun:
             exporter = EXPORTERS.get(entry["exporter"])
             files = [root / r["path"] for r in entry["files"]]
             gate = entry["parity"].get("threshold_db")
-            report = run_parity(components[name], exporter, files, entry["io_float_dtype"], entry["precision"],
-                                {"*": gate} if gate is not None else None, threads)
+            report = run_parity(components[entry["component"]], exporter, files, entry["io_float_dtype"],
+                                entry["precision"], {"*": gate} if gate is not None else None, threads)
             row.update(min_snr_db=report.min_snr_db, threshold_db=report.threshold_db, method=report.method)
             if report.verdict == "fail":
                 problems.append(f"parity {report.min_snr_db:.1f} dB below gate {report.threshold_db:.1f} dB")
@@ -95,3 +86,14 @@ def verify_directory(directory: Path, threads: int | None = None) -> dict:
         rows.append(row)
     bad = sum(1 for r in rows if r["verdict"] == "fail")
     return {"manifest": str(path), "status": "pass" if bad == 0 else "fail", "problem_count": bad, "artifacts": rows}
+
+
+def _components(manifest: dict, names: list[str]) -> dict:
+    """The eager model rebuilt from the manifest's source, and the named components derived in one
+    go (they share the recipe's eager samples: one component at a time regenerated them each time)."""
+    recipe = RECIPES.get(manifest["model"])
+    source = manifest["source"]
+    checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
+    options = recipe.parse_options(manifest.get("settings"))
+    loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)
+    return {c.name: c for c in recipe.components(loaded, names)}

@@ -7,7 +7,7 @@ import torch
 from edgex.parity.metrics import snr_db
 from edgex.recipes.qwen3_tts import STREAM_CHUNK, WINDOW_CONTEXT, WINDOW_NEW
 from edgex.recipes.qwen3_tts.code2wav import Code2Latent, Latent2Wav, receptive_field_frames
-from edgex.recipes.qwen3_tts.pipeline import run_utterance
+from edgex.recipes.qwen3_tts.pipeline import Utterance
 
 FRAMES = 200
 
@@ -35,7 +35,7 @@ def stream(decoder, codes, chunk, code2latent=None, latent2wav=None):
 @pytest.fixture(scope="module")
 def utterance(tiny):
     loaded, _ = tiny
-    return run_utterance(loaded.models.talker, 16, FRAMES, seed=7).codes
+    return Utterance(loaded.models.talker, 16, FRAMES, seed=7).codes
 
 
 def test_streaming_pair_equals_offline_decode(tiny, utterance):

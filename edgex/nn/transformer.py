@@ -61,9 +61,16 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         variance = torch.matmul(scaled * scaled, norm.edgex_ones_column)
         inv = torch.rsqrt(variance + norm.variance_epsilon / _HALF_SCALE**2) * (1.0 / _HALF_SCALE)
         return norm.weight * (x * inv)
-    x32 = x.to(torch.float32)
-    variance = torch.matmul(x32 * x32, norm.edgex_mean_column.to(torch.float32))
-    return norm.weight * (x32 * torch.rsqrt(variance + norm.variance_epsilon)).to(x.dtype)
+    x32 = _cast(x, torch.float32)
+    variance = torch.matmul(x32 * x32, _cast(norm.edgex_mean_column, torch.float32))
+    return norm.weight * _cast(x32 * torch.rsqrt(variance + norm.variance_epsilon), x.dtype)
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` only where it converts: torch.export records even a same-dtype `.to` as a
+    metadata assert node, which every lowering pass then re-traces (400 of the predictor frame's
+    3300 nodes)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def mask_from_valid(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,7 +25,7 @@ from ..base import LoadedModel, Recipe
 from . import code2wav, predictor, talker
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
-from .pipeline import AUDIO_CODES, Utterance, padded_cache, run_utterance
+from .pipeline import AUDIO_CODES, Utterance, padded_cache
 from .presets import PRESETS, get_preset
 
 ROLES = {
@@ -104,7 +104,7 @@ class _ComponentBuilder:
             seed = self._seeds.get(which)
             if seed is None:  # "cal<i>"
                 seed = self._calibration_seed + int(which.removeprefix("cal"))
-            self._utts[which] = run_utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
+            self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
         return self._utts[which]
 
     def _calibration(self, make, per_utterance: int):
@@ -147,16 +147,12 @@ class _ComponentBuilder:
 
     def _decode_sample(self, which: str, frame: int):
         utt = self.utt(which)
-        rec = utt.frames[frame]
+        rec = utt.frame(frame)
         pos = rec["position"]
         if pos >= self.slots:
             raise EdgexError(f"talker sample position {pos} exceeds max_context {self.slots}")
-        return (
-            rec["next_embeds"],
-            torch.tensor([pos]),
-            padded_cache(utt.cache_key, pos, self.slots),
-            padded_cache(utt.cache_value, pos, self.slots),
-        )
+        key, value = utt.cache(pos)
+        return rec["next_embeds"], torch.tensor([pos]), padded_cache(key, self.slots), padded_cache(value, self.slots)
 
     def talker_decode(self) -> Component:
         return self._component(
@@ -173,7 +169,7 @@ class _ComponentBuilder:
 
     # -- code predictor ---------------------------------------------------------------------
     def _frame_sample(self, which: str, frame: int, sampled: bool):
-        rec = self.utt(which).frames[frame]
+        rec = self.utt(which).frame(frame)
         noise = rec["noise"] if sampled else torch.zeros_like(rec["noise"])
         return rec["talker_hidden"], rec["code0"], noise
 
@@ -195,7 +191,7 @@ class _ComponentBuilder:
     @torch.no_grad()
     def _step_sample(self, which: str, frame: int, step: int):
         """Predictor state at `step` of a recorded frame, teacher-forced with the frame's codes."""
-        rec = self.utt(which).frames[frame]
+        rec = self.utt(which).frame(frame)
         pred = self.talker.code_predictor
         all_codes = torch.cat((rec["code0"], rec["codes"]), dim=1)
         embeds = [rec["talker_hidden"], self.talker.model.codec_embedding(rec["code0"])]

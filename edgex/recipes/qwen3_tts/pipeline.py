@@ -5,11 +5,13 @@ real activations (talker hidden states, sampled codes, decoder latents), not on 
 seeded random ids (edgex ships no tokenizer); the prompt layout follows the talker's: projected
 text embeddings plus codec control embeddings, then per frame the sum of the 16 code embeddings
 plus the next trailing text embedding (or the tts pad embedding once the text is used up).
+
+Frames are generated on demand: the talker and predictor samples sit in the first ~40 frames, and
+only the decoder windows need all of them (generating 100 frames of the 0.6b talker takes minutes).
+The random draws are consumed in frame order, so a frame is the same however far generation went.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -19,70 +21,76 @@ from .predictor import frame_reference
 AUDIO_CODES = 2048  # codec ids below this are audio; the rest are control tokens
 
 
-@dataclass
-class Utterance:
-    prefill_embeds: torch.Tensor  # [1, P, H]
-    frames: list[dict] = field(default_factory=list)  # per frame: talker input/outputs, codes, noise
-    cache_key: torch.Tensor | None = None  # [L, 1, KV, P + frames, D] final talker cache
-    cache_value: torch.Tensor | None = None
-
-    @property
-    def codes(self) -> torch.Tensor:
-        """[1, 16, T] codes as the decoder consumes them."""
-        return torch.stack([torch.cat((f["code0"], f["codes"]), dim=1)[0] for f in self.frames], dim=1)[None]
-
-
 def _gumbel(shape, gen: torch.Generator, temperature: float) -> torch.Tensor:
     uniform = torch.rand(shape, generator=gen).clamp_(1e-9, 1 - 1e-9)
     return -torch.log(-torch.log(uniform)) * temperature
 
 
-@torch.no_grad()
-def run_utterance(talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0) -> Utterance:
-    """Generate `frames` frames with the unmodified HF talker + code predictor."""
-    gen = torch.Generator().manual_seed(seed)
-    cfg = talker.config
-    text_vocab = talker.model.text_embedding.num_embeddings
-    text_ids = torch.randint(0, text_vocab, (1, prefill_len + frames // 2), generator=gen)
-    text = talker.text_projection(talker.model.text_embedding(text_ids))
-    codec_prompt = torch.full((1, prefill_len), cfg.codec_pad_id)
-    codec_prompt[0, -1] = cfg.codec_bos_id
-    prefill = text[:, :prefill_len] + talker.model.codec_embedding(codec_prompt)
-    trailing = text[:, prefill_len:]
-    pad_embed = talker.text_projection(talker.model.text_embedding(torch.tensor([[text_vocab - 1]])))
+class Utterance:
+    """Up to `frames` frames of the unmodified HF talker + code predictor, generated lazily.
 
-    utt = Utterance(prefill_embeds=prefill)
-    cache = DynamicCache()
-    out = talker.model(inputs_embeds=prefill, past_key_values=cache, use_cache=True)
-    hidden = out.last_hidden_state[:, -1:]
-    logits = talker.codec_head(hidden)
-    position = prefill_len
-    for f in range(frames):
+    `prefill_embeds` [1, P, H]; `frame(f)` is frame f's record (talker input/outputs, codes, noise,
+    position); `cache(n)` the talker cache's first n positions [L, 1, KV, n, D]; `codes` [1, 16, T]
+    the whole utterance's codes as the decoder consumes them."""
+
+    def __init__(self, talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0):
+        self._talker, self._length, self._temperature = talker, frames, temperature
+        self._gen = torch.Generator().manual_seed(seed)
+        cfg = talker.config
+        text_vocab = talker.model.text_embedding.num_embeddings
+        with torch.no_grad():
+            text_ids = torch.randint(0, text_vocab, (1, prefill_len + frames // 2), generator=self._gen)
+            text = talker.text_projection(talker.model.text_embedding(text_ids))
+            codec_prompt = torch.full((1, prefill_len), cfg.codec_pad_id)
+            codec_prompt[0, -1] = cfg.codec_bos_id
+            self.prefill_embeds = text[:, :prefill_len] + talker.model.codec_embedding(codec_prompt)
+            self._trailing = text[:, prefill_len:]
+            self._pad_embed = talker.text_projection(talker.model.text_embedding(torch.tensor([[text_vocab - 1]])))
+            self._cache = DynamicCache()
+            out = talker.model(inputs_embeds=self.prefill_embeds, past_key_values=self._cache, use_cache=True)
+        self._hidden = out.last_hidden_state[:, -1:]
+        self._position = prefill_len
+        self._frames: list[dict] = []
+
+    def frame(self, index: int) -> dict:
+        if not 0 <= index < self._length:
+            raise IndexError(f"frame {index} outside the utterance's {self._length} frames")
+        while len(self._frames) <= index:
+            self._step()
+        return self._frames[index]
+
+    def cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        while self._cache.get_seq_length() < length:
+            self._step()
+        layers = range(len(self._talker.model.layers))
+        return (torch.stack([self._cache[i][0][:, :, :length] for i in layers]),
+                torch.stack([self._cache[i][1][:, :, :length] for i in layers]))
+
+    @property
+    def codes(self) -> torch.Tensor:
+        frames = [self.frame(f) for f in range(self._length)]
+        return torch.stack([torch.cat((f["code0"], f["codes"]), dim=1)[0] for f in frames], dim=1)[None]
+
+    @torch.no_grad()
+    def _step(self) -> None:
+        talker, gen, temperature = self._talker, self._gen, self._temperature
+        f, hidden = len(self._frames), self._hidden
+        logits = talker.codec_head(hidden)
         code0 = torch.argmax(logits[..., :AUDIO_CODES] + _gumbel((1, 1, AUDIO_CODES), gen, temperature), dim=-1)
         noise = _gumbel((1, 15, AUDIO_CODES), gen, temperature)
         codes, _, codec_sum = frame_reference(talker, hidden, code0, noise)
-        text_part = trailing[:, f : f + 1] if f < trailing.shape[1] else pad_embed
+        text_part = self._trailing[:, f : f + 1] if f < self._trailing.shape[1] else self._pad_embed
         embeds = codec_sum + text_part
-        utt.frames.append(
-            dict(talker_hidden=hidden, code0=code0, noise=noise, codes=codes, next_embeds=embeds, position=position)
-        )
-        out = talker.model(
-            inputs_embeds=embeds,
-            past_key_values=cache,
-            use_cache=True,
-            cache_position=torch.tensor([position]),
-        )
-        hidden = out.last_hidden_state
-        logits = talker.codec_head(hidden)
-        position += 1
-    layers = range(len(talker.model.layers))
-    utt.cache_key = torch.stack([cache[i][0] for i in layers])
-    utt.cache_value = torch.stack([cache[i][1] for i in layers])
-    return utt
+        self._frames.append(dict(talker_hidden=hidden, code0=code0, noise=noise, codes=codes, next_embeds=embeds,
+                                 position=self._position))
+        out = talker.model(inputs_embeds=embeds, past_key_values=self._cache, use_cache=True,
+                           cache_position=torch.tensor([self._position]))
+        self._hidden = out.last_hidden_state
+        self._position += 1
 
 
-def padded_cache(cache: torch.Tensor, length: int, slots: int) -> torch.Tensor:
-    """The first `length` positions of a cache, zero-padded to `slots` (what a runner holds)."""
+def padded_cache(cache: torch.Tensor, slots: int) -> torch.Tensor:
+    """A cache's positions zero-padded to `slots` (what a runner holds)."""
     out = torch.zeros(*cache.shape[:3], slots, cache.shape[4], dtype=cache.dtype)
-    out[:, :, :, :length] = cache[:, :, :, :length]
+    out[:, :, :, : cache.shape[3]] = cache
     return out
