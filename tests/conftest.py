@@ -1,4 +1,7 @@
-"""Shared fixtures: the tiny preset built once, and one real CPU export run through the CLI."""
+"""Shared fixtures: the tiny preset built once, and one real CPU export run through the CLI.
+
+The suite runs under pytest-xdist (`--dist loadgroup`): tests that share an expensive module or
+session fixture carry one `xdist_group`, so that fixture is built on one worker only."""
 
 from __future__ import annotations
 
@@ -15,6 +18,25 @@ EDGEX = [sys.executable, "-m", "edgex"]
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run([*EDGEX, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=3600)
+
+
+MAX_WORKERS = 4  # each worker holds torch and the tiny models, and exports spawn their own processes
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers already fill the cores: with a thread pool each (inherited by the CLI subprocesses),
+    # OpenMP threads spin against each other (measured: a quarter more CPU time, no faster).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into scheduling groups
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the README-demo export runs on the worker that built it."""
+    for item in items:
+        if "cpu_export" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("cpu_export"))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.models import build_from_preset, load_checkpoint
 from edgex.recipes.qwen3_tts.presets import get_preset
 
+pytestmark = pytest.mark.xdist_group("checkpoint")  # its module fixture is built once
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):

@@ -12,6 +12,8 @@ from conftest import run_cli
 
 from edgex.errors import EdgexError
 
+pytestmark = pytest.mark.xdist_group("gguf")  # its module fixture is built once
+
 PRECISIONS = ("f16", "q8_0", "q4_0")
 TALKERS = ("talker_prefill", "talker_decode")
 

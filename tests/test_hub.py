@@ -23,6 +23,8 @@ from edgex.hub import HubSettings, connect, device_parity
 from edgex.hub.artifacts import prepare
 from edgex.targets import get_target
 
+pytestmark = pytest.mark.xdist_group("hub")  # its module fixture is built once
+
 S25 = "Samsung Galaxy S25"
 PASSED = {"verdict": "pass", "threshold_db": 60.0, "token_threshold": None}  # the local parity block
 

@@ -26,6 +26,8 @@ from edgex.recipes.spark_x25.runner import CacheRunner, numpy_callable
 from edgex.verify import verify_directory
 from test_cli_errors import assert_one_line_error
 
+pytestmark = pytest.mark.xdist_group("spark")  # its module fixture is built once
+
 
 @pytest.fixture(scope="module")
 def spark():

@@ -9,6 +9,8 @@ from edgex.recipes.qwen3_tts import STREAM_CHUNK, WINDOW_CONTEXT, WINDOW_NEW
 from edgex.recipes.qwen3_tts.code2wav import Code2Latent, Latent2Wav, receptive_field_frames
 from edgex.recipes.qwen3_tts.pipeline import Utterance
 
+pytestmark = pytest.mark.xdist_group("cpu_export")  # shares the README-demo export (and its 200-frame utterance) with one worker
+
 FRAMES = 200
 
 
