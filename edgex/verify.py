@@ -61,14 +61,17 @@ def verify_directory(directory: Path, threads: int | None = None) -> dict:
     path = find_manifest(directory)
     manifest = load_manifest(path)
     root = path.parent
-    checks = [(entry, _file_problems(entry, root)) for entry in manifest["artifacts"]]
-    rerun = [entry for entry, problems in checks if not problems and entry.get("verdict") != "error"]
-    components = _components(manifest, list(dict.fromkeys(e["component"] for e in rerun))) if rerun else {}
+    checks = []
+    for entry in manifest["artifacts"]:
+        problems = _file_problems(entry, root)
+        checks.append((entry, problems, not problems and entry.get("verdict") != "error"))
+    names = list(dict.fromkeys(entry["component"] for entry, _, rerun in checks if rerun))
+    components = _components(manifest, names) if names else {}
     rows = []
-    for entry, problems in checks:
+    for entry, problems, rerun in checks:
         row = {k: entry.get(k) for k in ("component", "format", "precision")}
         row["files"] = "ok" if not problems else "BAD"
-        if entry in rerun:
+        if rerun:
             exporter = EXPORTERS.get(entry["exporter"])
             files = [root / r["path"] for r in entry["files"]]
             gate = entry["parity"].get("threshold_db")
