@@ -222,13 +222,21 @@ def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
-    """Which toolchains are importable here, with versions."""
+def doctor(
+    runtime: list[str] = typer.Option(None, "--runtime", "-r", help="smoke-test only this runtime (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print as JSON"),
+):
+    """Toolchain versions, and each runtime's smoke program run here; exit 1 when a runtime fails."""
     from .catalog import doctor as diagnose
 
-    data = diagnose()
+    try:
+        data = diagnose(runtime or None)
+    except EdgexError as exc:
+        _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        if not data["ok"]:
+            raise typer.Exit(1)
         return
     table = Table(title="edgex doctor")
     for col in ("package", "version", "status", "needed for"):
@@ -237,8 +245,14 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
         colour = "green" if row["version"] else "yellow"
         table.add_row(row["package"], row["version"] or "-", f"[{colour}]{'ok' if row['version'] else 'missing: ' + row['install']}[/{colour}]", row["needed_for"])
     out.print(table)
+    colours = {"ok": "green", "missing": "yellow", "failed": "red"}
     for row in data["runtimes"]:
-        out.print(f"runtime {row['name']}: {row['status']}")
+        colour = colours[row["status"]]
+        out.print(f"runtime {row['name']} ({row['version'] or 'version unknown'}): [{colour}]{row['status']}[/{colour}] {escape(row['detail'])}")
+    if not data["ok"]:
+        failed = [r["name"] for r in data["runtimes"] if r["status"] == "failed"]
+        err.print(f"edgex: doctor: runtime(s) failed their smoke program: {', '.join(failed)}")
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

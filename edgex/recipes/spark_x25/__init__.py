@@ -24,8 +24,9 @@ from ..base import LoadedModel, Recipe, RecipeOption
 from .checkpoint import load_checkpoint
 from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, PRESETS, get_preset
 from .gguf import spark_layout
-from .graphs import SparkDecode, SparkPrefill, state_from_cache, step_reference
+from .graphs import SparkDecode, SparkPrefill
 from .model import SparkCache, build
+from .reference import state_from_cache, step_reference
 
 ROLES = {"prefill": "llm", "decode": "llm"}
 # MODELS.md: the head-wise gate stays unquantized in every quantized scheme.
