@@ -17,11 +17,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..component import Component
 from . import EXPORTERS
 from .base import ExportResult, Exporter
 from .onnx import OnnxExporter
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 W4_BLOCK = 32
 _FLAGS = {
@@ -60,6 +63,12 @@ class MnnExporter(Exporter):
     extension = ".mnn"
     runtime = "mnn"
     precisions = tuple(_FLAGS)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp32": "float32 weights and compute",
+        "fp16": "fp16 weight storage only (--fp16): MNN's x86 CPU computes in fp32, ARM CPUs may compute in fp16",
+        "w8": "int8 weights per output channel (converter weight quantization), float compute, every layer",
+        "w4": "int4 weights in blocks of 32 along the input (converter weight quantization), float compute, every layer",
+    }
     requires = ("onnx", "onnxscript", "MNN")
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
