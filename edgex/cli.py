@@ -134,7 +134,8 @@ def export(
         from .progress import JobCosts, JobProgress
 
         costs = JobCosts(checked)
-        with native_output_quiet():
+        width = err.width if err.is_terminal else _PIPED_WIDTH
+        with native_output_quiet() as stderr:
             quiet_libraries()
             from .export import export_model
 
@@ -143,7 +144,7 @@ def export(
             if as_json:
                 manifest = export_model(model, target, out_dir, **options)
             else:
-                with JobProgress(err, checked, jobs, costs) as progress:
+                with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
                     manifest = export_model(model, target, out_dir, progress=progress, **options)
         costs.record(manifest)
     except EdgexError as exc:

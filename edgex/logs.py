@@ -2,9 +2,9 @@
 
 Two kinds of noise: Python loggers and warnings (quieted by level), and native code writing straight
 to file descriptors 1 and 2 (ExecuTorch's `[cpuinfo_utils.cpp:...]` lines on every `.pte` load,
-llama.cpp's loader log, MNN's converter). The second cannot be reached from Python's logging, so
-while edgex works the descriptors point at /dev/null and Python's `sys.stdout` / `sys.stderr` (and
-rich, which writes through them) at copies of the real ones. `-v` keeps all of it visible; even then
+llama.cpp's loader log, MNN's converter). Neither can be reached from Python's logging (and some
+libraries print their native log through Python's sys.stderr), so while edgex works descriptors 1
+and 2 point at /dev/null and edgex writes its own lines to a copy of the real stderr. `-v` keeps all of it visible; even then
 native stdout goes to stderr, so `--json` on stdout stays parseable.
 
 The setting travels to spawned worker processes through the environment.
@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, TextIO
 
 VERBOSE_ENV = "EDGEX_VERBOSE"
 
@@ -54,17 +54,16 @@ def _flush_native() -> None:
 
 
 @contextmanager
-def native_output_quiet() -> Iterator[None]:
-    """For the duration, native writes to fds 1/2 go to /dev/null (with `-v`: fd 1 goes to stderr),
-    while Python's sys.stdout/sys.stderr keep writing to the real stdout/stderr. Worker processes
-    started inside inherit the quiet descriptors."""
+def native_output_quiet() -> Iterator[TextIO]:
+    """For the duration, whatever the toolchains write to fds 1 and 2 goes to /dev/null: native
+    code, and Python code printing to sys.stdout / sys.stderr (ExecuTorch's pybindings print their
+    C++ log through Python's sys.stderr). Yields a stream on the real stderr for edgex's own lines.
+    With `-v` nothing is dropped and fd 1 goes to stderr, keeping stdout for `--json`. Worker
+    processes started inside inherit the descriptors."""
     _flush_native()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
-    streams = (sys.stdout, sys.stderr)
-    sys.stdout = io.TextIOWrapper(os.fdopen(os.dup(saved[1]), "wb", buffering=0), write_through=True,
-                                  encoding=getattr(streams[0], "encoding", None) or "utf-8", errors="replace")
-    sys.stderr = io.TextIOWrapper(os.fdopen(os.dup(saved[2]), "wb", buffering=0), write_through=True,
-                                  encoding=getattr(streams[1], "encoding", None) or "utf-8", errors="replace")
+    stream = io.TextIOWrapper(os.fdopen(os.dup(saved[2]), "wb", buffering=0), encoding="utf-8", errors="replace",
+                              write_through=True)
     try:
         if verbose():
             os.dup2(saved[2], 1)
@@ -72,13 +71,10 @@ def native_output_quiet() -> Iterator[None]:
             with open(os.devnull, "w") as null:
                 os.dup2(null.fileno(), 1)
                 os.dup2(null.fileno(), 2)
-        yield
+        yield stream
     finally:
-        _flush_native()
+        _flush_native()  # what libraries left in Python's or C's buffers goes where it was headed
         for fd, copy in saved.items():
             os.dup2(copy, fd)
             os.close(copy)
-        replaced = (sys.stdout, sys.stderr)
-        sys.stdout, sys.stderr = streams
-        for stream in replaced:
-            stream.close()
+        stream.close()

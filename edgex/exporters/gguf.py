@@ -19,15 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..layouts import FEED_INPUTS, FEED_OUTPUTS, GgufLayout
-from ..parity import metrics
 from . import EXPORTERS
 from .base import Exporter, ExportResult
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..component import Component
+    from ..layouts import GgufLayout
 
 # precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
 _SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
@@ -79,6 +78,10 @@ class GgufExporter(Exporter):
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import gguf
+        import numpy as np
+
+        from ..layouts import FEED_INPUTS, FEED_OUTPUTS
+        from ..parity import metrics
 
         layout: GgufLayout | None = component.layouts.get("gguf")
         if layout is None:

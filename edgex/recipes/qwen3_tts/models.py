@@ -19,7 +19,7 @@ from torch import nn
 from ...errors import EdgexError
 from ..base import read_config_json, read_safetensors
 from .presets import Qwen3TTSPreset
-from .reference import qwen_tts_modules
+from .qwen_tts_import import qwen_tts_modules
 
 
 @dataclass
