@@ -1,5 +1,5 @@
 """The gate catches a real silent failure: ExecuTorch's int8 weight-only XNNPACK route lowers and
-runs, but returns wrong numbers (MODELS.md). It must fail the gate, loudly, never pass."""
+runs, but returns wrong numbers (docs/toolchains.md). It must fail the gate, loudly, never pass."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (DESIGN.md: >= 100 dB)."""
+"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (docs/parity.md: >= 100 dB)."""
 
 import pytest
 import torch

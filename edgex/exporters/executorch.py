@@ -4,7 +4,7 @@ fp16 converts the module (ExecuTorch's own LLM export does the same: there is no
 partitioner). 8da8w / 8da4w use torchao's dynamic-activation int schemes on linear layers, as
 ExecuTorch's LLM export does; layers matching the component's `float_only` patterns stay in float.
 `w8` (int8 weight-only) is offered on purpose: it lowers and runs
-but XNNPACK returns wrong numbers (MODELS.md), and the parity gate is what must catch it.
+but XNNPACK returns wrong numbers (docs/toolchains.md), and the parity gate is what must catch it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The converter is MNN's C extension `_tools.mnnconvert`, run in a child interpreter (it prints from
 native code and may abort on a bad graph). Never `MNN.tools.mnnconvert`/`mnnquant` or the
 `mnnconvert` script: importing `MNN.tools` pip-installs a logging SDK into the running interpreter
-and uploads telemetry (MODELS.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
+and uploads telemetry (docs/toolchains.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
 in blocks of 32 along the input dimension (`w4`); `fp16` stores weights in half (MNN computes in
 fp32 on x86). The converter's weight quantization has no per-layer exclusion, so a component's
 `float_only` layers are quantized too; the manifest says so (`details.float_only`) and the parity
