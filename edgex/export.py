@@ -187,6 +187,7 @@ def export_model(
     with staging_dir(out_dir) as stage:
         args = (stage, out_dir, min_db, threads, connection)
         if parallel:  # workers build their own components
+            progress(f"{jobs} worker processes: building the model, then exporting", None)
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)

@@ -72,7 +72,8 @@ class _Left(ProgressColumn):
         finish = task.fields.get("finish_at")
         if finish is None:
             return Text("estimating", style="progress.remaining")
-        return Text(f"~{clock(finish - time.monotonic())} left", style="progress.remaining")
+        left = finish - time.monotonic()
+        return Text(f"~{clock(left)} left" if left >= 0 else f"{clock(-left)} over the estimate", style="progress.remaining")
 
 
 class JobProgress:
