@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -185,3 +186,27 @@ def test_cli_takes_a_hub_id_and_never_downloads(tmp_path):
     miss = run("export", "qwen3-tts", "--checkpoint", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "--out", str(tmp_path / "o"))
     assert miss.returncode == 2 and miss.stderr.count("\n") == 1
     assert str(tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-0.6B-CustomVoice" / "refs" / "main") in miss.stderr
+
+
+def _tracked_files() -> list[Path]:
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=root)
+    if proc.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [root / name for name in proc.stdout.decode().split("\0") if name]
+
+
+def test_the_repository_stands_on_its_own():
+    """No committed binaries (the project has none it uses), and every document the code or README
+    cites lives in the repository (`docs/`), not in a folder beside it."""
+    files = _tracked_files()
+    binaries = [f.name for f in files if f.is_file() and b"\0" in f.read_bytes()[:8192]]
+    assert not binaries
+    text = {f: f.read_text(errors="replace") for f in files if f.suffix in (".py", ".md", ".toml") or f.name in ("setup", "run")}
+    stale = [f"{f.name}: {word}" for f, t in text.items() for word in ("MODELS.md", "DESIGN.md", "../shared", "shared/")
+             if word in t and f.name != Path(__file__).name]
+    assert not stale
+    root = Path(__file__).resolve().parent.parent
+    for f, t in text.items():
+        for cited in set(re.findall(r"docs/[\w.-]+\.md", t)):
+            assert (root / cited).is_file(), f"{f.name} cites {cited}"
