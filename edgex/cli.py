@@ -146,7 +146,7 @@ def export(
             else:
                 with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
                     manifest = export_model(model, target, out_dir, progress=progress, **options)
-        costs.record(manifest)
+        costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
     except EdgexError as exc:
         _fail(exc)
     if as_json:

@@ -4,8 +4,10 @@ The estimate comes from each job's recorded cost: every finished export records 
 seconds (`job_seconds` in the manifest) in a small cache keyed by model, weights, component,
 format and precision; the next run sums the recorded costs of the jobs still to do (a job never
 seen before counts as the average of the known ones, or of this run's finished ones) and divides
-by the worker count. On a terminal this is a rich progress bar, with a line per finished job
-above it; piped (CI logs) it is one plain line per event; `--json` runs print nothing extra.
+by the worker count, plus the recorded setup (loading the model, building its components: the
+run's wall time the jobs do not account for) until the first job starts. On a terminal this is a
+rich progress bar, with a line per finished job above it; piped (CI logs) one plain line per
+finished job; `--json` runs print nothing extra.
 """
 
 from __future__ import annotations
@@ -51,11 +53,21 @@ class JobCosts:
     def get(self, job: Job) -> float | None:
         return self._costs.get(self._key(job.component, job.exporter, job.precision))
 
-    def record(self, manifest: dict) -> None:
-        """Keep this run's per-job seconds for the next estimate (best effort: a read-only cache is fine)."""
+    @property
+    def setup(self) -> float | None:
+        """Seconds before the first job: loading the model and building its components."""
+        return self._costs.get(f"{self._prefix}setup")
+
+    def record(self, manifest: dict, workers: int = 1) -> None:
+        """Keep this run's per-job seconds (and what the rest of its wall time cost) for the next
+        estimate. Best effort: a read-only cache only costs the estimate."""
+        seconds = []
         for entry in manifest.get("artifacts", []):
             if "job_seconds" in entry:
                 self._costs[self._key(entry["component"], entry["exporter"], entry["precision"])] = entry["job_seconds"]
+                seconds.append(entry["job_seconds"])
+        if seconds and "seconds" in manifest:
+            self._costs[f"{self._prefix}setup"] = round(max(0.0, manifest["seconds"] - sum(seconds) / max(1, workers)), 3)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
@@ -85,6 +97,7 @@ class JobProgress:
         self.workers = max(1, min(workers, len(plan.jobs)))
         self.costs = costs
         self.done: set[Job] = set()
+        self.working = False  # a job has started (serial) or finished (workers): the setup is behind
         self.started = time.monotonic()
         self.live = console.is_terminal
         self._bar: Progress | None = None
@@ -115,7 +128,8 @@ class JobProgress:
             fill = elapsed * self.workers / len(self.done)
         else:
             return None
-        return sum(self.costs.get(j) or fill for j in todo) / self.workers
+        setup = 0.0 if self.working else max(0.0, (self.costs.setup or 0.0) - elapsed)
+        return setup + sum(self.costs.get(j) or fill for j in todo) / self.workers
 
     def _finish_at(self) -> float | None:
         left = self._remaining()
@@ -123,6 +137,7 @@ class JobProgress:
 
     def __call__(self, message: str, job: Job | None) -> None:
         finished = job is not None and message.endswith(VERDICTS)
+        self.working = self.working or job is not None
         if finished and self._bar is None and not self.done:
             # Piped: the plan's size with the first result, so that bad input caught while the
             # model loads still prints its one `edgex:` line and nothing else.

@@ -127,12 +127,14 @@ def test_progress_counts_jobs_and_estimates_from_recorded_costs(tmp_path):
     plan = make_plan("qwen3-tts", "cpu", tmp_path, components=["talker_decode"], formats=["onnx"])
     costs = JobCosts(plan, tmp_path / "costs.json")
     first, second = plan.jobs
-    costs.record({"artifacts": [{"component": first.component, "exporter": "onnx", "precision": first.precision, "job_seconds": 40.0},
+    costs.record({"seconds": 150.0,
+                  "artifacts": [{"component": first.component, "exporter": "onnx", "precision": first.precision, "job_seconds": 40.0},
                                 {"component": second.component, "exporter": "onnx", "precision": second.precision, "job_seconds": 80.0}]})
     costs = JobCosts(plan, tmp_path / "costs.json")  # read back from the file
-    assert costs.get(second) == 80.0
+    assert costs.get(second) == 80.0 and costs.setup == 30.0  # the run's wall time the jobs do not explain
     console = Console(file=(log := open(tmp_path / "log", "w")), width=160)
     with JobProgress(console, plan, 1, costs) as progress:
+        assert 149 < progress._remaining() <= 150  # setup still ahead
         progress("loading model", None)
         progress(f"{first.component} -> onnx {first.precision}", first)
         progress(f"{first.component} onnx {first.precision}: pass", first)
