@@ -99,12 +99,14 @@ class JobProgress:
         self.done: set[Job] = set()
         self.working = False  # a job has started (serial) or finished (workers): the setup is behind
         self.started = time.monotonic()
+        self.estimate: float | None = None
         self.live = console.is_terminal
         self._bar: Progress | None = None
         self._task = None
 
     def __enter__(self) -> "JobProgress":
         self.started = time.monotonic()
+        self.estimate = self._remaining()  # the whole run, as the recorded costs see it
         total = len(self.jobs)
         if self.live:
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -141,9 +143,8 @@ class JobProgress:
         if finished and self._bar is None and not self.done:
             # Piped: the plan's size with the first result, so that bad input caught while the
             # model loads still prints its one `edgex:` line and nothing else.
-            estimate = self._remaining()
             self.console.print(f"{len(self.jobs)} job(s) on {self.workers} worker(s)"
-                               + (f", about {clock(estimate)} in all by recorded costs" if estimate is not None else ""),
+                               + (f", about {clock(self.estimate)} in all by recorded costs" if self.estimate is not None else ""),
                                highlight=False)
         if finished:
             self.done.add(job)

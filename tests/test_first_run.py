@@ -141,7 +141,7 @@ def test_progress_counts_jobs_and_estimates_from_recorded_costs(tmp_path):
         progress(f"{second.component} onnx {second.precision}: fail", second)
     log.close()
     lines = (tmp_path / "log").read_text().splitlines()
-    assert lines[0] == "2 job(s) on 1 worker(s), about 2:00 in all by recorded costs"
+    assert lines[0] == "2 job(s) on 1 worker(s), about 2:30 in all by recorded costs"  # setup + jobs
     assert lines[1].startswith(f"[1/2] {first.component} onnx {first.precision}: pass  (0:00 elapsed, ~1:20 left)")
     assert lines[2].startswith(f"[2/2] {second.component} onnx {second.precision}: fail  (0:00 elapsed, ~0:00 left)")
     assert len(lines) == 3  # stage messages are not printed when piped
