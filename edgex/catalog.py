@@ -1,4 +1,7 @@
-"""What edgex knows (`edgex list`) and what this machine can run (`edgex doctor`): the registries printed."""
+"""What edgex knows (`edgex list`) and what this machine can run (`edgex doctor`): the registries printed.
+
+`catalog` reads only light declarations (recipe facts, exporter class attributes), so `edgex list`
+does not import torch."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from .toolchain import TOOLCHAINS, native_output_silenced, version
 def catalog() -> dict:
     return {
         "models": {
-            name: {"description": r.description, "presets": r.presets(), "components": r.component_names(),
-                   "options": {k: o.description for k, o in r.options().items()}}
-            for name, r in RECIPES.items()
+            name: {"description": r.description, "presets": dict(r.presets), "components": dict(r.components),
+                   "options": {k: o.description for k, o in r.options.items()}}
+            for name, r in RECIPES.all_facts()
         },
         "targets": {
             name: {"description": t.description,
@@ -27,8 +30,9 @@ def catalog() -> dict:
             for name, t in TARGETS.items()
         },
         "formats": {
-            name: {"format": e.format, "backend": e.backend, "runtime": e.runtime, "precisions": list(e.precisions)}
-            for name, e in EXPORTERS.items()
+            name: {"format": e.format, "backend": e.backend, "runtime": e.runtime, "precisions": list(e.precisions),
+                   "schemes": dict(e.schemes)}
+            for name, e in EXPORTERS.all_facts()
         },
         "precisions": {
             name: {"weights": p.weights, "activations": p.activations, "granularity": p.granularity, "description": p.description}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -24,66 +23,14 @@ from .parity.check import ParityReport, measure
 from .parity.gates import check_overrides, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
-from .precision import get_precision
+from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import PeakRss
-from .targets import get_target, parse_placement
 from .toolchain import versions
 
 MANIFEST = "manifest.json"
 FAILED_DIR = "failed"
 UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
-
-
-@dataclass(frozen=True)
-class Job:
-    component: str
-    role: str
-    exporter: str
-    precision: str
-    options: tuple = ()  # (key, value) pairs passed to the exporter as keyword arguments
-    placement: tuple = ()  # (key, value) pairs: where it runs on the device, what parity here misses
-
-
-def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
-    options = dict(target.exporter_options.get(placement.exporter, {}))
-    if get_precision(precision).calibration and calibration_size:
-        options["calibration_size"] = calibration_size
-    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
-
-
-def plan(recipe, target, components: list[str] | None, formats: list[str] | None, precisions: list[str] | None,
-         calibration_size: int | None = None) -> list[Job]:
-    """Every (component, exporter, precision) the target places, filtered by the user's choices.
-
-    Unknown names fail here, before any model is built."""
-    for p in precisions or []:
-        get_precision(p)
-    for f in formats or []:
-        EXPORTERS.get(f)
-    roles = recipe.component_names()
-    for c in components or []:
-        if c not in roles:
-            raise EdgexError(f"no such component {c!r} in {recipe.name} (known: {', '.join(roles)})")
-    jobs = []
-    for name in components or list(roles):
-        for placement in target.placements_for(roles[name]):
-            if formats and placement.exporter not in formats:
-                continue
-            exporter = EXPORTERS.get(placement.exporter)
-            for p in precisions or placement.precisions:
-                if p in exporter.precisions:
-                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
-    placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
-    if formats and not set(formats) & set(placed):
-        raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
-    for p in precisions or []:
-        if not any(j.precision == p for j in jobs):
-            offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
-            raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
-    if not jobs:
-        raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
-    return jobs
 
 
 def status(entries: list[dict], allow_unverified: bool) -> str:
@@ -133,17 +80,21 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
 
 
 def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads, hub, allow_unverified) -> dict:
-    """One artifact; a lowering or runtime crash is recorded as verdict "error", never hidden."""
+    """One artifact; a lowering or runtime crash is recorded as verdict "error", never hidden.
+    `job_seconds` (export + parity wall time) is what the CLI's next estimate of this job uses."""
     exporter = EXPORTERS.get(job.exporter)
+    started = time.perf_counter()
     try:
-        return _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub, allow_unverified)
+        entry = _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub, allow_unverified)
     except EdgexError:
         raise
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
-        return {"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
-                "backend": exporter.backend, "precision": job.precision, "verdict": "error",
-                "error": f"{type(exc).__name__}: {message}"[:500], "files": []}
+        entry = {"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
+                 "backend": exporter.backend, "precision": job.precision, "verdict": "error",
+                 "error": f"{type(exc).__name__}: {message}"[:500], "files": []}
+    entry["job_seconds"] = round(time.perf_counter() - started, 3)
+    return entry
 
 
 _WORKER: dict = {}
@@ -210,17 +161,6 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 
 
-def _placement_overrides(recipe, placements: list[str]) -> dict:
-    overrides = dict(parse_placement(p) for p in placements)
-    roles = sorted(set(recipe.component_names().values()))
-    for role, placement in overrides.items():
-        if role not in roles:
-            raise EdgexError(f"no role {role!r} in {recipe.name} (roles: {', '.join(roles)})")
-        get_precision(placement.precisions[0])
-        EXPORTERS.get(placement.exporter).check(placement.precisions[0])
-    return overrides
-
-
 def export_model(
     model: str,
     target: str,
@@ -253,26 +193,16 @@ def export_model(
     `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
     model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
     progress = progress or (lambda _msg, _job: None)
-    recipe = RECIPES.get(model)
-    tgt = get_target(target)
-    if placements:
-        tgt = tgt.with_overrides(_placement_overrides(recipe, placements))
-    if preset and checkpoint:
-        raise EdgexError("give either --preset or --checkpoint, not both")
-    if preset and preset not in recipe.presets():
-        raise EdgexError(f"no such preset {preset!r} for {model} (known: {', '.join(recipe.presets())})")
-    if calibration_size is not None and calibration_size < 1:
-        raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
-    options = recipe.parse_options(settings)
-    check_overrides(min_db or {}, set(recipe.component_names().values()))
-    plan_jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
-    for job in plan_jobs:
-        EXPORTERS.get(job.exporter).check(job.precision)
-    out_dir = ensure_writable_dir(Path(out) / model / target)
+    checked = make_plan(model, target, out, preset=preset, checkpoint=checkpoint, components=components, formats=formats,
+                        precisions=precisions, placements=placements, calibration_size=calibration_size, settings=settings)
+    tgt, plan_jobs, options, checkpoint = checked.target, checked.jobs, checked.options, checked.checkpoint
+    check_overrides(min_db or {}, set(checked.recipe.components.values()))
+    out_dir = ensure_writable_dir(checked.out_dir)
     connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
 
     started = time.perf_counter()
     progress("loading model", None)
+    recipe = RECIPES.get(model)
     loaded = recipe.load(preset, checkpoint, seed, options)
     names = list(dict.fromkeys(j.component for j in plan_jobs))
     parallel = jobs > 1 and len(plan_jobs) > 1
@@ -280,6 +210,7 @@ def export_model(
     with staging_dir(out_dir) as stage:
         args = (stage, out_dir, min_db, threads, connection, allow_unverified)
         if parallel:  # workers build their own components
+            progress(f"{jobs} worker processes: building the model, then exporting", None)
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)

@@ -65,7 +65,7 @@ def test_lower_precision_costs_db_and_bytes(gguf_export):
 
 
 def test_gguf_contract_follows_llama_cpp_qwen3tts(gguf_export, tiny):
-    """Names, shapes and keys llama.cpp's qwen3tts loader reads (shared/llamacpp-qwen3tts-gguf.md)."""
+    """Names, shapes and keys llama.cpp's qwen3tts loader reads (docs/llamacpp-qwen3tts-gguf.md)."""
     from gguf import GGUFReader
 
     root, manifest = gguf_export

@@ -18,7 +18,7 @@ from edgex.parity.metrics import snr_db, token_agreement
 from edgex.parity.runtimes import RUNTIMES
 from edgex.recipes import RECIPES
 from edgex.recipes.base import parse_settings
-from edgex.recipes.spark_x25 import ROLES
+from edgex.recipes.spark_x25.facts import ROLES
 from edgex.recipes.spark_x25.checkpoint import load_checkpoint
 from edgex.recipes.spark_x25.config import FULL, SLIDING, get_preset
 from edgex.recipes.spark_x25 import model as reference_code

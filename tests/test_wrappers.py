@@ -1,11 +1,11 @@
-"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (DESIGN.md: >= 100 dB)."""
+"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (docs/parity.md: >= 100 dB)."""
 
 import pytest
 import torch
 
 from edgex.component import TOKENS
 from edgex.parity.metrics import snr_db, token_agreement
-from edgex.recipes.qwen3_tts.reference import qwen_tts_modules
+from edgex.recipes.qwen3_tts.qwen_tts_import import qwen_tts_modules
 
 COMPONENTS = ["talker_prefill", "talker_decode", "code_predictor", "code_predictor_step", "code2wav", "code2latent", "latent2wav"]
 

@@ -1,15 +1,22 @@
-"""Exporter: lowers one component to one format in one precision. No model names in here."""
+"""Exporter: lowers one component to one format in one precision. No model names in here.
+
+Exporter modules are light on import: the registry reads their class attributes (name, format,
+precisions, ...) to check a command line, so torch and the toolchain are imported inside the
+methods that use them."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..component import Component
 from ..errors import EdgexError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..component import Component
 
 
 @dataclass
@@ -26,6 +33,7 @@ class Exporter(ABC):
     extension: str
     runtime: str  # runtime adapter that runs this format for parity
     precisions: tuple[str, ...]
+    schemes: dict[str, str]  # precision -> what it means in this format, one line (a test checks both agree)
     requires: tuple[str, ...]  # importable modules (see toolchain.TOOLCHAINS)
 
     def check(self, precision: str) -> None:
@@ -44,6 +52,8 @@ class Exporter(ABC):
 
 
 def float_dtype(precision: str) -> torch.dtype:
+    import torch
+
     return torch.float16 if precision == "fp16" else torch.float32
 
 

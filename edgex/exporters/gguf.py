@@ -17,14 +17,16 @@ other types — the artifact would not be what its name says.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..component import Component
-from ..layouts import FEED_INPUTS, FEED_OUTPUTS, GgufLayout
-from ..parity import metrics
 from . import EXPORTERS
 from .base import Exporter, ExportResult
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..component import Component
+    from ..layouts import GgufLayout
 
 # precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
 _SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
@@ -67,10 +69,19 @@ class GgufExporter(Exporter):
     extension = ".gguf"
     runtime = "llamacpp"
     precisions = tuple(_SCHEMES)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "f16": "GGUF F16 tensor storage; llama.cpp's CPU kernels compute in fp32 (not the fp16 scheme)",
+        "q8_0": "ggml Q8_0: int8 weights in blocks of 32, one fp16 scale per block; fp32 compute",
+        "q4_0": "ggml Q4_0: int4 weights in blocks of 32, one fp16 scale per block; fp32 compute",
+    }
     requires = ("gguf", "llama_cpp")
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import gguf
+        import numpy as np
+
+        from ..layouts import FEED_INPUTS, FEED_OUTPUTS
+        from ..parity import metrics
 
         layout: GgufLayout | None = component.layouts.get("gguf")
         if layout is None:

@@ -16,13 +16,16 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..component import Component
 from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
 from .base import ExportResult, Exporter
 from .onnx import OnnxExporter, nodes_from_modules
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 # scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
@@ -94,6 +97,12 @@ class QnnExporter(Exporter):
     extension = ".qnn.onnx"
     runtime = "qnn-htp"
     precisions = ("fp16", *_SCHEMES)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp16": "the float graph computed in fp16 on the HTP",
+        "w8a16": "static QDQ: uint8 per-channel weights, uint16 activations calibrated on eager activations",
+        "w4a16": "static QDQ: int4 per-channel weights, uint16 activations calibrated on eager activations",
+        "w8a8": "static QDQ: uint8 per-channel weights, uint8 activations calibrated on eager activations",
+    }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,

@@ -32,7 +32,7 @@ from .config import FULL, SLIDING, SparkConfig
 
 
 def rotary_inv_freq(config: SparkConfig, layer_type: str) -> torch.Tensor:
-    """RoPE frequencies for a layer type, from the config (MODELS.md): NeoX pairs over the rotary
+    """RoPE frequencies for a layer type, from the config (docs/models.md): NeoX pairs over the rotary
     dims, theta 1e4 over the whole head for sliding layers, theta 5e6 over the first 25 % for full ones."""
     if layer_type == SLIDING:
         theta, rotary = config.sliding_rope_theta, config.head_dim
@@ -51,7 +51,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
-    """Exact (erf) GELU, as Spark-X2.5 publishes it (MODELS.md; llama.cpp's tanh form is not it).
+    """Exact (erf) GELU, as Spark-X2.5 publishes it (docs/models.md; llama.cpp's tanh form is not it).
     The torch op, so each exporter lowers it to its format's own GELU."""
     return F.gelu(x, approximate="none")
 

@@ -1,4 +1,4 @@
-"""Edgex's own eager Spark-X2.5, written from MODELS.md with checkpoint-compatible names.
+"""Edgex's own eager Spark-X2.5, written from docs/models.md with checkpoint-compatible names.
 
 No package implements this model, so this module *is* the reference every artifact is scored
 against. It is written for clarity, not speed: attention repeats K/V per query head, the sliding
