@@ -25,9 +25,9 @@ from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
 from .parity.gates import threshold_db, token_threshold
-from .parity.tensors import tensor_parity
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
+from .parity.tensors import tensor_parity
 from .precision import get_precision
 from .recipes import RECIPES
 from .resources import PeakRss
