@@ -54,13 +54,18 @@ def test_lower_precision_costs_db_and_bytes(gguf_export):
     for comp in TALKERS:
         arts = {a["precision"]: a for a in manifest["artifacts"] if a["component"] == comp}
         model_db = [arts[p]["parity"]["min_snr_db"] for p in PRECISIONS]
-        tensor_db = [arts[p]["details"]["tensor_parity"]["min_snr_db"] for p in PRECISIONS]
+        tensor_db = [arts[p]["tensor_parity"]["min_snr_db"] for p in PRECISIONS]
         size = [arts[p]["files"][0]["bytes"] for p in PRECISIONS]
         assert model_db[0] > model_db[1] > model_db[2], model_db
         assert tensor_db[0] > tensor_db[1] > tensor_db[2] > 15.0, tensor_db
         assert size[0] > size[1] > size[2], size
         # quantized types are what the precision says (rows of 64/128 are whole blocks of 32)
         assert arts["q4_0"]["details"]["types"] == ["F32", "Q4_0"]
+        # every stored tensor was read back from the file and gated, the embedding table no run reads included
+        for p in PRECISIONS:
+            tensors = arts[p]["tensor_parity"]
+            assert tensors["verdict"] == "pass" and tensors["threshold_db"] == arts[p]["parity"]["threshold_db"]
+            assert "token_embd.weight" in tensors["tensors"] and len(tensors["tensors"]) == 3 + 11 * 2  # tiny: 2 layers
         assert all(s["logits"]["top1_agreement"] == 1.0 for s in arts["f16"]["parity"]["samples"].values())
 
 

@@ -14,16 +14,44 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..component import Component
 
 
 @dataclass
+class Sidecar:
+    """Files an export writes beside its artifact that run apart from it (another backend session,
+    other weights): the artifact's parity says nothing about them, so they get their own manifest
+    entry (`sidecar_of` the artifact), parity and verdict. `runtime` names the runtime adapter that
+    runs them here; None means nothing here can, and `reason` says why (method `none`)."""
+
+    files: list[Path]  # primary file first
+    format: str
+    backend: str
+    runtime: str | None = None
+    reason: str | None = None
+    io_float_dtype: str = "float32"
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
 class ExportResult:
-    files: list[Path]  # primary artifact first
+    files: list[Path]  # primary artifact first; every file the artifact's runtime loads with it
     io_float_dtype: str  # dtype of the artifact's float inputs/outputs ("float32" / "float16")
     details: dict = field(default_factory=dict)
+    sidecars: list[Sidecar] = field(default_factory=list)
+
+
+@dataclass
+class StoredTensor:
+    """One tensor as a written file stores it, dequantized to float32, and the eager weight it
+    stands for (None where the file holds a tensor the component does not declare, or lacks one)."""
+
+    type: str
+    stored: np.ndarray | None
+    original: np.ndarray | None
 
 
 class Exporter(ABC):
@@ -49,6 +77,13 @@ class Exporter(ABC):
     @abstractmethod
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """Write the artifact at `dest` (+ any side files beside it) and describe it."""
+
+    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
+        """Every tensor the written file stores, read back from it, for formats whose file holds
+        weights that no parity run need read (a GGUF's token embedding table, when the graph is fed
+        embeddings): export and `edgex verify` both score them (`edgex.parity.tensors`). None: the
+        format's weights are covered by its parity run alone."""
+        return None
 
 
 def float_dtype(precision: str) -> torch.dtype:
