@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
-from .artifacts.files import ensure_writable_dir, file_records, move_into_place, staging_dir, write_json_atomic
+from .artifacts.files import MANIFEST, ensure_writable_dir, file_records, move_into_place, staging_dir, write_json_atomic
 from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
@@ -30,7 +30,6 @@ from .resources import PeakRss
 from .targets import get_target, parse_placement
 from .toolchain import versions
 
-MANIFEST = "manifest.json"
 FAILED_DIR = "failed"
 
 
