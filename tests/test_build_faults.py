@@ -67,7 +67,7 @@ def tmpfs(path: Path, options: str):
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
     """A two-artifact build killed with SIGKILL while it exports the second artifact, after the first
-    was cached; while it ran, a second build was started on the same output folder."""
+    was cached; just before, a second build was started on the same output folder."""
     root = tmp_path_factory.mktemp("killed")
     file = root / "two.toml"
     file.write_text(TWO_JOBS)
@@ -76,7 +76,10 @@ def killed(tmp_path_factory):
     proc = subprocess.Popen([*EDGEX, "build", str(file), "--out", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        wait_for(lambda: len(committed_entries(cache)) == 1 and any(cache.glob(".tmp-*/*/*/.staging-*/*")), 900, proc)
+        wait_for(lambda: len(committed_entries(cache)) == 1 and any(cache.glob(".tmp-*/*/*/.staging-*")), 900, proc)
+        # Frozen mid-export (it keeps its lock), so the second build meets it however long that one
+        # takes to start; then killed where it stands.
+        os.killpg(proc.pid, signal.SIGSTOP)
         second = run_cli("build", str(file), "--out", str(out))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -123,8 +126,10 @@ def test_rerun_after_sigkill_resumes_from_the_cache(killed):
 
 
 def one_line_error(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("edgex: "), proc.stderr[-3000:]
+    """Exit 2 and one `edgex:` line (after the progress log), no traceback."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("edgex: ")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.rstrip().endswith(lines[0])
     return lines[0]
 
 
@@ -133,7 +138,8 @@ def test_full_disk_during_export_is_one_line_and_leaves_nothing(tmp_path):
     file.write_text(ONE_JOB)
     with tmpfs(tmp_path / "full", "size=256k") as out:  # the 690 kB ONNX pair cannot fit
         line = one_line_error(run_cli("build", str(file), "--out", str(out)))
-        assert "No space left on device" in line and "removed its temporary files" in line
+        # numpy reports the short write without errno: "OSError: problem writing element N to file"
+        assert "writing the export failed (OSError: " in line and "removed its temporary files" in line
         assert visible_files(out) == [] and [p.name for p in out.iterdir()] == [".edgex-build.lock", ".edgex-cache"]
         assert list((out / ".edgex-cache").iterdir()) == []
 
@@ -148,7 +154,7 @@ def test_full_disk_while_publishing_is_one_line_and_leaves_nothing(tmp_path, kil
     shutil.copytree(source / ".edgex-cache", cache)
     with tmpfs(tmp_path / "full", "size=64k") as out:
         line = one_line_error(run_cli("build", str(file), "--out", str(out), "--cache", str(cache)))
-        assert "No space left on device" in line
+        assert line.startswith(f"edgex: cannot write the build to {out}: No space left on device")
         assert [p.name for p in out.iterdir()] == [".edgex-build.lock"]
 
 

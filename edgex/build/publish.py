@@ -44,10 +44,9 @@ class Outcome:
     root: Path | None
 
 
-def disk_error(exc: OSError) -> EdgexError:
-    where = f" {exc.filename}" if exc.filename else ""
-    return EdgexError(f"cannot write{where}: {exc.strerror or exc}; the build stopped and removed its temporary files "
-                      "(published files are unchanged)")
+def disk_error(exc: OSError, out: Path) -> EdgexError:
+    return EdgexError(f"cannot write the build to {out}: {exc.strerror or exc}; the build stopped and removed its temporary "
+                      "files (published files are unchanged)")
 
 
 def sweep(out: Path) -> None:
@@ -56,17 +55,18 @@ def sweep(out: Path) -> None:
 
 
 def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, verify_files: bool = False) -> dict:
-    """Assemble each output folder beside the old one, swap it in, then write the reports."""
+    """Assemble each output folder and the reports beside the published ones, then move them in by
+    renames only (which need no free space): a full disk stops the build before anything changed."""
     folders: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
         folders.setdefault(outcome.folder, []).append(outcome)
+    artifacts = [a for o in outcomes for a in o.artifacts]
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
         headers = {}
         for folder, items in folders.items():
             dest = stage / "new" / folder
             dest.mkdir(parents=True)
-            artifacts = [a for o in items for a in o.artifacts]
             for outcome in items:
                 for artifact in outcome.artifacts:
                     for record in artifact.get("files", []):
@@ -75,10 +75,21 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
                             raise EdgexError(f"{source} does not match its manifest (sha256): the shard output is damaged")
                         link_or_copy(source, dest / record["path"])
             headers[folder] = items[0].header
-            manifest = {**items[0].header, "created": _now(), "gate_overrides": {}, "artifacts": artifacts,
-                        "status": status_of([a["verdict"] for a in artifacts]),
-                        "seconds": round(sum(o.artifacts[0]["build"]["seconds"] for o in items if o.artifacts), 3)}
-            write_json_atomic(dest / MANIFEST, manifest)
+            entries = [a for o in items for a in o.artifacts]
+            write_json_atomic(dest / MANIFEST, {
+                **items[0].header, "created": _now(), "gate_overrides": {}, "artifacts": entries,
+                "status": status_of([a["verdict"] for a in entries]),
+                "seconds": round(sum(o.artifacts[0]["build"]["seconds"] for o in items if o.artifacts), 3)})
+        build = {**build, "created": _now(), "seconds": round(time.perf_counter() - started, 3),
+                 "status": status_of([a["verdict"] for a in artifacts])}
+        data = {"build": build, "status": build["status"], "folders": headers, "artifacts": artifacts}
+        summary = summary_json(build, artifacts)
+        reports = stage / "reports"
+        reports.mkdir()
+        write_json_atomic(reports / BUILD_JSON, data)
+        write_bytes_atomic(reports / "junit.xml", junit_xml(build, artifacts))
+        write_json_atomic(reports / "summary.json", summary)
+        write_bytes_atomic(reports / "summary.md", summary_markdown(summary).encode())
         for folder in folders:
             final = out / folder
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -86,17 +97,10 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
                 (stage / "old" / folder).parent.mkdir(parents=True, exist_ok=True)
                 os.rename(final, stage / "old" / folder)
             os.rename(stage / "new" / folder, final)
+        for report in reports.iterdir():
+            os.replace(report, out / report.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    artifacts = [a for o in outcomes for a in o.artifacts]
-    build = {**build, "created": _now(), "seconds": round(time.perf_counter() - started, 3),
-             "status": status_of([a["verdict"] for a in artifacts])}
-    data = {"build": build, "status": build["status"], "folders": headers, "artifacts": artifacts}
-    summary = summary_json(build, artifacts)
-    write_json_atomic(out / BUILD_JSON, data)
-    write_bytes_atomic(out / "junit.xml", junit_xml(build, artifacts))
-    write_json_atomic(out / "summary.json", summary)
-    write_bytes_atomic(out / "summary.md", summary_markdown(summary).encode())
     return data
 
 
@@ -149,6 +153,6 @@ def merge(dirs: list[Path], out: Path) -> dict:
             data = publish(out, outcomes, build, started, verify_files=True)
     except OSError as exc:
         if exc.errno in DISK_ERRNOS:
-            raise disk_error(exc) from None
+            raise disk_error(exc, out) from None
         raise
     return data

@@ -17,8 +17,8 @@ What is published and how: `publish.py`.
 
 from __future__ import annotations
 
+import builtins
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -37,9 +37,13 @@ from .spec import BuildJob, load_plan
 DEFAULT_CACHE = ".edgex-cache"
 
 
-def _disk_error_in(text: str) -> bool:
-    """An export recorded as verdict "error" because the disk failed under it (its text carries the OS message)."""
-    return any(os.strerror(code) in text for code in DISK_ERRNOS)
+def _io_failure(error: str) -> bool:
+    """An export recorded as verdict "error" by an OSError (its text starts with the type's name):
+    the machine failed to read or write (a full disk, a quota, a read-only or vanished folder; numpy
+    reports a full disk as "OSError: problem writing element N to file", without errno), which says
+    nothing about the artifact and would fail every later job the same way: the build stops."""
+    cls = getattr(builtins, error.partition(":")[0], None)
+    return isinstance(cls, type) and issubclass(cls, OSError)
 
 
 def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
@@ -64,7 +68,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
             return publish(out, outcomes, build, started)
     except OSError as exc:
         if exc.errno in DISK_ERRNOS:
-            raise disk_error(exc) from None
+            raise disk_error(exc, out) from None
         raise
 
 
@@ -119,9 +123,11 @@ def _export(job: BuildJob, cache: Cache, key: str, inputs: dict, progress) -> tu
         )
         manifest.pop("manifest_path", None)
         errors = [a.get("error", "") for a in manifest["artifacts"] if a["verdict"] == "error"]
-        disk = next((e for e in errors if _disk_error_in(e)), None)
-        if disk:
-            raise EdgexError(f"{job.id}: {disk}; the build stopped and removed its temporary files (published files are unchanged)")
+        failure = next((e for e in errors if _io_failure(e)), None)
+        if failure:
+            free = shutil.disk_usage(cache.root).free
+            raise EdgexError(f"{job.id}: writing the export failed ({failure}; {free / 1e6:.1f} MB free under {cache.root}); "
+                             "the build stopped and removed its temporary files (published files are unchanged)")
         if errors:
             shutil.rmtree(staged, ignore_errors=True)
             return manifest, None
