@@ -173,3 +173,18 @@ def test_junit_failure_names_measured_and_required_db():
     assert failure.get("message") == "min SNR 21.0 dB, required 30.0 dB (runtime)"
     assert failure.text.splitlines() == ["FAIL example/logits: 21.0 dB (required 30.0 dB)", "ok   example/hidden: inf dB (required 30.0 dB)"]
     assert root.get("failures") == "1" and root.find("testsuite/testcase/properties/property[@name='reused']").get("value") == "True"
+
+
+def test_merge_runs_without_any_toolchain(tmp_path):
+    """The CI merge job installs edgex, typer and rich only: merging must not import torch & co."""
+    import subprocess
+    import sys
+
+    ids = ["m/cpu/a.fp16.onnx", "m/cpu/b.fp16.onnx"]
+    one, two = fake_shard(tmp_path, 1, 2, ids, [ids[0]]), fake_shard(tmp_path, 2, 2, ids, [ids[1]])
+    blocked = ["torch", "numpy", "onnx", "onnxruntime", "executorch", "transformers", "psutil", "gguf", "llama_cpp"]
+    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from edgex.cli import app; "
+            f"app(['build', 'merge', {str(one)!r}, {str(two)!r}, '--out', {str(tmp_path / 'merged')!r}])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "merged" / "build.json").read_text())["status"] == "pass"
