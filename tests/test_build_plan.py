@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from edgex.build.publish import merge
 from edgex.build.report import junit_xml
-from edgex.build.shard import expected_cost, parse_shard, partition
+from edgex.build.shard import expected_cost, parse_shard, partition, recorded_costs
 from edgex.build.spec import load_plan
 from edgex.errors import EdgexError
 
@@ -145,6 +145,7 @@ def test_merge_joins_shards_and_refuses_foreign_missing_or_damaged_ones(tmp_path
     one, two = fake_shard(tmp_path, 1, 2, ids, [ids[1]]), fake_shard(tmp_path, 2, 2, ids, [ids[0], ids[2]])
     data = merge([two, one], tmp_path / "merged")
     assert [a["id"] for a in data["artifacts"]] == ids and data["status"] == "pass"
+    assert recorded_costs(tmp_path / "merged" / "build.json") == dict.fromkeys(ids, 1.0)  # --costs for the next split
     manifest = json.loads((tmp_path / "merged" / "m" / "cpu" / "manifest.json").read_text())
     assert [a["id"] for a in manifest["artifacts"]] == ids
     assert (tmp_path / "merged" / "m" / "cpu" / "b.fp16.onnx").read_bytes() == b"b.fp16.onnx"
