@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from .errors import EdgexError
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
@@ -234,6 +235,84 @@ def verify(
         out.print(table)
     _exit(report["status"], f"verification failed: {report['problem_count']} problem(s) in {report['manifest']}",
           _unverified(report["artifacts"], lambda a: a.get("reason")))
+
+
+class _BuildGroup(TyperGroup):
+    """`edgex build FILE` runs a build (the `run` subcommand by default); `edgex build merge DIRS` joins shards."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+build_app = typer.Typer(cls=_BuildGroup, no_args_is_help=True, add_completion=False,
+                        help="Build a matrix of models x targets x precisions from a TOML file, with a cache, shards and CI reports.")
+app.add_typer(build_app, name="build")
+
+
+def _build_result(data: dict, out_dir: Path, as_json: bool) -> None:
+    from .build.report import EXIT_CODES
+
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        table = Table(title=f"edgex build ({data['status'].upper()})")
+        for col in ("artifact", "min SNR dB", "gate dB", "method", "reused", "s", "verdict"):
+            table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "s") else "left")
+        for a in data["artifacts"]:
+            colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
+            parity = a.get("parity", {})
+            table.add_row(f"{a['id']} ({a['format']})", _db(parity.get("min_snr_db")),
+                          _db(parity.get("threshold_db")), parity.get("method", "-"), "yes" if a["build"]["reused"] else "no",
+                          f"{a['build']['seconds']:.1f}", f"[{colour}]{a['verdict']}[/{colour}]")
+        out.print(table)
+        reused = sum(1 for a in data["artifacts"] if a["build"]["reused"])
+        out.print(f"{len(data['artifacts'])} artifacts ({reused} reused) in {data['build']['seconds']:.1f} s; "
+                  f"reports: {out_dir / 'junit.xml'}, {out_dir / 'summary.md'}, {out_dir / 'build.json'}", highlight=False)
+    bad = [f"{a['id']} ({a['verdict']})" for a in data["artifacts"] if a["verdict"] != "pass"]
+    if data["status"] != "pass":
+        err.print(f"[red]edgex:[/red] build {data['status']}: {len(bad)} artifact(s) not passing: {', '.join(bad)}",
+                  highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_CODES[data["status"]])
+
+
+@build_app.command("run")
+def build_run(
+    file: Path = typer.Argument(..., help="build file (TOML)"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root: <out>/<name>/<target>/, build.json, junit.xml, summary.md"),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="cache folder (default: <out>/.edgex-cache)"),
+    shard: Optional[str] = typer.Option(None, "--shard", help="run shard I of N of the jobs, e.g. 1/2 (merge with edgex build merge)"),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json: balance shards by its recorded export seconds"),
+    as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
+):
+    """Export every artifact of a build file (reusing unchanged ones from the cache), write reports."""
+    try:
+        quiet_libraries()
+        from .build.run import run_build
+        from .build.shard import parse_shard
+
+        shard_spec = parse_shard(shard) if shard else None
+        data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.log(m, highlight=False))
+    except EdgexError as exc:
+        _fail(exc)
+    _build_result(data, out_dir, as_json)
+
+
+@build_app.command("merge")
+def build_merge(
+    dirs: List[Path] = typer.Argument(..., help="output folders of edgex build --shard 1/N ... N/N"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="merged output root"),
+    as_json: bool = typer.Option(False, "--json", help="print the merged build.json on stdout"),
+):
+    """Join shard outputs into one tree, one build.json and one set of reports."""
+    try:
+        from .build.publish import merge
+
+        data = merge(dirs, out_dir)
+    except EdgexError as exc:
+        _fail(exc)
+    _build_result(data, out_dir, as_json)
 
 
 @app.command("list")

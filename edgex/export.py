@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import __version__
 from .artifacts.files import (
-    ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
+    MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
 from .component import Component
 from .errors import EdgexError
@@ -32,7 +32,6 @@ from .recipes import RECIPES
 from .resources import PeakRss
 from .toolchain import versions
 
-MANIFEST = "manifest.json"
 FAILED_DIR = "failed"
 UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
 

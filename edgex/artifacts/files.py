@@ -23,6 +23,7 @@ from typing import Iterator
 from ..errors import EdgexError
 
 STAGING_PREFIX = ".staging-"
+MANIFEST = "manifest.json"  # beside the artifacts of one <out>/<model>/<target>/ folder
 
 
 def sha256(path: Path) -> str:
@@ -126,3 +127,23 @@ def write_json_atomic(path: Path, data: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def link_or_copy(source: Path, dest: Path) -> None:
+    """A hard link where the filesystem allows (a build's tree and its cache share the bytes), else a copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)

@@ -1,0 +1,125 @@
+"""What CI reads from a build: JUnit XML (one test case per artifact), a JSON summary and a
+Markdown summary for the job page (`$GITHUB_STEP_SUMMARY`)."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
+
+
+def status_of(verdicts: list[str]) -> str:
+    """The shared contract: a failed gate or an export error fails; anything unverified leaves the
+    build incomplete (method `none` is never a pass)."""
+    if any(v in ("fail", "error") for v in verdicts):
+        return "fail"
+    if any(v == "unverified" for v in verdicts):
+        return "incomplete"
+    return "pass"
+
+
+def _db(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return "inf" if math.isinf(value) else f"{value:.1f}"
+
+
+def case_name(artifact: dict) -> str:
+    return f"{artifact['component']}.{artifact['precision']}.{artifact['format']}"
+
+
+def failure_text(artifact: dict) -> tuple[str, str]:
+    """One-line message and the detail: measured against required dB, per sample and output."""
+    parity = artifact.get("parity", {})
+    gate = parity.get("threshold_db")
+    lines = []
+    for sample, outputs in parity.get("samples", {}).items():
+        for output, scores in outputs.items():
+            snr = scores.get("snr_db")
+            below = isinstance(snr, (int, float)) and gate is not None and snr < gate
+            lines.append(f"{'FAIL' if below else 'ok  '} {sample}/{output}: {_db(snr)} dB (required {_db(gate)} dB)")
+    agreement, required = parity.get("min_token_agreement"), parity.get("token_threshold")
+    if agreement is not None and required is not None:
+        lines.append(f"token agreement {agreement:.3f} (required {required:.3f})")
+    device = artifact.get("device_parity") or {}
+    if device.get("verdict") == "fail":
+        lines.append(f"on device: {_db(device.get('min_snr_db'))} dB (required {_db(gate)} dB)")
+    message = f"min SNR {_db(parity.get('min_snr_db'))} dB, required {_db(gate)} dB ({parity.get('method', '-')})"
+    return message, "\n".join(lines)
+
+
+def junit_xml(summary: dict, artifacts: list[dict]) -> bytes:
+    """JUnit: a suite per output folder (model/target), a case per artifact. Reused artifacts say so
+    in their properties; their figures are those measured when the cached export was made."""
+    root = ET.Element("testsuites", name="edgex build", time=f"{summary['seconds']:.3f}")
+    suites: dict[str, ET.Element] = {}
+    for a in artifacts:
+        suite = suites.get(a["folder"])
+        if suite is None:
+            suite = suites[a["folder"]] = ET.SubElement(root, "testsuite", name=a["folder"])
+        case = ET.SubElement(suite, "testcase", classname=f"edgex.{a['folder'].replace('/', '.')}", name=case_name(a),
+                             time=f"{a['build']['seconds']:.3f}")
+        props = ET.SubElement(case, "properties")
+        for key in ("key", "reused", "export_seconds"):
+            ET.SubElement(props, "property", name=key, value=str(a["build"][key]))
+        ET.SubElement(props, "property", name="method", value=str(a.get("parity", {}).get("method", "-")))
+        verdict = a["verdict"]
+        if verdict == "fail":
+            message, detail = failure_text(a)
+            ET.SubElement(case, "failure", message=message, type="parity").text = detail
+        elif verdict == "error":
+            ET.SubElement(case, "error", message=a.get("error", "export error"), type="export").text = a.get("error", "")
+        elif verdict == "unverified":
+            ET.SubElement(case, "skipped", message=f"unverified: {a.get('parity', {}).get('reason') or 'no runtime ran it'}")
+        message, _ = failure_text(a)
+        ET.SubElement(case, "system-out").text = f"{message}; {'reused' if a['build']['reused'] else 'exported'}, key {a['build']['key']}"
+    for suite in suites.values():
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        for tag, attr in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            suite.set(attr, str(sum(1 for c in cases if c.find(tag) is not None)))
+        suite.set("time", f"{sum(float(c.get('time')) for c in cases):.3f}")
+    for attr in ("tests", "failures", "errors", "skipped"):
+        root.set(attr, str(sum(int(s.get(attr)) for s in suites.values())))
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def summary_json(build: dict, artifacts: list[dict]) -> dict:
+    rows = [{
+        "id": a["id"], "verdict": a["verdict"], "min_snr_db": a.get("parity", {}).get("min_snr_db"),
+        "gate_db": a.get("parity", {}).get("threshold_db"), "method": a.get("parity", {}).get("method"),
+        "reused": a["build"]["reused"], "seconds": a["build"]["seconds"],
+        "bytes": sum(f["bytes"] for f in a.get("files", [])), "reproducible": a["build"].get("reproducible"),
+        **({"error": a["error"]} if "error" in a else {}),
+    } for a in artifacts]
+    counts = {v: sum(1 for a in artifacts if a["verdict"] == v) for v in ("pass", "fail", "error", "unverified")}
+    return {"status": build["status"], "seconds": build["seconds"], "jobs": build["jobs"],
+            "artifacts": len(artifacts), "counts": counts,
+            "reused": sum(1 for a in artifacts if a["build"]["reused"]), "artifact_rows": rows}
+
+
+def summary_markdown(summary: dict) -> str:
+    icon = {"pass": "✅", "fail": "❌", "error": "💥", "unverified": "⚠️"}
+    c = summary["counts"]
+    lines = [
+        f"## edgex build: {summary['status'].upper()}",
+        "",
+        f"{summary['artifacts']} artifacts from {summary['jobs']} jobs in {summary['seconds']:.0f} s: "
+        f"{c['pass']} pass, {c['fail']} fail, {c['error']} error, {c['unverified']} unverified; "
+        f"{summary['reused']} reused from the cache.",
+        "",
+        "| artifact | verdict | min SNR dB | gate dB | method | reused | s |",
+        "|---|---|---:|---:|---|---|---:|",
+    ]
+    order = {"fail": 0, "error": 1, "unverified": 2, "pass": 3}
+    for r in sorted(summary["artifact_rows"], key=lambda r: (order.get(r["verdict"], 4), r["id"])):
+        lines.append(f"| `{r['id']}` | {icon.get(r['verdict'], '')} {r['verdict']} | {_db(r['min_snr_db'])} | {_db(r['gate_db'])} | "
+                     f"{r['method'] or '-'} | {'yes' if r['reused'] else 'no'} | {r['seconds']:.1f} |")
+    errors = [r for r in summary["artifact_rows"] if r.get("error")]
+    if errors:
+        lines += ["", "Errors:", ""] + [f"- `{r['id']}`: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""`edgex build FILE` and `edgex build merge DIRS`: run a build's jobs through the cache, then
+publish one output tree with per-folder manifests, a merged `build.json` and the CI reports.
+
+Each job is one `export_model` call restricted to one component, format and precision, written
+into a temporary cache folder. Why one call per artifact and not one per
+group of artifacts: an artifact must be a function of its cache key alone, and a recipe's samples
+are not always independent of the other components derived with it (measured: Spark-X2.5's `decode`
+samples differ when `prefill` is derived in the same call; Qwen3-TTS's `talker_decode` do not). A
+grouped call would make an artifact's parity samples, and a quantized artifact's calibration, depend
+on its neighbours in the build. And `export_model` is the public contract of what an export
+produces (files, manifest entries and their folders, verdicts, sidecars), so calling it inherits
+every change to that contract. The price: the eager model and the one component are rebuilt per
+artifact (10-20 s on the tiny preset on 2 shared cores); cached artifacts pay nothing.
+
+What is published and how: `publish.py`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..artifacts.lock import output_lock
+from ..errors import EdgexError
+from ..export import export_model
+from .cache import Cache, files_root, tree_sha256
+from .publish import DISK_ERRNOS, PER_CALL, Outcome, disk_error, publish, sweep
+from .reproducible import reproducibility
+from .shard import partition, recorded_costs
+from .spec import BuildJob, load_plan
+
+DEFAULT_CACHE = ".edgex-cache"
+
+
+def _io_failure(error: str) -> bool:
+    """An export recorded as verdict "error" by an OSError (its text starts with the type's name):
+    the machine failed to read or write (a full disk, a quota, a read-only or vanished folder; numpy
+    reports a full disk as "OSError: problem writing element N to file", without errno), which says
+    nothing about the artifact and would fail every later job the same way: the build stops."""
+    cls = getattr(builtins, error.partition(":")[0], None)
+    return isinstance(cls, type) and issubclass(cls, OSError)
+
+
+def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
+              costs: Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Run (this shard of) a build file; returns build.json's content."""
+    progress = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    plan = load_plan(file)
+    mine = plan.jobs
+    if shard:
+        mine = partition(plan.jobs, shard[1], recorded_costs(costs))[shard[0] - 1]
+    try:
+        with output_lock(out) as out:
+            cache = Cache(cache_dir or out / DEFAULT_CACHE)
+            cache.sweep()
+            sweep(out)
+            outcomes = _run_jobs(mine, cache, progress)
+            build = {"edgex_version": __version__, "file": str(plan.file), "file_sha256": plan.file_sha256,
+                     "plan_sha256": plan.digest, "plan_ids": [j.id for j in plan.jobs], "jobs": len(mine),
+                     "shard": {"index": shard[0], "count": shard[1], "ids": [j.id for j in mine]} if shard else None,
+                     "cache": str(cache.root)}
+            return publish(out, outcomes, build, started)
+    except OSError as exc:
+        if exc.errno in DISK_ERRNOS:
+            raise disk_error(exc, out) from None
+        raise
+
+
+def _run_jobs(jobs: list[BuildJob], cache: Cache, progress) -> list[Outcome]:
+    checkpoints = {c: tree_sha256(Path(c)) for c in dict.fromkeys(j.checkpoint for j in jobs if j.checkpoint)}
+    last_use = {j.checkpoint: i for i, j in enumerate(jobs) if j.checkpoint}
+    fresh: dict[str, list[str]] = {}
+    outcomes = []
+    for i, job in enumerate(jobs):
+        tag = f"[{i + 1}/{len(jobs)}] {job.id}"
+        inputs = cache.key_inputs(job, checkpoints.get(job.checkpoint))
+        key = cache.key(inputs)
+        start = time.perf_counter()
+        manifest = cache.lookup(key)
+        reused = manifest is not None
+        if reused:
+            root, record = files_root(cache.path(key)), json.loads(cache.path(key).joinpath("key.json").read_text())
+            export_seconds = record["export_seconds"]
+        else:
+            progress(f"{tag}: exporting")
+            manifest, root = _export(job, cache, key, inputs, lambda m: progress(f"{tag}: {m}"))
+            export_seconds = round(time.perf_counter() - start, 3)
+            if root is not None and job.checkpoint:
+                fresh.setdefault(job.checkpoint, []).append(key)
+        seconds = round(time.perf_counter() - start, 3)
+        if job.checkpoint and last_use[job.checkpoint] == i:
+            _check_unchanged(job.checkpoint, checkpoints[job.checkpoint], cache, fresh.get(job.checkpoint, []))
+        header = {k: v for k, v in manifest.items() if k not in PER_CALL}
+        entries = []
+        for entry in manifest["artifacts"]:
+            entries.append({"id": job.id, "folder": job.folder, **entry, "build": {
+                "key": key, "reused": reused, "seconds": seconds, "export_seconds": export_seconds, "entry": job.entry,
+                "gate_overrides": dict(job.min_db), "reproducible": reproducibility(entry["exporter"]),
+            }})
+        outcomes.append(Outcome(job.id, job.folder, header, entries, root))
+        verdicts = ", ".join(e["verdict"] for e in entries)
+        progress(f"{tag}: {'reused' if reused else 'exported'} ({verdicts}, {seconds:.1f} s)")
+    return outcomes
+
+
+def _export(job: BuildJob, cache: Cache, key: str, inputs: dict, progress) -> tuple[dict, Path | None]:
+    """One artifact into a temporary cache folder, committed under its key unless it errored (an
+    error may be transient: it is reported, never cached)."""
+    staged = cache.staging(key)
+    try:
+        started = time.perf_counter()
+        manifest = export_model(
+            job.model, job.target, staged, preset=job.preset, checkpoint=Path(job.checkpoint) if job.checkpoint else None,
+            seed=job.seed, components=[job.component], formats=[job.exporter], precisions=[job.precision],
+            min_db=dict(job.min_db), placements=list(job.placements), calibration_size=job.calibration,
+            threads=job.threads, settings=dict(job.settings), progress=lambda message, _job: progress(message),
+        )
+        manifest.pop("manifest_path", None)
+        errors = [a.get("error", "") for a in manifest["artifacts"] if a["verdict"] == "error"]
+        failure = next((e for e in errors if _io_failure(e)), None)
+        if failure:
+            free = shutil.disk_usage(cache.root).free
+            raise EdgexError(f"{job.id}: writing the export failed ({failure}; {free / 1e6:.1f} MB free under {cache.root}); "
+                             "the build stopped and removed its temporary files (published files are unchanged)")
+        if errors:
+            shutil.rmtree(staged, ignore_errors=True)
+            return manifest, None
+        entry = cache.commit(staged, key, inputs, {"id": job.id, "export_seconds": round(time.perf_counter() - started, 3)})
+        return manifest, files_root(entry)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def _check_unchanged(checkpoint: str, before: str, cache: Cache, fresh_keys: list[str]) -> None:
+    """A checkpoint rewritten while the build read it gives artifacts of unknown weights: they are
+    dropped from the cache and the build stops before publishing anything."""
+    after = tree_sha256(Path(checkpoint))
+    if after != before:
+        for key in fresh_keys:
+            cache.discard(key)
+        raise EdgexError(f"checkpoint {checkpoint} changed during the build (content sha256 {before[:12]} before, "
+                         f"{after[:12]} after); its {len(fresh_keys)} new artifact(s) were discarded, nothing was "
+                         "published: rerun once the checkpoint is stable")

@@ -1,0 +1,191 @@
+"""`edgex build` without exporting: the build file, shard partition, merge checks, JUnit text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from edgex.build.publish import merge
+from edgex.build.report import junit_xml
+from edgex.build.shard import expected_cost, parse_shard, partition, recorded_costs
+from edgex.build.spec import load_plan
+from edgex.errors import EdgexError
+
+
+def plan_of(tmp_path: Path, text: str):
+    file = tmp_path / "b.toml"
+    file.write_text(text)
+    return load_plan(file)
+
+
+def test_entries_expand_to_one_job_per_artifact_with_their_gates(tmp_path):
+    plan = plan_of(tmp_path, """
+[[entry]]
+model = "qwen3-tts"
+targets = ["cpu", "llama-cpp"]
+components = ["talker_decode", "code2wav"]
+min_db = { "*" = 33, decoder = 40, "talker:q8_0" = 26 }
+[[entry]]
+model = "spark-x2.5"
+name = "spark-ctx64"
+targets = "s25-htp"
+components = "decode"
+precisions = ["fp16", "w8a16"]
+calibration = 4
+set = { context = 64 }
+""")
+    ids = [j.id for j in plan.jobs]
+    assert ids == [
+        "qwen3-tts/cpu/talker_decode.fp32.executorch", "qwen3-tts/cpu/talker_decode.fp16.executorch",
+        "qwen3-tts/cpu/talker_decode.fp32.onnx", "qwen3-tts/cpu/talker_decode.fp16.onnx",
+        "qwen3-tts/cpu/code2wav.fp32.executorch", "qwen3-tts/cpu/code2wav.fp16.executorch",
+        "qwen3-tts/cpu/code2wav.fp32.onnx", "qwen3-tts/cpu/code2wav.fp16.onnx",
+        "qwen3-tts/llama-cpp/talker_decode.f16.gguf", "qwen3-tts/llama-cpp/talker_decode.q8_0.gguf",
+        "qwen3-tts/llama-cpp/talker_decode.q4_0.gguf",  # llama-cpp does not place the decoder
+        "spark-ctx64/s25-htp/decode.fp16.qnn", "spark-ctx64/s25-htp/decode.w8a16.qnn",
+    ]
+    gates = {j.id: j.gate_db for j in plan.jobs}
+    assert gates["qwen3-tts/cpu/code2wav.fp16.onnx"] == 40 and gates["qwen3-tts/cpu/talker_decode.fp16.onnx"] == 33
+    assert gates["qwen3-tts/llama-cpp/talker_decode.q8_0.gguf"] == 26
+    w8 = plan.jobs[-1]
+    assert dict(w8.exporter_options)["calibration_size"] == 4 and dict(w8.settings) == {"context": "64"}
+    assert len(plan.digest) == 64 and plan.digest == plan_of(tmp_path, (tmp_path / "b.toml").read_text()).digest
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponent = ["x"]', "unknown key(s) component"),
+    ('[[entry]]\nmodel = "qwen4"\ntargets = ["cpu"]', "entry 1: no such model 'qwen4'"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["S25"]', "no such target 'S25'"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\nprecisions = ["q8_0"]', "precision 'q8_0' is not supported"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\npreset = "huge"', "no such preset 'huge'"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\nmin_db = "high"', "min_db must be a number or a table"),
+    ('[[entry]]\nmodel = "spark-x2.5"\ntargets = ["cpu"]\nset = { window = 3 }', "unknown option 'window'"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncheckpoint = "nowhere"', "is not a folder"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\n' * 2, "entries 1 and 2 both build"),
+    ('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["code2wav"]\n'
+     '[[entry]]\nmodel = "qwen3-tts"\nseed = 1\ntargets = ["cpu"]\ncomponents = ["talker_decode"]', "give it a distinct name"),
+    ('[build]\nseed = 0', "has no [[entry]]"),
+    ('[[entry]\nmodel = ', "is not valid TOML"),
+])
+def test_bad_build_files_are_refused_before_anything_runs(tmp_path, text, message):
+    with pytest.raises(EdgexError) as info:
+        plan_of(tmp_path, text)
+    assert message in str(info.value)
+
+
+def test_bad_build_file_is_one_line_exit_2(tmp_path):
+    file = tmp_path / "b.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\nformats = ["tflite"]')
+    proc = run_cli("build", str(file), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"edgex: {file} entry 1: no such format 'tflite' (known: coreml, executorch, gguf, mnn, onnx, qnn)"]
+    assert not (tmp_path / "out").exists()
+    proc = run_cli("build", str(file), "--shard", "3/2")
+    assert proc.returncode == 2 and "bad --shard '3/2'" in proc.stderr
+
+
+def test_shards_are_deterministic_disjoint_complete_and_balanced(tmp_path):
+    plan = plan_of(tmp_path, """
+[[entry]]
+model = "qwen3-tts"
+targets = ["cpu", "s25-htp", "llama-cpp"]
+[[entry]]
+model = "spark-x2.5"
+targets = ["cpu", "s25-htp", "llama-cpp", "mnn"]
+""")
+    for n in (1, 2, 3, 5):
+        shards = partition(plan.jobs, n, {})
+        assert shards == partition(list(plan.jobs), n, {})  # every CI machine computes the same split
+        ids = [j.id for s in shards for j in s]
+        assert sorted(ids) == sorted(j.id for j in plan.jobs) and len(set(ids)) == len(ids)
+        loads = [sum(expected_cost(j, {}) for j in s) for s in shards]
+        biggest = max(expected_cost(j, {}) for j in plan.jobs)
+        assert max(loads) - min(loads) <= biggest  # greedy longest-first bound
+        for shard in shards:  # plan order kept inside a shard
+            assert [j.id for j in shard] == [j.id for j in plan.jobs if j in shard]
+    # recorded seconds from an earlier build replace the table
+    slow = plan.jobs[-1].id
+    shards = partition(plan.jobs, 2, {slow: 10_000.0})
+    assert [j.id for j in shards[0]] == [slow]
+    assert parse_shard("2/4") == (2, 4)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(EdgexError, match="bad --shard"):
+            parse_shard(bad)
+
+
+def fake_shard(root: Path, index: int, count: int, plan_ids: list[str], mine: list[str], plan: str = "p" * 64) -> Path:
+    """A shard output as `edgex build --shard` writes it: build.json, one file per artifact."""
+    out = root / f"shard{index}"
+    artifacts = []
+    for job_id in mine:
+        name = job_id.rsplit("/", 1)[1]
+        data = name.encode()
+        path = out / "m" / "cpu" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        artifacts.append({"id": job_id, "folder": "m/cpu", "component": name.split(".")[0], "format": "onnx",
+                          "exporter": "onnx", "precision": "fp16", "verdict": "pass",
+                          "parity": {"min_snr_db": 50.0, "threshold_db": 30.0, "method": "runtime", "samples": {}},
+                          "files": [{"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}],
+                          "build": {"key": "k" + name, "reused": False, "seconds": 1.0, "export_seconds": 1.0}})
+    build = {"edgex_version": "0", "file": "b.toml", "file_sha256": "f", "plan_sha256": plan, "plan_ids": plan_ids,
+             "jobs": len(mine), "shard": {"index": index, "count": count, "ids": mine}, "seconds": 1.0}
+    (out / "build.json").write_text(json.dumps({"build": build, "status": "pass", "artifacts": artifacts,
+                                                "folders": {"m/cpu": {"model": "m", "source": {}, "target": "cpu"}}}))
+    return out
+
+
+def test_merge_joins_shards_and_refuses_foreign_missing_or_damaged_ones(tmp_path):
+    ids = ["m/cpu/a.fp16.onnx", "m/cpu/b.fp16.onnx", "m/cpu/c.fp16.onnx"]
+    one, two = fake_shard(tmp_path, 1, 2, ids, [ids[1]]), fake_shard(tmp_path, 2, 2, ids, [ids[0], ids[2]])
+    data = merge([two, one], tmp_path / "merged")
+    assert [a["id"] for a in data["artifacts"]] == ids and data["status"] == "pass"
+    assert recorded_costs(tmp_path / "merged" / "build.json") == dict.fromkeys(ids, 1.0)  # --costs for the next split
+    manifest = json.loads((tmp_path / "merged" / "m" / "cpu" / "manifest.json").read_text())
+    assert [a["id"] for a in manifest["artifacts"]] == ids
+    assert (tmp_path / "merged" / "m" / "cpu" / "b.fp16.onnx").read_bytes() == b"b.fp16.onnx"
+    with pytest.raises(EdgexError, match=r"need shards 1..2 once each, got 1"):
+        merge([one], tmp_path / "m2")
+    other = fake_shard(tmp_path / "x", 2, 2, ids, [ids[0], ids[2]], plan="q" * 64)
+    with pytest.raises(EdgexError, match="2 different build plans"):
+        merge([one, other], tmp_path / "m3")
+    short = fake_shard(tmp_path / "y", 2, 2, ids, [ids[0]])
+    with pytest.raises(EdgexError, match="lack 1 job"):
+        merge([one, short], tmp_path / "m4")
+    (two / "m" / "cpu" / "c.fp16.onnx").write_bytes(b"tampered")
+    with pytest.raises(EdgexError, match="does not match its manifest"):
+        merge([one, two], tmp_path / "m5")
+    assert not (tmp_path / "m5" / "m").exists() and not list((tmp_path / "m5").glob(".staging-*"))
+
+
+def test_junit_failure_names_measured_and_required_db():
+    artifact = {"id": "m/cpu/x.fp16.onnx", "folder": "m/cpu", "component": "x", "format": "onnx", "exporter": "onnx",
+                "precision": "fp16", "verdict": "fail",
+                "parity": {"min_snr_db": 21.04, "threshold_db": 30.0, "method": "runtime", "samples": {
+                    "example": {"logits": {"snr_db": 21.04}, "hidden": {"snr_db": "inf"}}}},
+                "files": [], "build": {"key": "k", "reused": True, "seconds": 0.1, "export_seconds": 9.0}}
+    root = ET.fromstring(junit_xml({"seconds": 1.0}, [artifact]))
+    failure = root.find("testsuite/testcase/failure")
+    assert failure.get("message") == "min SNR 21.0 dB, required 30.0 dB (runtime)"
+    assert failure.text.splitlines() == ["FAIL example/logits: 21.0 dB (required 30.0 dB)", "ok   example/hidden: inf dB (required 30.0 dB)"]
+    assert root.get("failures") == "1" and root.find("testsuite/testcase/properties/property[@name='reused']").get("value") == "True"
+
+
+def test_merge_runs_without_any_toolchain(tmp_path):
+    """The CI merge job installs edgex, typer and rich only: merging must not import torch & co."""
+    import subprocess
+    import sys
+
+    ids = ["m/cpu/a.fp16.onnx", "m/cpu/b.fp16.onnx"]
+    one, two = fake_shard(tmp_path, 1, 2, ids, [ids[0]]), fake_shard(tmp_path, 2, 2, ids, [ids[1]])
+    blocked = ["torch", "numpy", "onnx", "onnxruntime", "executorch", "transformers", "psutil", "gguf", "llama_cpp"]
+    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from edgex.cli import app; "
+            f"app(['build', 'merge', {str(one)!r}, {str(two)!r}, '--out', {str(tmp_path / 'merged')!r}])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "merged" / "build.json").read_text())["status"] == "pass"
