@@ -85,19 +85,21 @@ class _ComponentBuilder:
         self.seed = loaded.options["seed"]
         self._runs: dict[int, tuple[torch.Tensor, SparkCache]] = {}
 
-    def _run(self, prompt_seed: int, length: int) -> tuple[torch.Tensor, SparkCache]:
-        """A seeded prompt of `context` tokens and the eager cache over at least its first `length`."""
+    def _run(self, prompt_seed: int) -> tuple[torch.Tensor, SparkCache]:
+        """A seeded prompt of `context` tokens and the eager cache over all of it, computed in one
+        forward: a cache grown in whatever chunks earlier requests asked for would differ in the last
+        bits with the set of components derived together, and so would every sample drawn from it
+        (`edgex verify` and the build cache derive one component at a time)."""
         if prompt_seed not in self._runs:
             gen = torch.Generator().manual_seed(1000 * self.seed + prompt_seed)
             tokens = torch.randint(0, self.config.vocab_size, (1, self.context), generator=gen)
-            self._runs[prompt_seed] = (tokens, SparkCache.empty(self.config))
-        tokens, cache = self._runs[prompt_seed]
-        if cache.length < length:
-            self.model(tokens[:, cache.length : length], cache)
-        return tokens, cache
+            cache = SparkCache.empty(self.config)
+            self.model(tokens, cache)
+            self._runs[prompt_seed] = (tokens, cache)
+        return self._runs[prompt_seed]
 
     def _inputs(self, prompt_seed: int, position: int, count: int) -> tuple[torch.Tensor, ...]:
-        tokens, cache = self._run(prompt_seed, position)
+        tokens, cache = self._run(prompt_seed)
         state = state_from_cache(self.config, cache, position, self.context)
         return (tokens[:, position : position + count], torch.tensor([position]), *state)
 
