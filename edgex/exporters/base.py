@@ -5,11 +5,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..component import Component
 from ..errors import EdgexError
+
+if TYPE_CHECKING:
+    from ..parity.scheme import StoredScheme
 
 
 @dataclass
@@ -41,6 +45,14 @@ class Exporter(ABC):
     @abstractmethod
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """Write the artifact at `dest` (+ any side files beside it) and describe it."""
+
+    def stored_scheme(self, component: Component, precision: str, files: list[Path]) -> "StoredScheme | None":
+        """The numeric scheme of an artifact this exporter wrote: the weights its files store,
+        dequantized, with the float values they were made from, plus activation quantization
+        (`edgex.parity.scheme`). Read from `files` where the format allows it; otherwise the same
+        scheme applied in PyTorch, saying so in `StoredScheme.source`. None: `precision` is a float
+        scheme whose error is not separated from the lowering's (fp32, fp16 compute)."""
+        return None
 
 
 def float_dtype(precision: str) -> torch.dtype:

@@ -58,6 +58,29 @@ class ExecuTorchExporter(Exporter):
     precisions = ("fp32", "fp16", "8da8w", "8da4w", "w8")
     requires = ("executorch", "torchao")
 
+    def stored_scheme(self, component: Component, precision: str, files: list[Path]):
+        """torchao (same config): a `.pte` keeps its weights inside XNNPACK's delegate blob, not
+        readable here, but they are exactly what `prepare` makes, which is deterministic: quantize
+        again with the very same function and read the dequantized weights back from torchao.
+        The 8da schemes quantize each quantized layer's input per token to int8 (asymmetric) at
+        run time; that is applied as fake quantization."""
+        from torchao.utils import TorchAOBaseTensor
+
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight
+
+        if precision in ("fp32", "fp16"):
+            return None
+        quantized, _ = prepare(component, precision)
+        weights, activations = {}, {}
+        for name, module in quantized.named_modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, TorchAOBaseTensor):
+                original = component.module.get_submodule(name).weight
+                weights[f"{name}.weight"] = StoredWeight(original, weight.dequantize().to(torch.float32))
+                if precision.startswith("8da"):
+                    activations[name] = ActivationQuant(DYNAMIC, bits=8)
+        return StoredScheme("torchao (same config)", weights, activations)
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
