@@ -90,7 +90,7 @@ def main(argv=None) -> int:
                 export_s = time.perf_counter() - t0
                 size = sum(f.stat().st_size for f in result.files)
                 session = RUNTIMES.get(exporter.runtime).load(result.files, args.threads)
-                report = measure(comp, session, exporter.runtime, result.io_float_dtype, 0.0, None)
+                report = measure(comp, session, exporter.runtime, result.io_float_dtype, 0.0)
                 arrays = to_numpy(inputs, result.io_float_dtype)
                 artifact, phases = median_seconds(partial(session.run, arrays), args.runs, lambda: dict(session.phases))
                 del session  # a 0.6b session holds ~1.8 GB: free it before the next export

@@ -69,6 +69,25 @@ def _device_cells(block: dict) -> tuple[str, str]:
     return _db(block.get("min_snr_db")), f"{latency:.2f}" if latency else "-"
 
 
+def _unverified(rows: list[dict], reason) -> list[str]:
+    return [f"{a['component']}.{a['precision']}.{a['format']} ({reason(a) or 'no reason given'})" for a in rows if a["verdict"] == "unverified"]
+
+
+def _exit(status: str, failed: str, unverified: list[str]) -> None:
+    """Exit codes of export and verify: 1 a gate failed, 3 something could not be verified (and
+    --allow-unverified was not given); unverified artifacts are named with their reason either way."""
+    if unverified:
+        colour = "red" if status == "incomplete" else "yellow"
+        hint = ": not a pass (--allow-unverified accepts them)" if status == "incomplete" else " (allowed)"
+        err.print(f"[{colour}]edgex:[/{colour}] {len(unverified)} artifact(s) unverified{hint}: {escape('; '.join(unverified))}",
+                  highlight=False, soft_wrap=True)
+    if status == "fail":
+        err.print(f"[red]edgex:[/red] {failed}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if status == "incomplete":
+        raise typer.Exit(3)
+
+
 def _fail(exc: EdgexError) -> None:
     # escaped: messages quote user input and install hints such as 'edgex[llama]', not markup
     err.print(f"[red]edgex:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -96,6 +115,7 @@ def export(
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
     hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
     from .hub import HubSettings
@@ -114,7 +134,7 @@ def export(
         options = dict(preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                        formats=_split(fmt), precisions=_split(precision), min_db=overrides,
                        placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs,
-                       hub=hub_settings, settings=recipe_settings)
+                       hub=hub_settings, settings=recipe_settings, allow_unverified=allow_unverified)
         if as_json:
             manifest = export_model(model, target, out_dir, **options)
         else:
@@ -132,10 +152,9 @@ def export(
     else:
         out.print(_summary(manifest))
         out.print(f"manifest: {manifest['manifest_path']}")
-    if manifest["status"] != "pass":
-        failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
-        err.print(f"[red]edgex:[/red] parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+    failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
+    _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
+          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason")))
 
 
 @app.command()
@@ -143,13 +162,14 @@ def verify(
     directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
     try:
         quiet_libraries()
         from .verify import verify_directory
 
-        report = verify_directory(directory, threads=threads)
+        report = verify_directory(directory, threads=threads, allow_unverified=allow_unverified)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -159,13 +179,13 @@ def verify(
         for col in ("component", "format", "precision", "files", "min SNR dB", "gate dB", "verdict", "problem"):
             table.add_column(col)
         for a in report["artifacts"]:
-            colour = "green" if a["verdict"] == "pass" else "red"
+            colour = {"pass": "green", "unverified": "yellow"}.get(a["verdict"], "red")
             table.add_row(a["component"], a["format"], a["precision"], a["files"], _db(a.get("min_snr_db")),
-                          _db(a.get("threshold_db")), f"[{colour}]{a['verdict']}[/{colour}]", a.get("problem") or "")
+                          _db(a.get("threshold_db")), f"[{colour}]{a['verdict']}[/{colour}]",
+                          "; ".join(x for x in (a.get("problem"), a.get("note")) if x))
         out.print(table)
-    if report["status"] != "pass":
-        err.print(f"[red]edgex:[/red] verification failed: {report['problem_count']} problem(s) in {report['manifest']}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+    _exit(report["status"], f"verification failed: {report['problem_count']} problem(s) in {report['manifest']}",
+          _unverified(report["artifacts"], lambda a: a.get("reason")))
 
 
 @app.command("list")

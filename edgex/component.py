@@ -24,11 +24,11 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str  # "float32" or "int64"
     kind: str = SIGNAL
-    # For graphs that feed their own sampled tokens back (the code predictor): the TOKENS output
-    # whose earlier steps condition this output's later steps along axis 1. Parity compares such an
-    # output only up to the first token that differs (teacher-forced prefix); past that point the
-    # artifact and the reference are running on different inputs.
-    conditioned_on: str | None = None
+    # A TOKENS output the graph samples itself: (LOGITS output, noise input or None). The sampling
+    # scores are those logits (+ that noise), argmax over the last axis. Parity re-derives the
+    # reference's own choice from the reference's scores and lets a differing token pass only as a
+    # near-tie of them (`edgex.parity.check`).
+    sampled_from: tuple[str, str | None] | None = None
 
     @property
     def is_float(self) -> bool:
@@ -36,10 +36,13 @@ class TensorSpec:
 
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "kind": self.kind,
-                **({"conditioned_on": self.conditioned_on} if self.conditioned_on else {})}
+                **({"sampled_from": list(self.sampled_from)} if self.sampled_from else {})}
 
 
 Inputs = tuple[torch.Tensor, ...]
+# Where a state output is written by a call: a numpy index (tuple of slices / index arrays) into the
+# output, from the call's inputs. Parity scores those entries apart from the copied rest.
+WrittenIndex = Callable[[Inputs], tuple]
 
 
 DEFAULT_CALIBRATION_SIZE = 8  # calibration input sets a component draws unless it or the user says otherwise
@@ -61,6 +64,13 @@ class Component:
     runtime dictates names and conventions per architecture (GGUF: `edgex.layouts.GgufLayout`).
     `float_only` are module-name patterns (fnmatch, relative to `module`, e.g. "*.g_proj") that
     every quantized scheme must leave in float: layers a model is known to break on when quantized.
+    `forced_reference(inputs, {tokens output: tensor})` runs the unmodified eager reference with
+    those sampled TOKENS outputs forced to the given values (teacher forcing on an artifact's own
+    tokens) and returns every output, the tokens being the forced ones: once an artifact samples a
+    different token, the rest of its outputs can still be compared on the same history.
+    `written` maps a state output (KV cache, ring) to the entries a call writes (`WrittenIndex`):
+    the rest of such an output is a copy of an input, and scoring it with the written part would
+    inflate the SNR.
     """
 
     name: str
@@ -76,6 +86,8 @@ class Component:
     calibration_size: int = DEFAULT_CALIBRATION_SIZE
     layouts: dict = field(default_factory=dict)
     float_only: tuple[str, ...] = ()
+    forced_reference: Callable[[Inputs, dict[str, torch.Tensor]], Inputs] | None = None
+    written: dict[str, WrittenIndex] = field(default_factory=dict)
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 
@@ -85,6 +97,20 @@ class Component:
             with torch.no_grad():
                 self._reference_outputs[sample] = tuple(self.reference(*self.samples[sample]))
         return self._reference_outputs[sample]
+
+    def eager(self, inputs: Inputs, forced: dict[str, torch.Tensor] | None = None) -> Inputs:
+        """The eager reference as parity calls it, `(inputs, forced tokens | None) -> outputs`:
+        free-running (cached for the component's own samples) or teacher-forced on `forced`."""
+        if forced:
+            if self.forced_reference is None:
+                raise ValueError(f"{self.name}: tokens {', '.join(forced)} cannot be forced (no forced_reference)")
+            with torch.no_grad():
+                return tuple(self.forced_reference(inputs, forced))
+        for sample, sample_inputs in self.samples.items():
+            if sample_inputs is inputs:
+                return self.reference_outputs(sample)
+        with torch.no_grad():
+            return tuple(self.reference(*inputs))
 
     @property
     def example_inputs(self) -> Inputs:

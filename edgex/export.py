@@ -21,7 +21,7 @@ from .exporters.base import Exporter
 from .hub import HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
-from .parity.gates import threshold_db, token_threshold
+from .parity.gates import check_overrides, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
 from .precision import get_precision
@@ -32,6 +32,7 @@ from .toolchain import versions
 
 MANIFEST = "manifest.json"
 FAILED_DIR = "failed"
+UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,23 @@ def plan(recipe, target, components: list[str] | None, formats: list[str] | None
     return jobs
 
 
-def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads, hub) -> dict:
+def status(entries: list[dict], allow_unverified: bool) -> str:
+    """"fail" if any artifact failed or errored; "incomplete" if one could not be verified and
+    that was not allowed; else "pass". Unverified is never a pass unless the user says so."""
+    verdicts = {e["verdict"] for e in entries}
+    if verdicts & {"fail", "error"}:
+        return "fail"
+    return "incomplete" if "unverified" in verdicts and not allow_unverified else "pass"
+
+
+def _folder(out_dir: Path, verdict: str, allow_unverified: bool) -> Path:
+    if verdict == "fail":
+        return out_dir / FAILED_DIR
+    return out_dir / UNVERIFIED_DIR if verdict == "unverified" and not allow_unverified else out_dir
+
+
+def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads, hub,
+                allow_unverified) -> dict:
     dest = stage / f"{component.name}.{job.precision}{exporter.extension}"
     entry = {
         "component": component.name,
@@ -107,18 +124,19 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     verdict = entry["parity"]["verdict"]
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
-        verdict = "fail" if entry["device_parity"]["verdict"] == "fail" else verdict
-    placed = move_into_place(result.files, out_dir / FAILED_DIR if verdict == "fail" else out_dir)
+        device = entry["device_parity"]["verdict"]
+        verdict = "fail" if device == "fail" else ("pass" if device == "pass" and verdict == "unverified" else verdict)
+    placed = move_into_place(result.files, _folder(out_dir, verdict, allow_unverified))
     entry["files"] = [record for p in placed for record in file_records(p, out_dir)]
     entry["verdict"] = verdict
     return entry
 
 
-def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads, hub) -> dict:
+def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads, hub, allow_unverified) -> dict:
     """One artifact; a lowering or runtime crash is recorded as verdict "error", never hidden."""
     exporter = EXPORTERS.get(job.exporter)
     try:
-        return _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub)
+        return _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub, allow_unverified)
     except EdgexError:
         raise
     except Exception as exc:
@@ -187,8 +205,7 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
     try:
         session = runtime.load(files, threads)
-        return measure(component, session, runtime.name, io_float_dtype, gate, token_threshold(precision), runtime.method,
-                       runtime.simulator)
+        return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 
@@ -222,11 +239,16 @@ def export_model(
     jobs: int = 1,
     hub: HubSettings | None = None,
     settings: dict[str, str] | None = None,
+    allow_unverified: bool = False,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
     """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/).
 
     With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
+
+    An artifact no runtime here could run (parity method `none`) makes the status "incomplete" and
+    is kept under `unverified/`, unless `allow_unverified`: then it sits beside the passing ones,
+    keeps its verdict "unverified", and the status can be "pass".
 
     `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
     model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
@@ -242,6 +264,7 @@ def export_model(
     if calibration_size is not None and calibration_size < 1:
         raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
     options = recipe.parse_options(settings)
+    check_overrides(min_db or {}, set(recipe.component_names().values()))
     plan_jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
     for job in plan_jobs:
         EXPORTERS.get(job.exporter).check(job.precision)
@@ -255,7 +278,7 @@ def export_model(
     parallel = jobs > 1 and len(plan_jobs) > 1
 
     with staging_dir(out_dir) as stage:
-        args = (stage, out_dir, min_db, threads, connection)
+        args = (stage, out_dir, min_db, threads, connection, allow_unverified)
         if parallel:  # workers build their own components
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
@@ -282,7 +305,8 @@ def export_model(
         "gate_overrides": min_db or {},
         "hub": connection.to_json() if connection else None,
         "artifacts": entries,
-        "status": "pass" if all(e["verdict"] in ("pass", "unverified") for e in entries) else "fail",
+        "allow_unverified": allow_unverified,
+        "status": status(entries, allow_unverified),
         "seconds": round(time.perf_counter() - started, 3),
     }
     write_json_atomic(out_dir / MANIFEST, manifest)

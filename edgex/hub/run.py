@@ -138,7 +138,7 @@ def device_parity(conn: HubConnection, component: Component, files: list[Path], 
     gated like the artifact's local parity block `local`. Artifacts that failed locally stay home."""
     runtime = f"qai-hub ({conn.device})"
     base = {"device": conn.device}
-    gate, token_gate = local["threshold_db"], local.get("token_threshold")
+    gate = local["threshold_db"]
     if local["verdict"] == "fail":  # "unverified" goes: the device may be the only place it can run
         return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local['verdict']}", threshold_db=gate).to_json()
     with tempfile.TemporaryDirectory(prefix=".hub-", dir=out_dir) as work:
@@ -147,7 +147,7 @@ def device_parity(conn: HubConnection, component: Component, files: list[Path], 
             return base | ParityReport("none", runtime, reason=submission, threshold_db=gate).to_json()
         sent = [to_numpy(inputs, io_float_dtype) for inputs in component.samples.values()]
         run = run_on_device(conn, component, submission, sent, Path(work) / "download")
-        report = measure(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, token_gate, method="device")
+        report = measure(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, method="device")
         block = base | report.to_json() | _summary(run.profile) | {
             "submitted_as": submission.kind, "compile_options": submission.compile_options, "jobs": run.jobs}
         if run.target_model is not None:

@@ -1,29 +1,46 @@
-"""Run an artifact on every sample of its component and score it against the eager reference."""
+"""Run an artifact on every sample of its component and score it against a reference.
+
+Scoring (`score_sample`) takes the reference as a callable `(inputs, forced tokens | None) ->
+outputs`: the eager model by default (`Component.eager`), another reference (a quantized eager
+model) for other figures. Every output is scored over every step:
+
+- A sampled TOKENS output that differs from the reference's makes the reference run again,
+  teacher-forced on the artifact's own tokens, so every other output is compared on the same
+  history. A differing token then passes only as a tie-break (`tie_margin`); any other flip fails.
+- LOGITS are scored by SNR and their top-1 flips go through the same tie rule.
+- State outputs a component declares in `written` are scored on the entries the call writes; the
+  copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
+"""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
+import torch
 
-from ..component import LOGITS, TOKENS, Component
+from ..component import LOGITS, TOKENS, Component, Inputs, TensorSpec
 from . import metrics
 from .runtimes.base import Session
+
+Reference = Callable[[Inputs, dict[str, torch.Tensor] | None], Inputs]
 
 
 @dataclass
 class ParityReport:
-    method: str  # "runtime" | "simulated" | "none"
+    method: str  # "runtime" | "simulated" | "device" | "none"
     runtime: str | None
     simulator: str | None = None  # which interpreter / simulator ran it when method is "simulated"
     reason: str | None = None  # why method is "none"
     threshold_db: float | None = None
-    token_threshold: float | None = None
     min_snr_db: float | None = None
     min_token_agreement: float | None = None
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
+    divergences: list = field(default_factory=list)  # every token / top-1 flip, tie-break or not
+    failures: list = field(default_factory=list)  # why the verdict is "fail", one line each
     seconds: float = 0.0
     verdict: str = "unverified"  # "pass" | "fail" | "unverified"
 
@@ -50,50 +67,115 @@ def to_numpy(inputs, float_dtype: str) -> list[np.ndarray]:
     return arrays
 
 
-def score_outputs(component: Component, sample: str, outputs: list[np.ndarray]) -> dict:
-    """Per-output scores of one run against the reference on the same sample."""
-    reference = component.reference_outputs(sample)
+def tie_margin(gate_db: float, reference_logits: np.ndarray) -> float:
+    """The largest score difference an error exactly at the gate can make at one position: the
+    gate allows noise of rms 10**(-gate/20) * rms(logits), and a flip moves two scores."""
+    rms = math.sqrt(float(np.mean(np.asarray(reference_logits, np.float64) ** 2)))
+    return 2.0 * 10.0 ** (-gate_db / 20.0) * rms
+
+
+def flips(scores: np.ndarray, logits: np.ndarray, chosen: np.ndarray, gate_db: float) -> list[dict]:
+    """Positions (flat over all axes but the last) where `chosen` is not the argmax of the
+    reference's `scores`, with the reference margin score[r] - score[a] and the tie margin from
+    the reference `logits` there. A choice outside the vocabulary has an infinite margin."""
+    vocab = scores.shape[-1]
+    scores = np.asarray(scores, np.float64).reshape(-1, vocab)
+    logits = np.asarray(logits, np.float64).reshape(-1, vocab)
+    chosen = np.asarray(chosen).reshape(-1).astype(np.int64)
+    best = np.argmax(scores, axis=-1)
+    found = []
+    for p in np.nonzero(best != chosen)[0]:
+        r, a = int(best[p]), int(chosen[p])
+        margin = float(scores[p, r] - scores[p, a]) if 0 <= a < vocab else math.inf
+        allowed = tie_margin(gate_db, logits[p])
+        found.append({"position": int(p), "reference": r, "artifact": a, "margin": margin, "tie_margin": allowed,
+                      "tie": margin <= allowed})
+    return found
+
+
+@dataclass
+class SampleScore:
+    scores: dict  # output -> figures
+    divergences: list  # flips, each with its output name
+    failures: list  # one line per reason this sample fails
+
+
+def _figures(ref: np.ndarray, out: np.ndarray) -> dict:
+    return {
+        "snr_db": metrics.snr_db(ref, out),
+        "psnr_db": metrics.psnr_db(ref, out),
+        "cosine": metrics.cosine(ref, out),
+        "max_abs_err": float(np.max(np.abs(ref.astype(np.float64) - out.astype(np.float64)))) if ref.size else 0.0,
+    }
+
+
+def _signal(component: Component, spec: TensorSpec, inputs: Inputs, ref: np.ndarray, out: np.ndarray) -> dict:
+    written = component.written.get(spec.name)
+    if written is None:
+        return _figures(ref, out)
+    mask = np.zeros(ref.shape, bool)
+    mask[written(inputs)] = True
+    entry = _figures(ref[mask], out[mask]) | {"written_entries": int(mask.sum()), "entries": int(mask.size)}
+    if not mask.all():
+        entry["copied_snr_db"] = metrics.snr_db(ref[~mask], out[~mask])
+    return entry
+
+
+def _sampled(spec: TensorSpec, by_name: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> bool:
+    """A sampled TOKENS output whose ids are usable as forced inputs (right shape, in vocabulary)."""
+    out, ref = outputs[spec.name], by_name[spec.name]
+    vocab = by_name[spec.sampled_from[0]].shape[-1]
+    return out.shape == ref.shape and np.issubdtype(out.dtype, np.integer) and bool(np.all((out >= 0) & (out < vocab)))
+
+
+def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray], reference: Reference,
+                 gate_db: float) -> SampleScore:
+    """Every output of one artifact run against `reference` on the same inputs."""
     if len(outputs) != len(component.outputs):
         raise ValueError(f"{component.name}: artifact returned {len(outputs)} outputs, spec has {len(component.outputs)}")
-    scores = {}
-    divergence = _first_divergence(component, reference, outputs)
-    for spec, ref_t, out in zip(component.outputs, reference, outputs):
-        ref = ref_t.detach().cpu().numpy()
-        if tuple(np.shape(out)) != tuple(ref.shape):
-            scores[spec.name] = {"error": f"shape {tuple(np.shape(out))} != reference {tuple(ref.shape)}", "snr_db": -math.inf}
+    outs = {spec.name: np.asarray(o) for spec, o in zip(component.outputs, outputs)}
+    free = {spec.name: t.detach().cpu().numpy() for spec, t in zip(component.outputs, reference(inputs, None))}
+    forced = {s.name: torch.from_numpy(outs[s.name].astype(np.int64)) for s in component.outputs
+              if s.kind == TOKENS and s.sampled_from and _sampled(s, free, outs) and not np.array_equal(outs[s.name], free[s.name])}
+    refs = free
+    if forced:
+        refs = {spec.name: t.detach().cpu().numpy() for spec, t in zip(component.outputs, reference(inputs, forced))}
+    named_inputs = {spec.name: t.detach().cpu().numpy() for spec, t in zip(component.inputs, inputs)}
+    result = SampleScore({}, [], [])
+    for spec in component.outputs:
+        ref, out = refs[spec.name], outs[spec.name]
+        if out.shape != ref.shape:
+            result.scores[spec.name] = {"error": f"shape {out.shape} != reference {ref.shape}", "snr_db": -math.inf}
+            result.failures.append(f"{spec.name}: shape {out.shape} != reference {ref.shape}")
             continue
         if spec.kind == TOKENS:
-            scores[spec.name] = {"agreement": metrics.token_agreement(ref, out), "first_divergence": divergence.get(spec.name)}
-            continue
-        entry = {}
-        step = divergence.get(spec.conditioned_on) if spec.conditioned_on else None
-        if step is not None:
-            if ref.ndim < 2 or ref.shape[1] == 1:
-                scores[spec.name] = {"skipped": f"depends on all of {spec.conditioned_on}, which diverged at step {step}"}
-                continue
-            ref, out = ref[:, : step + 1], np.asarray(out)[:, : step + 1]
-            entry["compared_steps"] = step + 1
-        entry |= {
-            "snr_db": metrics.snr_db(ref, out),
-            "psnr_db": metrics.psnr_db(ref, out),
-            "cosine": metrics.cosine(ref, out),
-            "max_abs_err": float(np.max(np.abs(ref.astype(np.float64) - np.asarray(out, np.float64)))),
-        }
-        if spec.kind == LOGITS:
-            entry["top1_agreement"] = metrics.top1_agreement(ref, out)
-        scores[spec.name] = entry
-    return scores
+            found = _token_flips(spec, refs, named_inputs, out, gate_db)
+            result.scores[spec.name] = {"agreement": 1.0 - len(found) / max(ref.size, 1), "teacher_forced": spec.name in forced}
+        else:
+            result.scores[spec.name] = _signal(component, spec, inputs, ref, out)
+            found = []
+            if spec.kind == LOGITS:
+                result.scores[spec.name]["top1_agreement"] = metrics.top1_agreement(ref, out)
+                found = flips(ref, ref, np.argmax(out, axis=-1), gate_db)
+        for flip in found:
+            result.divergences.append({"output": spec.name, "teacher_forced": bool(forced), **flip})
+            if not flip["tie"]:
+                result.failures.append(f"{spec.name} position {flip['position']}: artifact {flip['artifact']}, reference "
+                                       f"{flip['reference']}, margin {flip['margin']:.4g} > tie margin {flip['tie_margin']:.4g}")
+    return result
 
 
-def _first_divergence(component: Component, reference, outputs) -> dict[str, int | None]:
-    """Per TOKENS output: the first step (axis 1) where artifact and reference tokens differ."""
-    found = {}
-    for spec, ref_t, out in zip(component.outputs, reference, outputs):
-        if spec.kind == TOKENS and tuple(np.shape(out)) == tuple(ref_t.shape):
-            ref = ref_t.detach().cpu().numpy()
-            diff = np.nonzero((ref != np.asarray(out)).reshape(ref.shape[0], -1).any(axis=0))[0] if ref.ndim > 1 else []
-            found[spec.name] = int(diff[0]) if len(diff) else None
-    return found
+def _token_flips(spec: TensorSpec, refs: dict, inputs: dict, out: np.ndarray, gate_db: float) -> list[dict]:
+    """Sampled tokens: choices that are not the reference's own argmax of its scores (logits +
+    noise). Other tokens must be equal: any difference is a flip with no margin to allow it."""
+    if spec.sampled_from is None:
+        ref = refs[spec.name]
+        return [{"position": int(p), "reference": int(r), "artifact": int(a), "margin": math.inf, "tie_margin": 0.0, "tie": False}
+                for p, (r, a) in enumerate(zip(ref.reshape(-1), out.reshape(-1))) if r != a]
+    logits_name, noise_name = spec.sampled_from
+    logits = refs[logits_name]
+    scores = logits.astype(np.float64) + (inputs[noise_name].astype(np.float64) if noise_name else 0.0)
+    return flips(scores, logits, out, gate_db)
 
 
 def measure(
@@ -102,24 +184,32 @@ def measure(
     runtime: str,
     float_dtype: str,
     threshold_db: float,
-    token_threshold: float | None,
     method: str = "runtime",
     simulator: str | None = None,
+    reference: Reference | None = None,
 ) -> ParityReport:
+    """Run `session` on every sample and gate it: min SNR >= threshold_db, no flip but tie-breaks,
+    and something scored at all (no samples or no scored output is a fail, never a pass)."""
     start = time.perf_counter()
-    report = ParityReport(method, runtime, simulator, threshold_db=threshold_db, token_threshold=token_threshold)
-    snrs, agreements = [], []
+    reference = reference or component.eager
+    report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
+    snrs, agreements, failures = [], [], []
     for sample, inputs in component.samples.items():
-        outputs = session.run(to_numpy(inputs, float_dtype))
-        scores = score_outputs(component, sample, outputs)
-        report.samples[sample] = scores
-        snrs += [s["snr_db"] for s in scores.values() if "snr_db" in s]
-        agreements += [s["agreement"] for s in scores.values() if "agreement" in s]
+        result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db)
+        report.samples[sample] = result.scores
+        report.divergences += [{"sample": sample, **d} for d in result.divergences]
+        failures += [f"{sample}: {f}" for f in result.failures]
+        snrs += [s[k] for s in result.scores.values() for k in ("snr_db", "copied_snr_db") if k in s]
+        agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
     report.min_snr_db = min(snrs) if snrs else None
     report.min_token_agreement = min(agreements) if agreements else None
-    passed = report.min_snr_db is None or report.min_snr_db >= threshold_db
-    if token_threshold is not None and report.min_token_agreement is not None:
-        passed = passed and report.min_token_agreement >= token_threshold
-    report.verdict = "pass" if passed else "fail"
+    if not component.samples:
+        failures.append(f"{component.name} has no samples: nothing was run")
+    elif not snrs and not agreements:
+        failures.append(f"{component.name}: no output was scored")
+    if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
+        failures.insert(0, f"min SNR {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
+    report.failures = failures
+    report.verdict = "fail" if failures else "pass"
     report.seconds = time.perf_counter() - start
     return report

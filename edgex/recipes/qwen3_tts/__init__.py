@@ -48,8 +48,8 @@ PREDICTOR_STEPS = PREDICTOR_SLOTS + 1  # step graph calls per frame (codebook 0 
 UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
 
 
-def _spec(name, tensor, kind=SIGNAL, conditioned_on=None) -> TensorSpec:
-    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind, conditioned_on)
+def _spec(name, tensor, kind=SIGNAL, sampled_from=None) -> TensorSpec:
+    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind, sampled_from)
 
 
 @RECIPES.register("qwen3-tts")
@@ -119,14 +119,16 @@ class _ComponentBuilder:
         return draw
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   layouts=None, calibration_size=DEFAULT_CALIBRATION_SIZE, **metadata) -> Component:
+                   layouts=None, calibration_size=DEFAULT_CALIBRATION_SIZE, forced_reference=None, written=None,
+                   **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration, calibration_size=calibration_size, layouts=layouts or {})
+                         calibration=calibration, calibration_size=calibration_size, layouts=layouts or {},
+                         forced_reference=forced_reference, written=written or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -178,7 +180,7 @@ class _ComponentBuilder:
             "code_predictor",
             predictor.CodePredictorFrame(self.talker),
             ["talker_hidden", "code0", "noise"],
-            [("codes", TOKENS), ("logits", LOGITS, "codes"), ("codec_embeds", SIGNAL, "codes")],
+            [("codes", TOKENS, ("logits", "noise")), ("logits", LOGITS), ("codec_embeds", SIGNAL)],
             partial(predictor.frame_reference, self.talker),
             {
                 "utterance_a_frame10_greedy": self._frame_sample("a", 10, False),
@@ -186,6 +188,7 @@ class _ComponentBuilder:
                 "utterance_b_frame31_greedy": self._frame_sample("b", 31, False),
             },
             self._calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
+            forced_reference=lambda inputs, forced: predictor.frame_reference(self.talker, *inputs, forced_codes=forced["codes"]),
         )
 
     @torch.no_grad()
@@ -280,6 +283,7 @@ class _ComponentBuilder:
                 "utterance_b_chunk2": self._latent_sample("b", 2),
             },
             self._calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
+            written={"key": _last_window_slots, "value": _last_window_slots},
             chunk_frames=STREAM_CHUNK,
         )
 
@@ -309,6 +313,13 @@ class _ComponentBuilder:
             context_frames=context,
             chunk_frames=STREAM_CHUNK,
         )
+
+
+def _last_window_slots(inputs) -> tuple:
+    """code2latent's key/value [L, 1, KV, window - 1, D] are the rolled window: a call writes only
+    its chunk's positions, the last `chunk` slots; the others are its past_key/value shifted."""
+    chunk = inputs[0].shape[-1]
+    return (slice(None),) * 3 + (slice(-chunk, None),)
 
 
 @torch.no_grad()

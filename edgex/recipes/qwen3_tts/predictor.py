@@ -117,8 +117,10 @@ def _embed(talker, step: int, code: torch.Tensor, talker_hidden: torch.Tensor) -
 
 
 @torch.no_grad()
-def frame_reference(talker, talker_hidden, code0, noise):
-    """The unmodified HF code predictor, driven the way the talker's generate drives it."""
+def frame_reference(talker, talker_hidden, code0, noise, forced_codes: torch.Tensor | None = None):
+    """The unmodified HF code predictor, driven the way the talker's generate drives it. With
+    `forced_codes` [1, 15] it is teacher-forced: those codes are fed back (and returned) instead of its
+    own samples, so an artifact's logits can be compared on the artifact's own history."""
     predictor = talker.code_predictor
     cache = DynamicCache()
     first = talker.model.codec_embedding(code0)
@@ -126,7 +128,7 @@ def frame_reference(talker, talker_hidden, code0, noise):
     codes, logits, codec_sum = [], [], first
     for g in range(GROUPS):
         step_logits = out.logits[:, -1:]
-        code = torch.argmax(step_logits + noise[:, g : g + 1], dim=-1)
+        code = torch.argmax(step_logits + noise[:, g : g + 1], dim=-1) if forced_codes is None else forced_codes[:, g : g + 1]
         codes.append(code)
         logits.append(step_logits)
         codec_sum = codec_sum + predictor.model.codec_embedding[g](code)

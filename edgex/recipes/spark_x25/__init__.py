@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...component import LOGITS, SIGNAL, Component, TensorSpec
@@ -31,6 +32,17 @@ ROLES = {"prefill": "llm", "decode": "llm"}
 FLOAT_ONLY = ("*.self_attn.g_proj",)
 INPUTS = ["tokens", "position", "ring_key", "ring_value", "past_key", "past_value"]
 OUTPUTS = [("logits", LOGITS), ("next_ring_key", SIGNAL), ("next_ring_value", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)]
+
+
+def _ring_slots_written(inputs) -> tuple:
+    """next_ring_key/value [Ls, 1, KV, W, D]: a call writes positions position .. position + P - 1
+    at slots p % W; the other slots are copies of ring_key/value (W - 1 of 16 for a decode step)."""
+    tokens, position, ring_key = inputs[0], int(inputs[1].reshape(-1)[0]), inputs[2]
+    slots = np.unique((position + np.arange(tokens.shape[1])) % ring_key.shape[3])
+    return (slice(None),) * 3 + (slots,)
+
+
+WRITTEN = {"next_ring_key": _ring_slots_written, "next_ring_value": _ring_slots_written}
 _SAMPLE_SEEDS = {"a": 1, "b": 2}  # offsets from the user's seed; calibration prompts use 100 +
 _CALIBRATION_SEED = 100
 _CALIBRATION_PER_PROMPT = 4
@@ -118,6 +130,7 @@ class _ComponentBuilder:
             metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
             calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context)},
+            written=WRITTEN,
         )
         for sample in samples.values():
             comp.check_inputs(sample)
