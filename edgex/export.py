@@ -21,9 +21,11 @@ from .exporters.base import Exporter
 from .hub import HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
-from .parity.gates import check_overrides, threshold_db
+from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
+from .parity.scheme import build as build_scheme
+from .parity.scheme import measure_split
 from .precision import get_precision
 from .recipes import RECIPES
 from .resources import PeakRss
@@ -115,12 +117,14 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         "outputs": [s.to_json() for s in component.outputs],
         "metadata": component.metadata,
         **({"placement": dict(job.placement)} if job.placement else {}),
+        "export_options": dict(job.options),  # what `edgex verify` passes when it re-derives the scheme
     }
     start = time.perf_counter()
     with PeakRss() as peak:
         result = exporter.export(component, job.precision, dest, **dict(job.options))
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
-    entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads).to_json()
+    entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads,
+                                 dict(job.options)).to_json()
     verdict = entry["parity"]["verdict"]
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
@@ -197,7 +201,11 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
     return entries
 
 
-def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads) -> ParityReport:
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None) -> ParityReport:
+    """Run the artifact and gate it. A quantized artifact whose exporter can say what its file
+    stores (`Exporter.stored_scheme`, given the export's `options`) is gated twice: its scheme
+    against fp32 eager (policy gate) and its lowering against the eager model running that scheme
+    (tight gate); see `edgex.parity.scheme`."""
     runtime = RUNTIMES.get(exporter.runtime)
     gate = threshold_db(component.role, precision, overrides)
     reason = runtime.unavailable_reason()
@@ -205,7 +213,11 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
     try:
         session = runtime.load(files, threads)
-        return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
+        scheme = exporter.stored_scheme(component, precision, files, **(options or {}))
+        if scheme is None:
+            return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
+        return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
+                             build_scheme(component, scheme), runtime.method, runtime.simulator)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 

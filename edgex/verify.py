@@ -79,8 +79,13 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
             component = components[entry["component"]]
             exporter = EXPORTERS.get(entry["exporter"])
             files = [root / r["path"] for r in entry["files"]]
-            report = run_parity(component, exporter, files, entry["io_float_dtype"], entry["precision"], overrides, threads)
+            report = run_parity(component, exporter, files, entry["io_float_dtype"], entry["precision"], overrides, threads,
+                                entry.get("export_options"))
             row.update(min_snr_db=report.min_snr_db, threshold_db=report.threshold_db, method=report.method)
+            figures = report.to_json()  # strict JSON: inf as a string
+            for figure in ("scheme", "lowering"):  # quantized artifacts: each figure against its own gate
+                if figures[figure]:
+                    row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
             recorded = entry.get("parity", {}).get("threshold_db")
             if recorded != report.threshold_db:
                 row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"

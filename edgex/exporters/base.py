@@ -46,11 +46,12 @@ class Exporter(ABC):
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """Write the artifact at `dest` (+ any side files beside it) and describe it."""
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path]) -> "StoredScheme | None":
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **options) -> "StoredScheme | None":
         """The numeric scheme of an artifact this exporter wrote: the weights its files store,
         dequantized, with the float values they were made from, plus activation quantization
         (`edgex.parity.scheme`). Read from `files` where the format allows it; otherwise the same
-        scheme applied in PyTorch, saying so in `StoredScheme.source`. None: `precision` is a float
+        scheme applied in PyTorch, saying so in `StoredScheme.source`. `options` are the keyword
+        options the artifact was exported with (e.g. its calibration size). None: `precision` is a float
         scheme whose error is not separated from the lowering's (fp32, fp16 compute)."""
         return None
 

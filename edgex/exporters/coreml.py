@@ -77,7 +77,7 @@ class CoreMLExporter(Exporter):
     precisions = ("fp32", "fp16", "w8", "w4")
     requires = ("coremltools",)
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path]):
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every compressed weight (`constexpr_blockwise_shift_scale`) of the
         saved program, decompressed by coremltools' own definition, paired with the module tensor
         it was converted from (torch.export names it `p_<path>` / `b_<path>`, which the converter

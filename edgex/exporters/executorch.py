@@ -58,7 +58,7 @@ class ExecuTorchExporter(Exporter):
     precisions = ("fp32", "fp16", "8da8w", "8da4w", "w8")
     requires = ("executorch", "torchao")
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path]):
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """torchao (same config): a `.pte` keeps its weights inside XNNPACK's delegate blob, not
         readable here, but they are exactly what `prepare` makes, which is deterministic: quantize
         again with the very same function and read the dequantized weights back from torchao.

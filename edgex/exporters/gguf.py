@@ -69,7 +69,7 @@ class GgufExporter(Exporter):
     precisions = tuple(_SCHEMES)
     requires = ("gguf", "llama_cpp")
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path]):
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every non-F32 tensor dequantized by gguf-py, paired with the layout's
         float tensor of the same name. llama.cpp computes in fp32 on these weights, so F16 is a
         weight scheme like the block formats; activations are not quantized."""

@@ -74,7 +74,7 @@ class MnnExporter(Exporter):
     precisions = tuple(_FLAGS)
     requires = ("onnx", "onnxscript", "MNN")
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path]):
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Same scheme applied in PyTorch: the `.mnn` keeps quantized weights inside its convolution
         ops' parameters, which MNN's Python API does not expose, so each linear layer's weight is
         quantized here the way the converter does it (asymmetric min/max, per output channel for

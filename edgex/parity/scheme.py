@@ -24,11 +24,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
 
 import torch
 from torch import nn
 
 from ..component import Component
+from .check import ParityReport, measure
+from .runtimes.base import Session
 
 DYNAMIC = "dynamic"  # per-token (per row of the last axis) asymmetric, scale from each call's values
 STATIC = "static"  # per-tensor scale / zero point fixed at export (calibrated)
@@ -176,3 +181,59 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
                 "unmatched": unmatched}
     return SchemeReference(component, scheme, swaps, coverage)
+
+
+class _Recorded(Session):
+    """Runs the artifact once per sample and replays the same outputs to a second scoring pass."""
+
+    def __init__(self, session: Session):
+        self._session, self._outputs, self._replay = session, [], None
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._replay is None:
+            self._outputs.append(self._session.run(inputs))
+            return self._outputs[-1]
+        return self._replay.pop(0)
+
+    def replay(self) -> "_Recorded":
+        self._replay = list(self._outputs)
+        return self
+
+
+class _Eager(Session):
+    """The scheme reference scored as if it were an artifact (its figure against fp32 eager)."""
+
+    def __init__(self, reference: SchemeReference):
+        self._reference = reference
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [t.detach().cpu().numpy() for t in self._reference(tuple(torch.from_numpy(np.asarray(x)) for x in inputs))]
+
+
+_FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "samples", "divergences", "failures", "verdict")
+
+
+def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
+                  lowering_db: float, reference: SchemeReference, method: str = "runtime",
+                  simulator: str | None = None) -> ParityReport:
+    """Three figures on the same samples, the artifact run once:
+
+    - the report itself: artifact vs fp32 eager (`min_snr_db` keeps meaning what it always has);
+    - `scheme`: the scheme reference vs fp32 eager, gated at `scheme_db` (a policy: is this
+      quantization good enough for this component);
+    - `lowering`: artifact vs the scheme reference, gated at `lowering_db` (near rounding).
+
+    The verdict passes only if both gated figures pass: a broken lowering fails however noisy the
+    scheme is, and a scheme too noisy for the component fails however faithful its lowering."""
+    recorded = _Recorded(session)
+    report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator)
+    lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
+                       reference=reference)
+    scheme = measure(component, _Eager(reference), "eager", "float32", scheme_db, "eager")
+    report.scheme = {"reference": reference.label, **reference.to_json(),
+                     **{k: getattr(scheme, k) for k in _FIGURES}}
+    report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}
+    report.failures = [f"scheme: {f}" for f in scheme.failures] + [f"lowering: {f}" for f in lowering.failures]
+    report.verdict = "fail" if report.failures else "pass"
+    report.seconds += scheme.seconds
+    return report
