@@ -1,5 +1,6 @@
 """The gate catches a real silent failure: ExecuTorch's int8 weight-only XNNPACK route lowers and
-runs, but returns wrong numbers (MODELS.md). It must fail the gate, loudly, never pass."""
+runs, but returns wrong numbers (MODELS.md). It must fail the gate, loudly, never pass, and on
+the lowering figure: the eager model running the same int8 weights is fine."""
 
 import json
 
@@ -16,6 +17,11 @@ def test_int8_weight_only_fails_the_gate(tmp_path):
     assert artifact["verdict"] == "fail" and data["status"] == "fail"
     assert artifact["parity"]["method"] == "runtime"
     assert artifact["parity"]["min_snr_db"] < artifact["parity"]["threshold_db"]
+    # it is the lowering that is wrong, not the scheme: torchao's int8 weights in eager are fine
+    parity = artifact["parity"]
+    assert parity["scheme"]["reference"] == "torchao (same config)" and parity["scheme"]["verdict"] == "pass"
+    assert parity["lowering"]["verdict"] == "fail" and parity["lowering"]["min_snr_db"] < parity["lowering"]["threshold_db"]
+    assert parity["failures"] and all(f.startswith("lowering: ") for f in parity["failures"])
     root = tmp_path / "qwen3-tts" / "cpu"
     # kept only under a clearly failed status, never where a valid artifact would be
     assert not (root / "talker_decode.w8.pte").exists()

@@ -95,3 +95,45 @@ def test_a_stored_weight_must_keep_its_shape():
     _, comp = _component()
     with pytest.raises(ValueError, match="shape"):
         build(comp, StoredScheme("test", {"w": StoredWeight(comp.module.up.weight, comp.module.up.weight.t())}))
+
+
+@pytest.fixture(scope="module")
+def talker_decode():
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    (component,) = recipe.components(recipe.load("tiny", None, 0), ["talker_decode"])
+    return component
+
+
+def _gguf_parity(component, tmp_path, layout):
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+
+    exporter = EXPORTERS.get("gguf")
+    component.layouts = {"gguf": layout}
+    files = exporter.export(component, "q4_0", tmp_path / "talker_decode.q4_0.gguf").files
+    return run_parity(component, exporter, files, "float32", "q4_0", None, 1)
+
+
+def test_a_broken_lowering_fails_where_the_end_to_end_gate_would_pass(talker_decode, tmp_path):
+    """A lowering bug (the file tells llama.cpp a RoPE base 40 % off) under a noisy 4-bit scheme:
+    end to end it still clears the q4_0 gate that used to be the only one; against the eager model
+    running the file's own q4_0 weights it fails, while the scheme figure is unchanged."""
+    import dataclasses
+
+    from edgex.parity.gates import DEFAULT_DB, LOWERING_DB
+
+    layout = talker_decode.layouts["gguf"]
+    good = _gguf_parity(talker_decode, tmp_path, layout)
+    assert good.verdict == "pass" and good.lowering["min_snr_db"] >= LOWERING_DB["q4_0"] + 10
+    key = "qwen3tts.rope.freq_base"
+    broken = dataclasses.replace(layout, metadata={**layout.metadata, key: layout.metadata[key] * 1.4})
+    try:
+        report = _gguf_parity(talker_decode, tmp_path, broken)
+    finally:
+        talker_decode.layouts = {"gguf": layout}
+    assert report.min_snr_db >= DEFAULT_DB["q4_0"]  # the old single figure passes
+    assert report.scheme["verdict"] == "pass" and abs(report.scheme["min_snr_db"] - good.scheme["min_snr_db"]) < 1e-6
+    assert report.lowering["verdict"] == "fail" and report.lowering["min_snr_db"] < LOWERING_DB["q4_0"]
+    assert report.verdict == "fail" and all(f.startswith("lowering: ") for f in report.failures)

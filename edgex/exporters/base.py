@@ -51,9 +51,12 @@ class Exporter(ABC):
         dequantized, with the float values they were made from, plus activation quantization
         (`edgex.parity.scheme`). Read from `files` where the format allows it; otherwise the same
         scheme applied in PyTorch, saying so in `StoredScheme.source`. `options` are the keyword
-        options the artifact was exported with (e.g. its calibration size). None: `precision` is a float
-        scheme whose error is not separated from the lowering's (fp32, fp16 compute)."""
-        return None
+        options the artifact was exported with (e.g. its calibration size). fp16 files store their
+        weights rounded to half, which is the default here (`edgex.parity.scheme.rounded_to_fp16`).
+        None for fp32, where any error is the lowering's."""
+        from ..parity.scheme import rounded_to_fp16
+
+        return rounded_to_fp16(component) if precision == "fp16" else None
 
 
 def float_dtype(precision: str) -> torch.dtype:

@@ -90,7 +90,7 @@ class CoreMLExporter(Exporter):
         from ..parity.scheme import StoredScheme, StoredWeight
 
         if precision not in ("w8", "w4"):
-            return None
+            return super().stored_scheme(component, precision, files)
         tensors = dict(component.module.named_parameters()) | dict(component.module.named_buffers())
         by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
         weights, unnamed = {}, []

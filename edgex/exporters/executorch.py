@@ -69,7 +69,7 @@ class ExecuTorchExporter(Exporter):
         from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight
 
         if precision in ("fp32", "fp16"):
-            return None
+            return super().stored_scheme(component, precision, files)
         quantized, _ = prepare(component, precision)
         weights, activations = {}, {}
         for name, module in quantized.named_modules():

@@ -85,7 +85,7 @@ class MnnExporter(Exporter):
         from ..parity.scheme import StoredScheme, StoredWeight
 
         if precision not in ("w8", "w4"):
-            return None
+            return super().stored_scheme(component, precision, files)
         bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
         weights = {f"{name}.weight": StoredWeight(m.weight, minmax_asymmetric(m.weight, bits, block))
                    for name, m in component.module.named_modules() if isinstance(m, nn.Linear)}

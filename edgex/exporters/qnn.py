@@ -90,7 +90,7 @@ def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
             shape = [1] * x.ndim
             shape[axis] = -1
             scale, zero = scale.reshape(shape), np.reshape(zero, shape) if np.ndim(zero) else zero
-        return (x - zero) * scale
+        return np.asarray((x - zero) * scale)
 
     weights, activations = {}, {}
     for node in graph.node:
@@ -158,7 +158,7 @@ class QnnExporter(Exporter):
         from ..parity.scheme import StoredScheme
 
         if precision not in _SCHEMES:
-            return None
+            return super().stored_scheme(component, precision, files)
         with tempfile.TemporaryDirectory() as tmp:
             graph = Path(tmp) / f"{component.name}.onnx"
             OnnxExporter().export(component, "fp32", graph)
