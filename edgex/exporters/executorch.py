@@ -66,15 +66,16 @@ class ExecuTorchExporter(Exporter):
         run time; that is applied as fake quantization."""
         from torchao.utils import TorchAOBaseTensor
 
-        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules
 
         if precision in ("fp32", "fp16"):
             return super().stored_scheme(component, precision, files)
         quantized, _ = prepare(component, precision)
+        graph_linears = called_modules(component)  # torchao also converts linears the graph never calls
         weights, activations = {}, {}
         for name, module in quantized.named_modules():
             weight = getattr(module, "weight", None)
-            if isinstance(weight, TorchAOBaseTensor):
+            if isinstance(weight, TorchAOBaseTensor) and name in graph_linears:
                 original = component.module.get_submodule(name).weight
                 weights[f"{name}.weight"] = StoredWeight(original, weight.dequantize().to(torch.float32))
                 if precision.startswith("8da"):

@@ -80,15 +80,14 @@ class MnnExporter(Exporter):
         quantized here the way the converter does it (asymmetric min/max, per output channel for
         `w8`, per block of `W4_BLOCK` inputs for `w4`). MNN dequantizes at load and computes in
         float, so activations are not quantized."""
-        from torch import nn
-
-        from ..parity.scheme import StoredScheme, StoredWeight
+        from ..parity.scheme import StoredScheme, StoredWeight, called_modules
 
         if precision not in ("w8", "w4"):
             return super().stored_scheme(component, precision, files)
         bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
+        linears = called_modules(component)  # those the ONNX graph has as MatMul with a constant weight
         weights = {f"{name}.weight": StoredWeight(m.weight, minmax_asymmetric(m.weight, bits, block))
-                   for name, m in component.module.named_modules() if isinstance(m, nn.Linear)}
+                   for name, m in component.module.named_modules() if name in linears}
         return StoredScheme(f"same scheme applied in PyTorch (asymmetric int{bits}, not read from the .mnn)", weights)
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:

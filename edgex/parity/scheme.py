@@ -131,6 +131,23 @@ class SchemeReference:
                 "activations": {n: q.to_json() for n, q in sorted(self.scheme.activations.items())}}
 
 
+def called_modules(component: Component, kind: type[nn.Module] = nn.Linear) -> set[str]:
+    """Names of the `kind` modules the export wrapper actually calls: a graph may hold a module it
+    reads another way (the predictor step's heads, stacked into one tensor), which a format then
+    stores as a plain constant and a layer-wise quantizer never sees."""
+    called, hooks = set(), []
+    for name, module in component.module.named_modules():
+        if isinstance(module, kind):
+            hooks.append(module.register_forward_hook(lambda _m, _a, _o, name=name: called.add(name)))
+    try:
+        with torch.no_grad():
+            component.module(*component.example_inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called
+
+
 def rounded_to_fp16(component: Component) -> StoredScheme:
     """fp16 as a scheme: every float parameter rounded to half, computed in fp32. A half-precision
     file stores exactly these weights; what the artifact adds (fp16 activations and accumulation,
