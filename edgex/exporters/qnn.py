@@ -66,7 +66,8 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
 def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
     """The weights a QDQ graph stores (each DequantizeLinear of an initializer, dequantized, paired
     with the fp32 graph's initializer it replaced) and the static quantization of each MatMul /
-    Gemm's activation input, keyed by the module the node came from (torch.onnx's name scopes)."""
+    Gemm's activation input, keyed by the module the node came from (torch.onnx's name scopes in
+    the fp32 graph)."""
     import ast
 
     import numpy as np
@@ -76,7 +77,10 @@ def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
 
     from ..parity.scheme import STATIC, ActivationQuant, StoredWeight
 
-    originals = {t.name: t for t in onnx.load(str(fp32)).graph.initializer}
+    source = onnx.load(str(fp32)).graph
+    originals = {t.name: t for t in source.initializer}
+    scopes_of = {n.name: next((ast.literal_eval(p.value) for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
+                 for n in source.node}  # the quantizer keeps node names but drops their metadata
     graph = onnx.load(str(qdq)).graph
     inits = {t.name: t for t in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
@@ -103,13 +107,13 @@ def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
         elif node.op_type in ("MatMul", "Gemm"):
             source = producer.get(node.input[0])
             quant = producer.get(source.input[0]) if source is not None and source.op_type == "DequantizeLinear" else None
-            scopes = next((ast.literal_eval(p.value) for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
-            if quant is None or quant.op_type != "QuantizeLinear" or not scopes:
-                continue
+            scopes = scopes_of.get(node.name, [])
+            if quant is None or quant.op_type != "QuantizeLinear" or len(scopes) < 3:
+                continue  # scopes: root, module path(s), op; a bare op is no module's
             zero = inits[quant.input[2]]
             bits = 16 if zero.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16) else 8
             signed = zero.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT16)
-            activations[scopes[-1]] = ActivationQuant(STATIC, bits, signed, float(numpy_helper.to_array(inits[quant.input[1]])),
+            activations[scopes[-2]] = ActivationQuant(STATIC, bits, signed, float(numpy_helper.to_array(inits[quant.input[1]])),
                                                       int(numpy_helper.to_array(zero)))
     return weights, activations
 
