@@ -1,21 +1,28 @@
-"""What edgex knows (`edgex list`) and what this machine can run (`edgex doctor`): the registries printed."""
+"""What edgex knows (`edgex list`) and what this machine can run (`edgex doctor`): the registries printed.
+
+`catalog` reads only light declarations (recipe facts, exporter class attributes), so `edgex list`
+does not import torch."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+from .errors import EdgexError
 from .exporters import EXPORTERS
 from .parity.runtimes import RUNTIMES
 from .precision import PRECISIONS
 from .recipes import RECIPES
 from .targets import TARGETS
-from .toolchain import TOOLCHAINS, version
+from .toolchain import TOOLCHAINS, native_output_silenced, version
 
 
 def catalog() -> dict:
     return {
         "models": {
-            name: {"description": r.description, "presets": r.presets(), "components": r.component_names(),
-                   "options": {k: o.description for k, o in r.options().items()}}
-            for name, r in RECIPES.items()
+            name: {"description": r.description, "presets": dict(r.presets), "components": dict(r.components),
+                   "options": {k: o.description for k, o in r.options.items()}}
+            for name, r in RECIPES.all_facts()
         },
         "targets": {
             name: {"description": t.description,
@@ -23,8 +30,9 @@ def catalog() -> dict:
             for name, t in TARGETS.items()
         },
         "formats": {
-            name: {"format": e.format, "backend": e.backend, "runtime": e.runtime, "precisions": list(e.precisions)}
-            for name, e in EXPORTERS.items()
+            name: {"format": e.format, "backend": e.backend, "runtime": e.runtime, "precisions": list(e.precisions),
+                   "schemes": dict(e.schemes)}
+            for name, e in EXPORTERS.all_facts()
         },
         "precisions": {
             name: {"weights": p.weights, "activations": p.activations, "granularity": p.granularity, "description": p.description}
@@ -36,20 +44,36 @@ def catalog() -> dict:
 _NEEDED_FOR = {
     "torch": "everything", "transformers": "qwen3-tts reference", "qwen-tts": "qwen3-tts reference",
     "executorch": ".pte export + runtime", "torchao": ".pte quantization", "onnx": ".onnx export",
-    "onnxscript": ".onnx export", "onnxruntime": ".onnx runtime", "MNN": ".mnn export + runtime",
+    "onnxscript": ".onnx export", "onnxruntime": ".onnx runtime",
+    "onnxruntime-qnn": "QNN HTP context binaries + HTP simulator", "MNN": ".mnn export + runtime",
     "qai-hub": "--hub (Qualcomm AI Hub device jobs)",
     "gguf": ".gguf export", "llama-cpp-python": ".gguf runtime (llama.cpp)",
     "coremltools": ".mlpackage export + reference interpreter",
 }
 
 
-def doctor() -> dict:
+def doctor(runtimes: list[str] | None = None) -> dict:
+    """Toolchain versions, and each runtime's smoke program run here (`Runtime.smoke`): status `ok`
+    (it ran and computed the right numbers), `missing` (its optional toolchain is not installed) or
+    `failed` (installed but broken, or a required runtime missing). `ok` is False when any failed.
+    `runtimes` limits the smoke programs to those registry names."""
     packages = [
         {"package": dist, "version": version(dist), "install": hint, "needed_for": _NEEDED_FOR.get(dist, "")}
         for dist, hint in TOOLCHAINS.values()
     ]
-    runtimes = []
-    for name, runtime in RUNTIMES.items():
-        reason = runtime.unavailable_reason()
-        runtimes.append({"name": name, "status": reason or f"available ({runtime.version() or 'version unknown'})"})
-    return {"packages": packages, "runtimes": runtimes}
+    names = RUNTIMES.names() if runtimes is None else runtimes
+    rows = [_smoke(name, RUNTIMES.get(name)) for name in names]
+    return {"packages": packages, "runtimes": rows, "ok": all(r["status"] != "failed" for r in rows)}
+
+
+def _smoke(name: str, runtime) -> dict:
+    row = {"name": name, "required": runtime.required, "version": runtime.version()}
+    with tempfile.TemporaryDirectory(prefix="edgex-doctor-") as tmp:
+        try:
+            with native_output_silenced():  # runtimes print banners natively; --json owns stdout
+                detail = runtime.smoke(Path(tmp))
+        except EdgexError as exc:  # toolchain not installed
+            return {**row, "status": "failed" if runtime.required else "missing", "detail": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - any failure of a runtime's own library is the finding
+            return {**row, "status": "failed", "detail": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {**row, "status": "ok", "detail": detail}

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import EdgexError
-from .logs import quiet_libraries
+from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
 # Piped output (CI logs, `| tee`) gets rich's 80-column default, which folds the summary table into
@@ -97,6 +97,15 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
         raise typer.Exit(3)
 
 
+_VERBOSE_HELP = "show the toolchains' own logs (native and Python) instead of edgex's lines only"
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP)):
+    """Turn models into verified on-device artifacts."""
+    set_verbose(verbose)
+
+
 def _fail(exc: EdgexError) -> None:
     # escaped: messages quote user input and install hints such as 'edgex[llama]', not markup
     err.print(f"[red]edgex:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -108,7 +117,7 @@ def export(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
     target: str = typer.Option("cpu", "--target", "-t", help="device profile"),
     preset: Optional[str] = typer.Option(None, help="seeded random weights of a named config (default: tiny)"),
-    checkpoint: Optional[Path] = typer.Option(None, help="local Hugging Face-layout checkpoint directory"),
+    checkpoint: Optional[Path] = typer.Option(None, help="Hugging Face-layout checkpoint: a folder, or a hub id (ORG/NAME[@REV]) already in the local HF cache (never downloaded)"),
     seed: int = typer.Option(0, help="seed for preset weights and the eager pipeline"),
     out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root"),
     component: Optional[List[str]] = typer.Option(None, "--component", "-c", help="only these components"),
@@ -125,35 +134,48 @@ def export(
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
     hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (jobs, formats, precisions, artifact paths) and build nothing"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
-    from .hub import HubSettings
+    # Every name is checked from light declarations first: torch and the toolchains load only
+    # once there is work to do.
     from .parity.gates import parse_overrides
+    from .plan import make_plan
     from .recipes.base import parse_settings
 
-    hub_settings = HubSettings(hub_device, hub_timeout) if hub or hub_device else None
+    set_verbose(verbose or is_verbose())
+    hub_settings = None
+    if hub or hub_device:
+        from .hub import HubSettings
+
+        hub_settings = HubSettings(hub_device, hub_timeout)
     try:
         overrides = parse_overrides(min_db)
         recipe_settings = parse_settings(settings)
-        if checkpoint is not None and not checkpoint.exists():
-            raise EdgexError(f"checkpoint {checkpoint} does not exist")
-        quiet_libraries()
-        from .export import export_model
+        selection = dict(preset=preset, checkpoint=checkpoint, components=_split(component), formats=_split(fmt),
+                         precisions=_split(precision), placements=_split(placement), calibration_size=calibration,
+                         settings=recipe_settings)
+        checked = make_plan(model, target, out_dir, **selection)
+        if dry_run:
+            _print_plan(checked, as_json)
+            return
+        from .progress import JobCosts, JobProgress
 
-        options = dict(preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
-                       formats=_split(fmt), precisions=_split(precision), min_db=overrides,
-                       placements=_split(placement), calibration_size=calibration, threads=threads, jobs=jobs,
-                       hub=hub_settings, settings=recipe_settings, allow_unverified=allow_unverified)
-        if as_json:
-            manifest = export_model(model, target, out_dir, **options)
-        else:
-            with err.status("starting") as status:
-                def progress(message, _job):
-                    status.update(message)
-                    if _job is not None and message.endswith(("pass", "fail", "error", "unverified")):
-                        err.log(message, highlight=False)
+        costs = JobCosts(checked)
+        width = err.width if err.is_terminal else _PIPED_WIDTH
+        with native_output_quiet() as stderr:
+            quiet_libraries()
+            from .export import export_model
 
-                manifest = export_model(model, target, out_dir, progress=progress, **options)
+            options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
+                           jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified)
+            if as_json:
+                manifest = export_model(model, target, out_dir, **options)
+            else:
+                with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
+                    manifest = export_model(model, target, out_dir, progress=progress, **options)
+        costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -166,19 +188,45 @@ def export(
           _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason")))
 
 
+def _print_plan(checked, as_json: bool) -> None:
+    """`export --dry-run`: what would be built and where, from the plan alone."""
+    if as_json:
+        sys.stdout.write(json.dumps(checked.to_json(), indent=2) + "\n")
+        return
+    from .progress import JobCosts, clock
+
+    costs = JobCosts(checked)
+    plan = checked.to_json()
+    source = ", ".join(f"{k} {v}" for k, v in plan["source"].items())
+    table = Table(title=f"plan: {plan['model']} ({source}) -> {plan['target']}  (dry run, nothing built)")
+    for col in ("component", "role", "format", "precision", "artifact", "recorded s"):
+        table.add_column(col, justify="right" if col == "recorded s" else "left")
+    for job, row in zip(checked.jobs, plan["jobs"]):
+        cost = costs.get(job)
+        table.add_row(row["component"], row["role"], row["format"], row["precision"], row["path"],
+                      f"{cost:.0f}" if cost is not None else "-")
+    out.print(table)
+    known = [c for c in map(costs.get, checked.jobs) if c is not None]
+    out.print(f"{len(checked.jobs)} job(s); failing artifacts would land under {checked.out_dir / 'failed'}"
+              + (f"; recorded cost of {len(known)} of them: {clock(sum(known))} on one worker" if known else ""), highlight=False)
+
+
 @app.command()
 def verify(
     directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
+    set_verbose(verbose or is_verbose())
     try:
-        quiet_libraries()
-        from .verify import verify_directory
+        with native_output_quiet():
+            quiet_libraries()
+            from .verify import verify_directory
 
-        report = verify_directory(directory, threads=threads, allow_unverified=allow_unverified)
+            report = verify_directory(directory, threads=threads, allow_unverified=allow_unverified)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -228,16 +276,33 @@ def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
         for name, row in data[key].items():
             table.add_row(name, *[", ".join(row[c]) if isinstance(row[c], list) else str(row[c]) for c in cols])
         out.print(table)
+    # The same precision name can mean different things per format (fp16 weights only on MNN,
+    # three int8 weight schemes called w8): one line per format and scheme says which.
+    table = Table(title="schemes per format (what each precision means there)")
+    for col in ("format", "precision", "meaning"):
+        table.add_column(col)
+    for name, row in data["formats"].items():
+        for precision, meaning in row["schemes"].items():
+            table.add_row(name, precision, meaning)
+    out.print(table)
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
-    """Which toolchains are importable here, with versions."""
+def doctor(
+    runtime: list[str] = typer.Option(None, "--runtime", "-r", help="smoke-test only this runtime (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="print as JSON"),
+):
+    """Toolchain versions, and each runtime's smoke program run here; exit 1 when a runtime fails."""
     from .catalog import doctor as diagnose
 
-    data = diagnose()
+    try:
+        data = diagnose(runtime or None)
+    except EdgexError as exc:
+        _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        if not data["ok"]:
+            raise typer.Exit(1)
         return
     table = Table(title="edgex doctor")
     for col in ("package", "version", "status", "needed for"):
@@ -246,8 +311,14 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
         colour = "green" if row["version"] else "yellow"
         table.add_row(row["package"], row["version"] or "-", f"[{colour}]{'ok' if row['version'] else 'missing: ' + row['install']}[/{colour}]", row["needed_for"])
     out.print(table)
+    colours = {"ok": "green", "missing": "yellow", "failed": "red"}
     for row in data["runtimes"]:
-        out.print(f"runtime {row['name']}: {row['status']}")
+        colour = colours[row["status"]]
+        out.print(f"runtime {row['name']} ({row['version'] or 'version unknown'}): [{colour}]{row['status']}[/{colour}] {escape(row['detail'])}")
+    if not data["ok"]:
+        failed = [r["name"] for r in data["runtimes"] if r["status"] == "failed"]
+        err.print(f"edgex: doctor: runtime(s) failed their smoke program: {', '.join(failed)}")
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -6,86 +6,39 @@ A library function: the CLI only parses and renders, tests and programs call `ex
 from __future__ import annotations
 
 import platform
+import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from functools import partial
 from typing import Callable
 
 from . import __version__
-from .artifacts.files import ensure_writable_dir, file_records, move_into_place, staging_dir, write_json_atomic
+from .artifacts.files import (
+    ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
+)
 from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
-from .hub import HubSettings, device_parity
+from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
+from .parity.scheme import StoredScheme
 from .parity.scheme import build as build_scheme
 from .parity.scheme import measure_split
-from .precision import get_precision
+from .parity.tensors import tensor_parity
+from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import PeakRss
-from .targets import get_target, parse_placement
 from .toolchain import versions
 
 MANIFEST = "manifest.json"
 FAILED_DIR = "failed"
 UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
-
-
-@dataclass(frozen=True)
-class Job:
-    component: str
-    role: str
-    exporter: str
-    precision: str
-    options: tuple = ()  # (key, value) pairs passed to the exporter as keyword arguments
-    placement: tuple = ()  # (key, value) pairs: where it runs on the device, what parity here misses
-
-
-def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
-    options = dict(target.exporter_options.get(placement.exporter, {}))
-    if get_precision(precision).calibration and calibration_size:
-        options["calibration_size"] = calibration_size
-    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
-
-
-def plan(recipe, target, components: list[str] | None, formats: list[str] | None, precisions: list[str] | None,
-         calibration_size: int | None = None) -> list[Job]:
-    """Every (component, exporter, precision) the target places, filtered by the user's choices.
-
-    Unknown names fail here, before any model is built."""
-    for p in precisions or []:
-        get_precision(p)
-    for f in formats or []:
-        EXPORTERS.get(f)
-    roles = recipe.component_names()
-    for c in components or []:
-        if c not in roles:
-            raise EdgexError(f"no such component {c!r} in {recipe.name} (known: {', '.join(roles)})")
-    jobs = []
-    for name in components or list(roles):
-        for placement in target.placements_for(roles[name]):
-            if formats and placement.exporter not in formats:
-                continue
-            exporter = EXPORTERS.get(placement.exporter)
-            for p in precisions or placement.precisions:
-                if p in exporter.precisions:
-                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
-    placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
-    if formats and not set(formats) & set(placed):
-        raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
-    for p in precisions or []:
-        if not any(j.precision == p for j in jobs):
-            offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
-            raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
-    if not jobs:
-        raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
-    return jobs
 
 
 def status(entries: list[dict], allow_unverified: bool) -> str:
@@ -97,15 +50,19 @@ def status(entries: list[dict], allow_unverified: bool) -> str:
     return "incomplete" if "unverified" in verdicts and not allow_unverified else "pass"
 
 
-def _folder(out_dir: Path, verdict: str, allow_unverified: bool) -> Path:
+def _folder(root: Path, verdict: str, allow_unverified: bool) -> Path:
+    """Where an entry's files go inside `root`: failed/, unverified/ (unless allowed), or root."""
     if verdict == "fail":
-        return out_dir / FAILED_DIR
-    return out_dir / UNVERIFIED_DIR if verdict == "unverified" and not allow_unverified else out_dir
+        return root / FAILED_DIR
+    return root / UNVERIFIED_DIR if verdict == "unverified" and not allow_unverified else root
 
 
-def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, out_dir: Path, overrides, threads, hub,
-                allow_unverified) -> dict:
-    dest = stage / f"{component.name}.{job.precision}{exporter.extension}"
+def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, overrides, threads, hub,
+                allow_unverified) -> list[dict]:
+    """The artifact's entry, then one entry per sidecar it declares. Everything is written and
+    placed inside `stage`, which mirrors the output folder (see `export_model`)."""
+    work = Path(tempfile.mkdtemp(prefix=".job-", dir=stage))  # scratch: never published
+    dest = work / f"{component.name}.{job.precision}{exporter.extension}"
     entry = {
         "component": component.name,
         "role": component.role,
@@ -117,37 +74,69 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         "outputs": [s.to_json() for s in component.outputs],
         "metadata": component.metadata,
         **({"placement": dict(job.placement)} if job.placement else {}),
-        "export_options": dict(job.options),  # what `edgex verify` passes when it re-derives the scheme
     }
     start = time.perf_counter()
     with PeakRss() as peak:
         result = exporter.export(component, job.precision, dest, **dict(job.options))
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
-    entry["parity"] = run_parity(component, exporter, result.files, result.io_float_dtype, job.precision, overrides, threads,
-                                 dict(job.options)).to_json()
-    verdict = entry["parity"]["verdict"]
+    gate = threshold_db(component.role, job.precision, overrides)
+    tensors = tensor_parity(exporter, component, result.files, gate)
+    if tensors is not None:
+        entry["tensor_parity"] = tensors
+    entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
+    scheme = partial(exporter.stored_scheme, component, job.precision, result.files, **dict(job.options))
+    entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
+                               allow_unverified, scheme)]
+    for sidecar in result.sidecars:
+        side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
+                "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
+                "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details}
+        entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
+                                       overrides, threads, hub, stage, allow_unverified))
+    return entries
+
+
+def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
+                    allow_unverified: bool, stored_scheme=None) -> dict:
+    """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
+    device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
+    entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
+                                stored_scheme).to_json()
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
-        entry["device_parity"] = device_parity(hub, component, result.files, result.io_float_dtype, entry["parity"], out_dir)
-        device = entry["device_parity"]["verdict"]
-        verdict = "fail" if device == "fail" else ("pass" if device == "pass" and verdict == "unverified" else verdict)
-    placed = move_into_place(result.files, _folder(out_dir, verdict, allow_unverified))
-    entry["files"] = [record for p in placed for record in file_records(p, out_dir)]
+        entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
+    verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
+    placed = move_into_place(files, _folder(stage, verdict, allow_unverified))
+    entry["files"] = [record for p in placed for record in file_records(p, stage)]
     entry["verdict"] = verdict
     return entry
 
 
-def _export_guarded(job: Job, component: Component, stage, out_dir, overrides, threads, hub, allow_unverified) -> dict:
-    """One artifact; a lowering or runtime crash is recorded as verdict "error", never hidden."""
+def combined_verdict(local: str, tensors: str | None = None, device: str | None = None) -> str:
+    """One entry's verdict from its parity blocks: any failure fails it; it passes when a run of it
+    passed, here or on the AI Hub device (which verifies what nothing here can run); else unverified.
+    Stored-tensor parity alone never passes an artifact: it does not run it."""
+    if "fail" in (local, tensors, device):
+        return "fail"
+    return "pass" if "pass" in (local, device) else "unverified"
+
+
+def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub, allow_unverified) -> list[dict]:
+    """One artifact (+ sidecars); a lowering or runtime crash is recorded as verdict "error", never hidden.
+    `job_seconds` (export + parity wall time, on the artifact's entry) is what the CLI's next estimate
+    of this job uses."""
     exporter = EXPORTERS.get(job.exporter)
+    started = time.perf_counter()
     try:
-        return _export_one(job, component, exporter, stage, out_dir, overrides, threads, hub, allow_unverified)
+        entries = _export_one(job, component, exporter, stage, overrides, threads, hub, allow_unverified)
     except EdgexError:
         raise
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
-        return {"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
-                "backend": exporter.backend, "precision": job.precision, "verdict": "error",
-                "error": f"{type(exc).__name__}: {message}"[:500], "files": []}
+        entries = [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
+                    "backend": exporter.backend, "precision": job.precision, "verdict": "error",
+                    "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
+    entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
+    return entries
 
 
 _WORKER: dict = {}
@@ -171,7 +160,7 @@ def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_wo
         _WORKER["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def _worker_job(job: Job, args) -> dict:
+def _worker_job(job: Job, args) -> list[dict]:
     if "error" in _WORKER:
         raise EdgexError(f"an export worker could not build the model: {_WORKER['error']}")
     return _export_guarded(job, _WORKER["components"][job.component], *args)
@@ -187,7 +176,7 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
 
     per_worker = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
-    entries: list[dict | None] = [None] * len(plan_jobs)
+    entries: list[list[dict] | None] = [None] * len(plan_jobs)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(*source, per_worker)) as pool:
         futures = {pool.submit(_worker_job, job, args): i for i, job in enumerate(plan_jobs)}
         for future in as_completed(futures):
@@ -197,40 +186,38 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
             except BrokenProcessPool:
                 raise EdgexError(f"an export worker process died (killed for memory?): rerun with fewer --jobs than {workers}") from None
             job = plan_jobs[i]
-            progress(f"{job.component} {job.exporter} {job.precision}: {entries[i]['verdict']}", job)
-    return entries
+            progress(f"{job.component} {job.exporter} {job.precision}: {entries[i][0]['verdict']}", job)
+    return [entry for job_entries in entries for entry in job_entries]
 
 
-def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None) -> ParityReport:
-    """Run the artifact and gate it. A quantized artifact whose exporter can say what its file
-    stores (`Exporter.stored_scheme`, given the export's `options`) is gated twice: its scheme
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads) -> ParityReport:
+    """Parity of an exporter's artifact, run in the exporter's runtime."""
+    return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads)
+
+
+def parity_in(runtime_name: str | None, reason: str | None, component, files, io_float_dtype, precision, overrides,
+              threads, stored_scheme: Callable[[], "StoredScheme | None"] | None = None) -> ParityReport:
+    """Parity of `files` run in the runtime adapter `runtime_name`; None: nothing here runs them,
+    method `none` with `reason`. With `stored_scheme` (the exporter's read-back of what the files
+    store, `Exporter.stored_scheme`), a quantized or fp16 artifact is gated twice: its scheme
     against fp32 eager (policy gate) and its lowering against the eager model running that scheme
     (tight gate); see `edgex.parity.scheme`."""
-    runtime = RUNTIMES.get(exporter.runtime)
     gate = threshold_db(component.role, precision, overrides)
+    if runtime_name is None:
+        return ParityReport("none", None, reason=reason, threshold_db=gate)
+    runtime = RUNTIMES.get(runtime_name)
     reason = runtime.unavailable_reason()
     if reason:
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
     try:
         session = runtime.load(files, threads)
-        scheme = exporter.stored_scheme(component, precision, files, **(options or {}))
+        scheme = stored_scheme() if stored_scheme is not None else None
         if scheme is None:
             return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
         return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
                              build_scheme(component, scheme), runtime.method, runtime.simulator)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
-
-
-def _placement_overrides(recipe, placements: list[str]) -> dict:
-    overrides = dict(parse_placement(p) for p in placements)
-    roles = sorted(set(recipe.component_names().values()))
-    for role, placement in overrides.items():
-        if role not in roles:
-            raise EdgexError(f"no role {role!r} in {recipe.name} (roles: {', '.join(roles)})")
-        get_precision(placement.precisions[0])
-        EXPORTERS.get(placement.exporter).check(placement.precisions[0])
-    return overrides
 
 
 def export_model(
@@ -265,33 +252,27 @@ def export_model(
     `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
     model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
     progress = progress or (lambda _msg, _job: None)
-    recipe = RECIPES.get(model)
-    tgt = get_target(target)
-    if placements:
-        tgt = tgt.with_overrides(_placement_overrides(recipe, placements))
-    if preset and checkpoint:
-        raise EdgexError("give either --preset or --checkpoint, not both")
-    if preset and preset not in recipe.presets():
-        raise EdgexError(f"no such preset {preset!r} for {model} (known: {', '.join(recipe.presets())})")
-    if calibration_size is not None and calibration_size < 1:
-        raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
-    options = recipe.parse_options(settings)
-    check_overrides(min_db or {}, set(recipe.component_names().values()))
-    plan_jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
-    for job in plan_jobs:
-        EXPORTERS.get(job.exporter).check(job.precision)
-    out_dir = ensure_writable_dir(Path(out) / model / target)
+    checked = make_plan(model, target, out, preset=preset, checkpoint=checkpoint, components=components, formats=formats,
+                        precisions=precisions, placements=placements, calibration_size=calibration_size, settings=settings)
+    tgt, plan_jobs, options, checkpoint = checked.target, checked.jobs, checked.options, checked.checkpoint
+    check_overrides(min_db or {}, set(checked.recipe.components.values()))
+    out_dir = ensure_writable_dir(checked.out_dir)
     connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
 
     started = time.perf_counter()
     progress("loading model", None)
+    recipe = RECIPES.get(model)
     loaded = recipe.load(preset, checkpoint, seed, options)
     names = list(dict.fromkeys(j.component for j in plan_jobs))
     parallel = jobs > 1 and len(plan_jobs) > 1
 
+    # The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first and
+    # the staged files published after it, so a crash (a manifest that cannot be written included)
+    # never leaves artifacts that look valid without the manifest that vouches for them.
     with staging_dir(out_dir) as stage:
-        args = (stage, out_dir, min_db, threads, connection, allow_unverified)
+        args = (stage, min_db, threads, connection, allow_unverified)
         if parallel:  # workers build their own components
+            progress(f"{jobs} worker processes: building the model, then exporting", None)
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)
@@ -299,10 +280,19 @@ def export_model(
             entries = []
             for job in plan_jobs:
                 progress(f"{job.component} -> {job.exporter} {job.precision}", job)
-                entries.append(_export_guarded(job, built[job.component], *args))
-                progress(f"{job.component} {job.exporter} {job.precision}: {entries[-1]['verdict']}", job)
+                job_entries = _export_guarded(job, built[job.component], *args)
+                entries += job_entries
+                progress(f"{job.component} {job.exporter} {job.precision}: {job_entries[0]['verdict']}", job)
+        manifest = _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified)
+        write_json_atomic(out_dir / MANIFEST, manifest)
+        publish(stage, out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
+    manifest["manifest_path"] = str(out_dir / MANIFEST)
+    return manifest
 
-    manifest = {
+
+def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified) -> dict:
+    """The manifest as written: strict JSON (non-finite figures as strings, `strict_json`)."""
+    return strict_json({
         "edgex_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
@@ -320,7 +310,4 @@ def export_model(
         "allow_unverified": allow_unverified,
         "status": status(entries, allow_unverified),
         "seconds": round(time.perf_counter() - started, 3),
-    }
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    manifest["manifest_path"] = str(out_dir / MANIFEST)
-    return manifest
+    })

@@ -21,7 +21,7 @@ PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
         Precision("fp32", "float32", "float32", "-", False, "reference float"),
-        Precision("fp16", "float16", "float16", "-", False, "half precision weights and compute"),
+        Precision("fp16", "float16", "float16", "-", False, "half precision weights and compute (MNN: weights only; see schemes per format)"),
         Precision("8da8w", "int8", "int8 dynamic", "per channel", False, "int8 weights, per-token dynamic int8 activations"),
         Precision("8da4w", "int4", "int8 dynamic", "groups of 32", False, "int4 group-wise weights, dynamic int8 activations"),
         Precision("w8", "int8", "float32", "per channel", False, "int8 weight-only, float compute"),

@@ -75,7 +75,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "llama-cpp",
             "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
-            # Spark-X2.5's q4_0 scores 7-9 dB on the tiny preset (below its 8 dB gate; MODELS.md: 4-bit
+            # Spark-X2.5's q4_0 scores 7-9 dB on the tiny preset (below its 8 dB gate; docs/models.md: 4-bit
             # weights without calibration break it on device too): on request only (`-p q4_0`).
             {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),)},
             {

@@ -56,17 +56,23 @@ def require(module: str, purpose: str):
 @contextmanager
 def native_output_silenced():
     """Silence native code printing straight to file descriptors 1 and 2 (a runtime's banner on
-    stdout would corrupt `--json`). C stdio buffers are flushed before the descriptors come back."""
+    stdout would corrupt `--json`). C stdio buffers are flushed before the descriptors come back.
+    With `-v` (edgex.logs.verbose) stderr stays and stdout goes to stderr."""
     import ctypes
+
+    from .logs import verbose
 
     libc = ctypes.CDLL(None)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
-        with open(os.devnull, "w") as null:
-            for fd in saved:
-                os.dup2(null.fileno(), fd)
+        if verbose():
+            os.dup2(saved[2], 1)
+        else:
+            with open(os.devnull, "w") as null:
+                for fd in saved:
+                    os.dup2(null.fileno(), fd)
         yield
     finally:
         libc.fflush(None)

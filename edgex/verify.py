@@ -5,18 +5,23 @@ seed, or checkpoint path), its components re-derived, and every artifact run aga
 The gate is recomputed from this code and the user's overrides recorded in the manifest
 (`gate_overrides`), never read back from the manifest's figures (which no hash covers); a gate that
 differs from the recorded one is reported. Status and exit codes follow `edgex export`: an artifact
-nothing here can run makes the status "incomplete" unless unverified artifacts are allowed.
+nothing here can run makes the status "incomplete" unless unverified artifacts are allowed. Formats whose files store weights no run reads (a
+GGUF's token embedding table) get their stored tensors re-read and scored again too, so a corrupted
+weight fails here even where the hashes were rewritten to match. A sidecar entry (a QNN `.dlc`) is
+re-run in its own runtime, or stays unverified with its reason where nothing here runs it.
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
-from .artifacts.files import sha256
+from .artifacts.files import sha256, strict_json
 from .errors import EdgexError
-from .export import MANIFEST, run_parity, status
+from .export import MANIFEST, combined_verdict, parity_in, status
 from .exporters import EXPORTERS
+from .parity.tensors import tensor_parity
 from .recipes import RECIPES
 
 
@@ -76,24 +81,8 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
         row = {k: entry.get(k) for k in ("component", "format", "precision")}
         row["files"] = "ok" if not problems else "BAD"
         if rerun:
-            component = components[entry["component"]]
-            exporter = EXPORTERS.get(entry["exporter"])
-            files = [root / r["path"] for r in entry["files"]]
-            report = run_parity(component, exporter, files, entry["io_float_dtype"], entry["precision"], overrides, threads,
-                                entry.get("export_options"))
-            row.update(min_snr_db=report.min_snr_db, threshold_db=report.threshold_db, method=report.method)
-            figures = report.to_json()  # strict JSON: inf as a string
-            for figure in ("scheme", "lowering"):  # quantized artifacts: each figure against its own gate
-                if figures[figure]:
-                    row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
-            recorded = entry.get("parity", {}).get("threshold_db")
-            if recorded != report.threshold_db:
-                row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"
-            if report.verdict == "fail":
-                problems += report.failures or ["parity failed"]  # words, never a figure that may be absent
-            elif report.verdict == "unverified":
-                row["reason"] = report.reason
-            row["verdict"] = report.verdict if not problems else "fail"
+            row.update(_rerun(entry, components[entry["component"]], [root / r["path"] for r in entry["files"]], overrides, threads,
+                              problems))
         else:
             if entry.get("verdict") == "error":
                 problems.append(entry.get("error", "export error"))
@@ -101,8 +90,54 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
         row["problem"] = "; ".join(problems)
         rows.append(row)
     bad = sum(1 for r in rows if r["verdict"] == "fail")
-    return {"manifest": str(path), "status": status(rows, allow_unverified), "problem_count": bad,
-            "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows}
+    return strict_json({"manifest": str(path), "status": status(rows, allow_unverified), "problem_count": bad,
+                        "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows})
+
+
+def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, problems: list[str]) -> dict:
+    """Parity again for one entry whose files match the manifest, under the gate this code gives it
+    with the recorded user overrides; stored tensors too for formats that declare them (never for a sidecar: they belong to
+    the artifact's files). Failures are appended to `problems`."""
+    exporter = EXPORTERS.get(entry["exporter"])
+    sidecar = "sidecar_of" in entry
+    runtime = entry["runtime"] if sidecar else exporter.runtime
+    try:
+        scheme = None if sidecar else partial(exporter.stored_scheme, component, entry["precision"], files,
+                                              **(entry.get("export_options") or {}))
+        report = parity_in(runtime, entry["parity"].get("reason"), component, files, entry["io_float_dtype"],
+                           entry["precision"], overrides, threads, scheme)
+    except Exception as exc:  # noqa: BLE001 - an artifact its runtime cannot load or run fails, never crashes verify
+        problems.append(f"parity run failed: {_one_line(exc)}")
+        return {"verdict": "fail"}
+    row = {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "method": report.method}
+    figures = report.to_json()  # strict JSON: inf as a string
+    for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
+        if figures[figure]:
+            row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
+    recorded = entry.get("parity", {}).get("threshold_db")
+    if recorded != report.threshold_db:
+        row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"
+    if report.verdict == "fail":
+        problems.extend(report.failures or ["parity failed"])  # words, never a figure that may be absent
+    if report.method == "none":
+        row["reason"] = report.reason
+    tensors = None if sidecar else _tensor_rerun(exporter, component, files, report.threshold_db, problems)
+    if tensors is not None:
+        row["tensor_min_snr_db"] = tensors["min_snr_db"]
+    row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"])
+    return row
+
+
+def _tensor_rerun(exporter, component, files: list[Path], gate: float, problems: list[str]) -> dict | None:
+    try:
+        tensors = tensor_parity(exporter, component, files, gate)
+    except Exception as exc:  # noqa: BLE001 - a file its own reader cannot parse is a failed check, not a crash
+        problems.append(f"stored tensors unreadable: {_one_line(exc)}")
+        return {"min_snr_db": None, "verdict": "fail"}
+    if tensors is not None and tensors["verdict"] == "fail":
+        worst = min(tensors["tensors"], key=lambda name: tensors["tensors"][name]["snr_db"])
+        problems.append(f"stored tensor {worst} {tensors['min_snr_db']:.1f} dB below gate {gate:.1f} dB")
+    return tensors
 
 
 def _components(manifest: dict, names: list[str]) -> dict:
@@ -114,3 +149,7 @@ def _components(manifest: dict, names: list[str]) -> dict:
     options = recipe.parse_options(manifest.get("settings"))
     loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)
     return {c.name: c for c in recipe.components(loaded, names)}
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,10 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run([*EDGEX, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=3600)
 
+
+# The CLI records each job's cost for its next progress estimate: tests keep theirs out of the
+# user's cache.
+os.environ.setdefault("EDGEX_CACHE_DIR", tempfile.mkdtemp(prefix="edgex-test-cache-"))
 
 MAX_WORKERS = 4  # each worker holds torch and the tiny models, and exports spawn their own processes
 if os.environ.get("PYTEST_XDIST_WORKER"):

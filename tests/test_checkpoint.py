@@ -61,3 +61,27 @@ def test_export_from_checkpoint(checkpoint, tmp_path):
     assert data["source"] == {"checkpoint": str(root.resolve())}
     (artifact,) = data["artifacts"]
     assert artifact["verdict"] == "pass" and artifact["parity"]["min_snr_db"] > 90
+
+
+def test_checkpoint_from_the_local_hub_cache(checkpoint, tmp_path, monkeypatch):
+    """`--checkpoint ORG/NAME`: the same checkpoint laid out as huggingface_hub caches it (blobs,
+    a snapshot of symlinks, refs/main) loads to the same tensors; nothing is downloaded."""
+    from edgex.checkpoints import resolve_checkpoint
+
+    root, original = checkpoint
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-Tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    for i, file in enumerate(p for p in sorted(root.rglob("*")) if p.is_file()):
+        blob = repo / "blobs" / f"{i:040x}"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(file.read_bytes())
+        link = snapshot / file.relative_to(root)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(blob)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    loaded = load_checkpoint(resolve_checkpoint("Qwen/Qwen3-TTS-12Hz-Tiny"))
+    sa, sb = original.talker.state_dict(), loaded.talker.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert loaded.source == {"checkpoint": str(snapshot.resolve())}

@@ -28,6 +28,7 @@ def assert_one_line_error(proc, *fragments):
         (["export", "qwen3-tts", "--format", "tflite"], ["no such format 'tflite'", "onnx"]),
         (["export", "qwen3-tts", "--format", "onnx", "--precision", "8da4w"], ["8da4w", "not supported"]),
         (["export", "qwen3-tts", "--min-db", "decoder=loud"], ["bad --min-db"]),
+        (["export", "qwen3-tts", "--min-db", "decodr:fp16=40"], ["'decodr:fp16' is no role", "decoder"]),
     ],
 )
 def test_unknown_names(tmp_path, args, fragments):

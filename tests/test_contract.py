@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from edgex.recipes.qwen3_tts import ROLES
+from edgex.recipes.qwen3_tts.facts import ROLES
 
 ET_DTYPES = {4: "int64", 5: "float16", 6: "float32"}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edgex.recipes.qwen3_tts import ROLES
+from edgex.recipes.qwen3_tts.facts import ROLES
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,11 @@ pytestmark = pytest.mark.xdist_group("gguf")  # its module fixture is built once
 
 PRECISIONS = ("f16", "q8_0", "q4_0")
 TALKERS = ("talker_prefill", "talker_decode")
+# Logits top-1 agreement with the eager talker per sample, lowest allowed. f16 (~66 dB logits) and
+# q8_0 (~38 dB) keep every position's argmax: a flip there is a lowering bug, not rounding. q4_0
+# (~16-21 dB) measured 0.5 and 0.625 over the 8 prefill positions and 1.0 on the decode steps
+# (tiny preset, seed 0, llama-cpp-python 0.3.36); below half it has stopped following the model.
+TOP1_AT_LEAST = {"f16": 1.0, "q8_0": 1.0, "q4_0": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +39,12 @@ def test_llama_cpp_target_runs_every_gguf_in_llama_cpp(gguf_export):
         parity = a["parity"]
         assert a["format"] == "gguf" and parity["method"] == "runtime" and parity["runtime"] == "llamacpp"
         assert a["verdict"] == "pass", parity
-        for scores in parity["samples"].values():
+        for sample, scores in parity["samples"].items():
             # every declared output came back from llama.cpp, K/V included (read from its cache)
             assert set(scores) == {"logits", "hidden", "key", "value"}
             assert all("snr_db" in s for s in scores.values())
-            assert 0.0 <= scores["logits"]["top1_agreement"] <= 1.0
+            top1 = scores["logits"]["top1_agreement"]
+            assert top1 >= TOP1_AT_LEAST[a["precision"]], (a["component"], a["precision"], sample, top1)
     not_placed = manifest["target_facts"]["not_placed"]
     assert set(not_placed) == {"predictor", "decoder"} and all(not_placed.values())
 
@@ -48,18 +54,23 @@ def test_lower_precision_costs_db_and_bytes(gguf_export):
     for comp in TALKERS:
         arts = {a["precision"]: a for a in manifest["artifacts"] if a["component"] == comp}
         model_db = [arts[p]["parity"]["min_snr_db"] for p in PRECISIONS]
-        tensor_db = [arts[p]["details"]["tensor_parity"]["min_snr_db"] for p in PRECISIONS]
+        tensor_db = [arts[p]["tensor_parity"]["min_snr_db"] for p in PRECISIONS]
         size = [arts[p]["files"][0]["bytes"] for p in PRECISIONS]
         assert model_db[0] > model_db[1] > model_db[2], model_db
         assert tensor_db[0] > tensor_db[1] > tensor_db[2] > 15.0, tensor_db
         assert size[0] > size[1] > size[2], size
         # quantized types are what the precision says (rows of 64/128 are whole blocks of 32)
         assert arts["q4_0"]["details"]["types"] == ["F32", "Q4_0"]
+        # every stored tensor was read back from the file and gated, the embedding table no run reads included
+        for p in PRECISIONS:
+            tensors = arts[p]["tensor_parity"]
+            assert tensors["verdict"] == "pass" and tensors["threshold_db"] == arts[p]["parity"]["threshold_db"]
+            assert "token_embd.weight" in tensors["tensors"] and len(tensors["tensors"]) == 3 + 11 * 2  # tiny: 2 layers
         assert all(s["logits"]["top1_agreement"] == 1.0 for s in arts["f16"]["parity"]["samples"].values())
 
 
 def test_gguf_contract_follows_llama_cpp_qwen3tts(gguf_export, tiny):
-    """Names, shapes and keys llama.cpp's qwen3tts loader reads (shared/llamacpp-qwen3tts-gguf.md)."""
+    """Names, shapes and keys llama.cpp's qwen3tts loader reads (docs/llamacpp-qwen3tts-gguf.md)."""
     from gguf import GGUFReader
 
     root, manifest = gguf_export

@@ -26,7 +26,7 @@ from edgex.targets import get_target
 pytestmark = pytest.mark.xdist_group("hub")  # its module fixture is built once
 
 S25 = "Samsung Galaxy S25"
-PASSED = {"verdict": "pass", "threshold_db": 60.0, "token_threshold": None}  # the local parity block
+PASSED = {"verdict": "pass", "threshold_db": 60.0}  # the local parity block
 
 
 class _Toy(nn.Module):

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_cli
 from edgex.errors import EdgexError
-from edgex.recipes.qwen3_tts import ROLES
+from edgex.recipes.qwen3_tts.facts import ROLES
 
 
 def test_mnn_target_exports_every_component_with_runtime_parity(tmp_path):

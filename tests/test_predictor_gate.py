@@ -54,6 +54,8 @@ def test_broken_predictor_fails_and_faithful_one_passes(predictor, tmp_path, var
     result = exporter.export(comp, precision, tmp_path / f"code_predictor.{precision}{exporter.extension}")
     report = run_parity(comp, exporter, result.files, result.io_float_dtype, precision, None, None)
     assert report.method == "runtime"
+    print(f"{fmt} {precision} {getattr(variant, '__name__', 'faithful')}: {report.verdict}, min SNR {report.min_snr_db:.2f} dB "
+          f"(gate {report.threshold_db}), divergences {report.divergences}, failures {report.failures}")
     flipped = [d for d in report.divergences if d["output"] == "codes" and not d["tie"]]
     if variant is None:
         assert report.verdict == "pass", report.failures

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from conftest import run_cli
@@ -17,11 +18,13 @@ from edgex.parity.metrics import snr_db, token_agreement
 from edgex.parity.runtimes import RUNTIMES
 from edgex.recipes import RECIPES
 from edgex.recipes.base import parse_settings
-from edgex.recipes.spark_x25 import ROLES
+from edgex.recipes.spark_x25.facts import ROLES
 from edgex.recipes.spark_x25.checkpoint import load_checkpoint
 from edgex.recipes.spark_x25.config import FULL, SLIDING, get_preset
-from edgex.recipes.spark_x25.graphs import empty_state
+from edgex.recipes.spark_x25 import model as reference_code
+from edgex.recipes.spark_x25.graphs import SparkDecode, empty_state
 from edgex.recipes.spark_x25.model import build
+from edgex.recipes.spark_x25.reference import step_reference
 from edgex.recipes.spark_x25.runner import CacheRunner, numpy_callable
 from edgex.verify import verify_directory
 from test_cli_errors import assert_one_line_error
@@ -54,6 +57,58 @@ def test_wrapper_equals_reference(spark, name):
         for spec, ref, out in zip(comp.outputs, comp.reference_outputs(sample), got):
             assert tuple(out.shape) == spec.shape, (sample, spec.name)
             assert snr_db(ref.numpy(), out.numpy()) >= 100.0, (sample, spec.name)
+
+
+# Bugs planted in the eager reference's own code. Module functions are broken through their code
+# object, so every holder of the function (an import alias in the graphs included) would see it.
+def _rope_turned_backwards(x, cos, sin):
+    dims = cos.shape[-1]
+    rot, rest = x[..., :dims], x[..., dims:]
+    rotated = torch.cat((-rot[..., dims // 2 :], rot[..., : dims // 2]), dim=-1)
+    return torch.cat((rot * cos - rotated * sin, rest), dim=-1)
+
+
+def _full_layers_with_sliding_rope(config, layer_type):
+    dims, theta = config.head_dim, config.sliding_rope_theta
+    return 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims)
+
+
+def _tanh_gelu_mlp(self, x):
+    return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+def _norm_without_weight(self, x):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+
+
+REFERENCE_BUGS = {
+    "rope rotation": lambda mp: mp.setattr(reference_code.apply_partial_rope, "__code__", _rope_turned_backwards.__code__),
+    "rope frequencies": lambda mp: mp.setattr(reference_code.rope_inv_freq, "__code__", _full_layers_with_sliding_rope.__code__),
+    "mlp gelu": lambda mp: mp.setattr(reference_code.SparkMLP, "forward", _tanh_gelu_mlp),
+    "rms norm": lambda mp: mp.setattr(reference_code.RMSNorm, "forward", _norm_without_weight),
+}
+
+
+@pytest.mark.parametrize("bug", list(REFERENCE_BUGS))
+def test_graphs_share_no_numerical_code_with_the_reference(spark, monkeypatch, bug):
+    """A bug planted in the eager reference's code leaves the graph's outputs bit-identical and
+    drops graph-vs-reference parity far below the fp32 bar: the graph computes it all itself, so
+    a shared-helper bug cannot cancel out of the gate. (Before the graphs had their own RoPE and
+    MLP, the rope and mlp bugs changed the graph too.)"""
+    loaded, components = spark
+    inputs = components["decode"].samples[f"prompt_a_pos{loaded.options['context'] - 1}"]  # the ring has wrapped
+    with torch.no_grad():
+        clean = SparkDecode(build(loaded.models.config, 0))(*inputs)
+        REFERENCE_BUGS[bug](monkeypatch)
+        broken = build(loaded.models.config, 0)  # inv_freq is computed when a model is built
+        graph = SparkDecode(broken)(*inputs)
+    for before, after in zip(clean, graph):
+        assert torch.equal(before, after), "the graph's numbers depend on the reference's code"
+    reference = step_reference(broken, *inputs)
+    # measured: rope rotation -1.9 dB, rope frequencies 18.7, rms norm 10.2, tanh gelu 70.6 (the
+    # llama.cpp-sized gap: under the 100 dB wrapper bar of test_wrapper_equals_reference, not the 60 dB gate)
+    assert snr_db(reference[0].numpy(), graph[0].numpy()) < 90.0, "the planted bug must show in the logits"
 
 
 def test_decode_after_prefill_equals_full_forward_across_windows(spark):

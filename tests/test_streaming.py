@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edgex.parity.metrics import snr_db
-from edgex.recipes.qwen3_tts import STREAM_CHUNK, WINDOW_CONTEXT, WINDOW_NEW
+from edgex.recipes.qwen3_tts.recipe import STREAM_CHUNK, WINDOW_CONTEXT, WINDOW_NEW
 from edgex.recipes.qwen3_tts.code2wav import Code2Latent, Latent2Wav, receptive_field_frames
 from edgex.recipes.qwen3_tts.pipeline import Utterance
 

@@ -16,7 +16,7 @@ from edgex.parity.check import flips, measure, tie_margin
 from edgex.parity.gates import DEFAULT_DB, check_overrides, parse_overrides, threshold_db
 from edgex.parity.runtimes.base import Session
 from edgex.precision import PRECISIONS
-from edgex.recipes.spark_x25 import WRITTEN
+from edgex.recipes.spark_x25.recipe import WRITTEN
 
 STEPS, VOCAB = 4, 8
 

@@ -1,10 +1,11 @@
-"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (DESIGN.md: >= 100 dB)."""
+"""Every export wrapper equals the unmodified qwen-tts reference in fp32 (docs/parity.md: >= 100 dB)."""
 
 import pytest
 import torch
 
 from edgex.component import TOKENS
 from edgex.parity.metrics import snr_db, token_agreement
+from edgex.recipes.qwen3_tts.qwen_tts_import import qwen_tts_modules
 
 COMPONENTS = ["talker_prefill", "talker_decode", "code_predictor", "code_predictor_step", "code2wav", "code2latent", "latent2wav"]
 
@@ -42,3 +43,56 @@ def test_wav_is_speech_scale(tiny):
     rms = wav.pow(2).mean().sqrt().item()
     assert 0.01 < rms < 0.5, rms
     assert (wav.abs() >= 1).float().mean().item() < 0.01
+
+
+# Bugs planted in the qwen-tts reference's own code: the graphs compute these parts themselves
+# (edgex.nn.transformer, code2wav.py), so their outputs must not move while the reference's do.
+def _snake_without_exp(self, x):
+    return x + torch.sin(x * self.alpha[None, :, None]) ** 2 / (self.beta[None, :, None] + 1e-9)
+
+
+def _codebook_off_by_one(self, codes):
+    table = self.embedding_sum / self.cluster_usage.clamp(min=self.epsilon)[:, None]
+    return torch.nn.functional.embedding((codes + 1) % self.codebook_size, table)
+
+
+def _mlp_with_gelu(self, x):
+    return self.down_proj(torch.nn.functional.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _decoder_bugs():
+    tok = qwen_tts_modules().tokenizer_modeling
+    return {
+        "snake without exp": (tok.SnakeBeta, "forward", _snake_without_exp),
+        "layer scale dropped": (tok.Qwen3TTSTokenizerV2DecoderLayerScale, "forward", lambda self, x: x),
+        "codebook off by one": (tok.EuclideanCodebook, "decode", _codebook_off_by_one),
+        "mlp gelu for silu": (tok.Qwen3TTSTokenizerV2DecoderMlp, "forward", _mlp_with_gelu),
+    }
+
+
+@pytest.mark.parametrize("bug", ["snake without exp", "layer scale dropped", "codebook off by one", "mlp gelu for silu"])
+def test_decoder_graph_shares_no_numerical_code_with_the_reference(tiny, monkeypatch, bug):
+    comp = tiny[1]["code2wav"]
+    inputs = comp.example_inputs
+    with torch.no_grad():
+        clean = comp.module(*inputs)
+        monkeypatch.setattr(*_decoder_bugs()[bug])
+        graph = comp.module(*inputs)
+        reference = comp.reference(*inputs)
+    assert all(torch.equal(a, b) for a, b in zip(clean, graph)), "the graph's numbers depend on the reference's code"
+    assert snr_db(reference[0].numpy(), graph[0].numpy()) < 90.0, "the planted bug must show in the wav"
+
+
+def test_talker_rope_frequencies_come_from_the_config_not_the_reference(tiny, monkeypatch):
+    """An HF RoPE-init bug (half the frequencies in the reference's rotary buffer): a talker graph
+    built afterwards is bit-identical to the one built before, and the reference moves away."""
+    loaded, components = tiny
+    talker, comp = loaded.models.talker, components["talker_decode"]
+    rotary = talker.model.rotary_emb
+    monkeypatch.setattr(rotary, "inv_freq", rotary.inv_freq * 0.5)
+    with torch.no_grad():
+        clean = comp.module(*comp.example_inputs)
+        graph = type(comp.module)(talker)(*comp.example_inputs)
+        reference = comp.reference(*comp.example_inputs)
+    assert all(torch.equal(a, b) for a, b in zip(clean, graph))
+    assert snr_db(reference[0].numpy(), graph[0].numpy()) < 90.0

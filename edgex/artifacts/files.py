@@ -1,13 +1,18 @@
-"""Atomic file placement and content hashes.
+"""Atomic file placement, content hashes and strict-JSON manifests.
 
-Exports are written into a staging folder next to their destination and renamed into place only
-once complete and gated, so an interrupted or failed export never leaves a file that looks valid.
+An export builds its whole output layout in a staging folder next to its destination (artifacts,
+`failed/`, `hub/`), writes the manifest, and only then renames the staged files into place
+(`publish`), so an interrupted or failed export never leaves artifacts without their manifest: a
+crash before the manifest is written leaves nothing, one after it leaves a manifest whose files are
+missing or differ from their hashes, which `edgex verify` rejects.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -78,11 +83,44 @@ def move_into_place(files: list[Path], dest_dir: Path) -> list[Path]:
     return placed
 
 
+def publish(stage: Path, dest: Path, containers: tuple[str, ...] = ()) -> None:
+    """Rename a staged layout into `dest`. Each child of `stage` is one artifact (a file, or a folder
+    artifact replaced as a whole), except the `containers` (`failed/`, `hub/` ...), whose children
+    are artifacts placed under the same folder in `dest`. Names starting with "." are scratch and
+    stay behind."""
+    for child in sorted(stage.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if child.name in containers and child.is_dir():
+            move_into_place([unit for unit in sorted(child.iterdir()) if not unit.name.startswith(".")], dest / child.name)
+        else:
+            move_into_place([child], dest)
+
+
+def strict_json(value):
+    """`value` with every non-finite float written as a string ("inf", "-inf", "nan") and numpy
+    scalars as Python numbers: JSON has no inf/nan, and an exact tensor (SNR inf) must not crash or
+    corrupt a manifest. The one place every manifest and report passes through before it is written."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
+            json.dump(strict_json(data), f, indent=2, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

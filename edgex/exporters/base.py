@@ -1,4 +1,8 @@
-"""Exporter: lowers one component to one format in one precision. No model names in here."""
+"""Exporter: lowers one component to one format in one precision. No model names in here.
+
+Exporter modules are light on import: the registry reads their class attributes (name, format,
+precisions, ...) to check a command line, so torch and the toolchain are imported inside the
+methods that use them."""
 
 from __future__ import annotations
 
@@ -7,20 +11,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
-from ..component import Component
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
     from ..parity.scheme import StoredScheme
+    import numpy as np
+    import torch
+
+    from ..component import Component
+
+
+@dataclass
+class Sidecar:
+    """Files an export writes beside its artifact that run apart from it (another backend session,
+    other weights): the artifact's parity says nothing about them, so they get their own manifest
+    entry (`sidecar_of` the artifact), parity and verdict. `runtime` names the runtime adapter that
+    runs them here; None means nothing here can, and `reason` says why (method `none`)."""
+
+    files: list[Path]  # primary file first
+    format: str
+    backend: str
+    runtime: str | None = None
+    reason: str | None = None
+    io_float_dtype: str = "float32"
+    details: dict = field(default_factory=dict)
 
 
 @dataclass
 class ExportResult:
-    files: list[Path]  # primary artifact first
+    files: list[Path]  # primary artifact first; every file the artifact's runtime loads with it
     io_float_dtype: str  # dtype of the artifact's float inputs/outputs ("float32" / "float16")
     details: dict = field(default_factory=dict)
+    sidecars: list[Sidecar] = field(default_factory=list)
+
+
+@dataclass
+class StoredTensor:
+    """One tensor as a written file stores it, dequantized to float32, and the eager weight it
+    stands for (None where the file holds a tensor the component does not declare, or lacks one)."""
+
+    type: str
+    stored: np.ndarray | None
+    original: np.ndarray | None
 
 
 class Exporter(ABC):
@@ -30,6 +62,7 @@ class Exporter(ABC):
     extension: str
     runtime: str  # runtime adapter that runs this format for parity
     precisions: tuple[str, ...]
+    schemes: dict[str, str]  # precision -> what it means in this format, one line (a test checks both agree)
     requires: tuple[str, ...]  # importable modules (see toolchain.TOOLCHAINS)
 
     def check(self, precision: str) -> None:
@@ -58,8 +91,17 @@ class Exporter(ABC):
 
         return rounded_to_fp16(component) if precision == "fp16" else None
 
+    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
+        """Every tensor the written file stores, read back from it, for formats whose file holds
+        weights that no parity run need read (a GGUF's token embedding table, when the graph is fed
+        embeddings): export and `edgex verify` both score them (`edgex.parity.tensors`). None: the
+        format's weights are covered by its parity run alone."""
+        return None
+
 
 def float_dtype(precision: str) -> torch.dtype:
+    import torch
+
     return torch.float16 if precision == "fp16" else torch.float32
 
 

@@ -18,12 +18,15 @@ import copy
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..component import Component
 from . import EXPORTERS
 from .base import ExportResult, Exporter
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..component import Component
 
 MINIMUM_DEPLOYMENT_TARGET = "iOS18"  # blockwise int4 and Core ML states need iOS 18 / macOS 15
 W4_BLOCK = 32
@@ -31,12 +34,12 @@ _SKIPPED_PASSES = ["common::fuse_linear_bias"]
 _QUANTIZE_PASS = "compression::linear_quantize_weights"
 
 
-# boolean operators coremltools has no converter for -> the logical ops it has
-_LOGICAL = {torch.ops.aten.__and__.Tensor: torch.ops.aten.logical_and.default,
-            torch.ops.aten.__or__.Tensor: torch.ops.aten.logical_or.default}
-
-
 def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
+    import torch
+
+    # boolean operators coremltools has no converter for -> the logical ops it has
+    logical = {torch.ops.aten.__and__.Tensor: torch.ops.aten.logical_and.default,
+               torch.ops.aten.__or__.Tensor: torch.ops.aten.logical_or.default}
     for node in program.graph.nodes:
         if node.target == torch.ops.aten.clamp.default and not node.args[0].meta["val"].is_floating_point():
             low, high = (list(node.args[1:]) + [None, None])[:2]
@@ -44,8 +47,8 @@ def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
                 node.target, node.args = torch.ops.aten.clamp_min.default, (node.args[0], low)
             elif low is None and high is not None:
                 node.target, node.args = torch.ops.aten.clamp_max.default, (node.args[0], high)
-        elif node.target in _LOGICAL:
-            node.target = _LOGICAL[node.target]
+        elif node.target in logical:
+            node.target = logical[node.target]
     program.graph_module.recompile()
 
 
@@ -75,6 +78,12 @@ class CoreMLExporter(Exporter):
     extension = ".mlpackage"
     runtime = "coreml"
     precisions = ("fp32", "fp16", "w8", "w4")
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp32": "ML program with float32 compute",
+        "fp16": "ML program with float16 compute (weights and activations)",
+        "w8": "int8 per-channel linear-symmetric weights (coremltools), float16 compute",
+        "w4": "int4 weights in blocks of 32 (coremltools), float16 compute",
+    }
     requires = ("coremltools",)
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
@@ -114,6 +123,7 @@ class CoreMLExporter(Exporter):
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
         import coremltools as ct
+        import torch
 
         logging.getLogger("coremltools").setLevel(logging.ERROR)
         module = copy.deepcopy(component.module).eval()

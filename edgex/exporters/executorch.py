@@ -4,7 +4,7 @@ fp16 converts the module (ExecuTorch's own LLM export does the same: there is no
 partitioner). 8da8w / 8da4w use torchao's dynamic-activation int schemes on linear layers, as
 ExecuTorch's LLM export does; layers matching the component's `float_only` patterns stay in float.
 `w8` (int8 weight-only) is offered on purpose: it lowers and runs
-but XNNPACK returns wrong numbers (MODELS.md), and the parity gate is what must catch it.
+but XNNPACK returns wrong numbers (docs/toolchains.md), and the parity gate is what must catch it.
 """
 
 from __future__ import annotations
@@ -12,16 +12,20 @@ from __future__ import annotations
 import copy
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from ..component import Component
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..component import Component
+
 
 def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) -> None:
+    import torch
+    from torch import nn
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig
@@ -56,6 +60,13 @@ class ExecuTorchExporter(Exporter):
     extension = ".pte"
     runtime = "executorch"
     precisions = ("fp32", "fp16", "8da8w", "8da4w", "w8")
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp32": "float32 weights and compute on XNNPACK",
+        "fp16": "the module cast to float16: fp16 weights, compute, inputs and outputs",
+        "8da8w": "torchao: int8 weights per output channel, activations quantized to int8 per token at run time",
+        "8da4w": "torchao: int4 weights in groups of 32, activations quantized to int8 per token at run time",
+        "w8": "torchao int8 weight-only (per channel), float compute; XNNPACK 1.5.1 returns wrong numbers, the gate fails it",
+    }
     requires = ("executorch", "torchao")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
@@ -83,6 +94,7 @@ class ExecuTorchExporter(Exporter):
         return StoredScheme("torchao (same config)", weights, activations)
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        import torch
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 

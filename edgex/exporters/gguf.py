@@ -5,9 +5,10 @@ whatever the component declares in `Component.layouts["gguf"]` (`edgex.layouts.G
 module only types the metadata, quantizes and writes. Quantization is gguf-py's reference
 implementation of ggml's block formats: `q8_0` (int8, one fp16 scale per 32 weights) and `q4_0`
 (int4, one fp16 scale per 32). As in llama.cpp's converter, 1-D tensors stay F32 and a matrix
-whose rows are not a whole number of blocks falls back to F16. Every stored tensor is dequantized
-again and scored against the original weight (the tensor-level parity in the manifest's details);
-the model-level parity comes from running the file in llama.cpp.
+whose rows are not a whole number of blocks falls back to F16. Every tensor the file stores is read
+back with gguf's reader, dequantized and scored against the original weight (`stored_tensors`, the
+manifest's `tensor_parity`, repeated by `edgex verify`): the model-level parity, from running the
+file in llama.cpp, never reads the token embedding rows of a graph fed embeddings.
 
 k-quants are not offered: ggml's k-quants work on super-blocks of 256 weights per row, wider
 than every row of the tiny preset (64/128), where llama.cpp's quantizer would silently substitute
@@ -17,14 +18,16 @@ other types — the artifact would not be what its name says.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..component import Component
-from ..layouts import FEED_INPUTS, FEED_OUTPUTS, GgufLayout
-from ..parity import metrics
 from . import EXPORTERS
-from .base import Exporter, ExportResult
+from .base import Exporter, ExportResult, StoredTensor
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..component import Component
+    from ..layouts import GgufLayout
 
 # precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
 _SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
@@ -67,6 +70,11 @@ class GgufExporter(Exporter):
     extension = ".gguf"
     runtime = "llamacpp"
     precisions = tuple(_SCHEMES)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "f16": "GGUF F16 tensor storage; llama.cpp's CPU kernels compute in fp32 (not the fp16 scheme)",
+        "q8_0": "ggml Q8_0: int8 weights in blocks of 32, one fp16 scale per block; fp32 compute",
+        "q4_0": "ggml Q4_0: int4 weights in blocks of 32, one fp16 scale per block; fp32 compute",
+    }
     requires = ("gguf", "llama_cpp")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
@@ -90,6 +98,9 @@ class GgufExporter(Exporter):
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import gguf
+        import numpy as np
+
+        from ..layouts import FEED_INPUTS, FEED_OUTPUTS
 
         layout: GgufLayout | None = component.layouts.get("gguf")
         if layout is None:
@@ -107,23 +118,30 @@ class GgufExporter(Exporter):
         _add_metadata(writer, FEED_PREFIX + "logits_offset", feed.logits_offset)
         _add_metadata(writer, FEED_PREFIX + "positions_per_embd", feed.positions_per_embd)
 
-        scores = {}
+        types = set()
         for name, array in layout.tensors().items():
             array = np.ascontiguousarray(array, dtype=np.float32)
             qtype = tensor_type(gguf, name, array, precision, layout.keep_f32)
-            data = gguf.quants.quantize(array, qtype)
-            writer.add_tensor(name, data, raw_dtype=qtype)
-            if qtype != gguf.GGMLQuantizationType.F32:
-                restored = gguf.quants.dequantize(data, qtype).reshape(array.shape)
-                scores[name] = {"type": qtype.name, "shape": list(array.shape), "snr_db": metrics.snr_db(array, restored)}
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            types.add(qtype.name)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        snrs = [s["snr_db"] for s in scores.values()]
-        details = {
-            "architecture": layout.architecture,
-            "tensor_parity": {"min_snr_db": min(snrs) if snrs else None, "tensors": scores},
-            "types": sorted({s["type"] for s in scores.values()} | {"F32"}),
-        }
-        return ExportResult([dest], "float32", details)
+        return ExportResult([dest], "float32", {"architecture": layout.architecture, "types": sorted(types)})
+
+    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor]:
+        """Every tensor in the file, dequantized by gguf's reference code, beside the layout's weight."""
+        import numpy as np
+        from gguf import GGUFReader, quants
+
+        originals = component.layouts["gguf"].tensors()
+        found = {}
+        for t in GGUFReader(str(files[0])).tensors:
+            shape = tuple(int(n) for n in reversed(t.shape))  # ggml ne -> numpy order
+            restored = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+            original = originals.pop(t.name, None)
+            found[t.name] = StoredTensor(t.tensor_type.name, restored, None if original is None else np.asarray(original, np.float32))
+        for name in originals:  # declared by the layout, absent from the file
+            found[name] = StoredTensor("absent", None, originals[name])
+        return found

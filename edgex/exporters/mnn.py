@@ -3,7 +3,7 @@
 The converter is MNN's C extension `_tools.mnnconvert`, run in a child interpreter (it prints from
 native code and may abort on a bad graph). Never `MNN.tools.mnnconvert`/`mnnquant` or the
 `mnnconvert` script: importing `MNN.tools` pip-installs a logging SDK into the running interpreter
-and uploads telemetry (MODELS.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
+and uploads telemetry (docs/toolchains.md). Weight quantization is MNN's: int8 per channel (`w8`) and int4
 in blocks of 32 along the input dimension (`w4`); `fp16` stores weights in half (MNN computes in
 fp32 on x86). The converter's weight quantization has no per-layer exclusion, so a component's
 `float_only` layers are quantized too; the manifest says so (`details.float_only`) and the parity
@@ -17,11 +17,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..component import Component
 from . import EXPORTERS
 from .base import ExportResult, Exporter
 from .onnx import OnnxExporter
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 W4_BLOCK = 32
 _FLAGS = {
@@ -72,6 +75,12 @@ class MnnExporter(Exporter):
     extension = ".mnn"
     runtime = "mnn"
     precisions = tuple(_FLAGS)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp32": "float32 weights and compute",
+        "fp16": "fp16 weight storage only (--fp16): MNN's x86 CPU computes in fp32, ARM CPUs may compute in fp16",
+        "w8": "int8 weights per output channel (converter weight quantization), float compute, every layer",
+        "w4": "int4 weights in blocks of 32 along the input (converter weight quantization), float compute, every layer",
+    }
     requires = ("onnx", "onnxscript", "MNN")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):

@@ -11,12 +11,13 @@ import copy
 import fnmatch
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..component import Component
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 
 @EXPORTERS.register("onnx")
@@ -27,9 +28,15 @@ class OnnxExporter(Exporter):
     extension = ".onnx"
     runtime = "onnxruntime"
     precisions = ("fp32", "fp16")
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp32": "float32 graph",
+        "fp16": "the module cast to float16: fp16 weights and compute end to end, fp16 inputs and outputs",
+    }
     requires = ("onnx", "onnxscript")
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        import torch
+
         dtype = float_dtype(precision)
         module = copy.deepcopy(component.module).eval().to(dtype)
         inputs = cast_inputs(component.example_inputs, dtype)

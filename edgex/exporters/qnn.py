@@ -3,7 +3,7 @@
 The shape AI Hub calls "precompiled_qnn_onnx": an EPContext `.onnx` that points at a QNN context
 binary `.bin` compiled offline for one SoC / HTP architecture, which ONNX Runtime's QNN execution
 provider loads on the phone without recompiling. Beside it, the same graph through QAIRT's IR backend
-as a `.dlc` for QAIRT's own tools (it cannot run here).
+as a `.dlc` for QAIRT's own tools: a sidecar with its own manifest entry, as nothing here runs it.
 
 Precisions: `fp16` runs the float graph in half precision on the HTP. The quantized schemes are
 static QDQ graphs made by ONNX Runtime's QNN quantizer, calibrated on activations the recipe draws
@@ -16,17 +16,24 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..component import Component
 from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
-from .base import ExportResult, Exporter
+from .base import ExportResult, Exporter, Sidecar
 from .onnx import OnnxExporter, nodes_from_modules
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 # scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
 _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
+# The .dlc is written by its own backend session (QAIRT's IR backend), holds its own copy of the
+# weights and runs only in QAIRT's tools, so the context binary's parity does not speak for it.
+DLC_UNRUN = ("the .dlc is a separate QAIRT IR build with its own weights; QAIRT's runners (qnn-net-run, SNPE) "
+             "are not installable here, so nothing on this machine runs it (--hub runs it on a device)")
 
 
 def quantize_qdq(source: Path, dest: Path, component: Component, precision: str, size: int) -> dict:
@@ -149,6 +156,12 @@ class QnnExporter(Exporter):
     extension = ".qnn.onnx"
     runtime = "qnn-htp"
     precisions = ("fp16", *_SCHEMES)
+    schemes = {  # what each precision means in this format, one line each (edgex list)
+        "fp16": "the float graph computed in fp16 on the HTP",
+        "w8a16": "static QDQ: uint8 per-channel weights, uint16 activations calibrated on eager activations",
+        "w4a16": "static QDQ: int4 per-channel weights, uint16 activations calibrated on eager activations",
+        "w8a8": "static QDQ: uint8 per-channel weights, uint8 activations calibrated on eager activations",
+    }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], *, calibration_size: int | None = None,
@@ -199,4 +212,5 @@ class QnnExporter(Exporter):
             if len(written) != 1:
                 raise RuntimeError(f"QNN IR backend wrote {len(written)} .dlc files, expected one graph")
             shutil.move(written[0], dlc)
-        return ExportResult([dest, _context_binary(dest), dlc], "float32", details)
+        dlc_entry = Sidecar([dlc], "qnn-dlc", self.backend, reason=DLC_UNRUN)
+        return ExportResult([dest, _context_binary(dest)], "float32", details, sidecars=[dlc_entry])

@@ -10,6 +10,6 @@ stays instant without it.
 from __future__ import annotations
 
 from .client import DEFAULT_TIMEOUT_S, HubConnection, HubSettings, connect
-from .run import device_parity
+from .run import HUB_DIR, device_parity
 
-__all__ = ["DEFAULT_TIMEOUT_S", "HubConnection", "HubSettings", "connect", "device_parity"]
+__all__ = ["DEFAULT_TIMEOUT_S", "HUB_DIR", "HubConnection", "HubSettings", "connect", "device_parity"]

@@ -133,15 +133,17 @@ def _summary(profile: dict) -> dict:
     }
 
 
-def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, out_dir: Path) -> dict:
+def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, root: Path) -> dict:
     """The manifest's `device_parity` block for one artifact (method `device`, or `none` + reason),
-    gated like the artifact's local parity block `local`. Artifacts that failed locally stay home."""
+    gated like the artifact's local parity block `local`. Artifacts that failed locally stay home.
+    The compiled model is placed under `root`/hub/ and recorded relative to `root` (the export's
+    staged output folder)."""
     runtime = f"qai-hub ({conn.device})"
     base = {"device": conn.device}
     gate = local["threshold_db"]
     if local["verdict"] == "fail":  # "unverified" goes: the device may be the only place it can run
         return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local['verdict']}", threshold_db=gate).to_json()
-    with tempfile.TemporaryDirectory(prefix=".hub-", dir=out_dir) as work:
+    with tempfile.TemporaryDirectory(prefix=".hub-", dir=root) as work:
         submission = prepare(files, Path(work))
         if isinstance(submission, str):
             return base | ParityReport("none", runtime, reason=submission, threshold_db=gate).to_json()
@@ -151,6 +153,6 @@ def device_parity(conn: HubConnection, component: Component, files: list[Path], 
         block = base | report.to_json() | _summary(run.profile) | {
             "submitted_as": submission.kind, "compile_options": submission.compile_options, "jobs": run.jobs}
         if run.target_model is not None:
-            dest = out_dir / HUB_DIR / files[0].name.removesuffix(files[0].suffix)
-            block["target_model"] = file_record(move_into_place([run.target_model], dest)[0], out_dir)
+            dest = root / HUB_DIR / files[0].name.removesuffix(files[0].suffix)
+            block["target_model"] = file_record(move_into_place([run.target_model], dest)[0], root)
     return block

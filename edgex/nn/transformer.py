@@ -1,10 +1,15 @@
 """Export-friendly transformer pieces over Hugging Face modules (attention, RMSNorm, MLP).
 
 Hugging Face forwards hide the KV cache in `Cache` objects, build masks with vmap and choose the
-kernel at run time; none of that survives torch.export into static edge graphs. These helpers run
-the *same* projection/norm modules of an HF attention layer, but take the past keys/values and an
-additive mask as plain tensors and return the new keys/values, so a recipe can place the cache
-wherever its deployment wants it (graph input/output, in-graph ring buffer, unrolled steps).
+kernel at run time; none of that survives torch.export into static edge graphs. These helpers use
+the *parameters* of an HF layer (its torch `nn.Linear` projections, norm weights, layer scales)
+but compute everything themselves, taking the past keys/values and an additive mask as plain
+tensors and returning the new keys/values, so a recipe can place the cache wherever its
+deployment wants it (graph input/output, in-graph ring buffer, unrolled steps).
+
+They call no HF forward and no HF helper (RoPE init, activations, scaling attributes): the eager
+reference runs the HF modules, so a bug on either side shows at the parity gate instead of
+cancelling out. RoPE frequencies and the attention scale come from the config.
 """
 
 from __future__ import annotations
@@ -13,6 +18,17 @@ import torch
 from torch import nn
 
 NEG_INF = -1.0e4  # additive mask value: exp() underflows to exactly 0 in fp32 and fp16 alike
+
+
+def rope_inv_freq(config) -> torch.Tensor:
+    """The default (unscaled) RoPE frequencies of an HF config: rope_theta over head_dim (NeoX
+    pairs). Other RoPE types are refused rather than approximated."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind != "default" or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"RoPE type {kind!r} (partial factor {getattr(config, 'partial_rotary_factor', 1.0)}) has no graph implementation")
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,14 +128,14 @@ def attention(
     values = v if past_value is None else torch.cat((past_value, v), dim=2)
     # GQA without copying K/V: fold each KV head's query group into the query axis
     # ([B, KV*G, P, D] -> [B, KV, G*P, D]), which is exactly HF's repeat_kv head mapping (h -> h // G).
-    groups = attn.num_key_value_groups
     kv_heads = keys.shape[1]
+    groups = q.shape[1] // kv_heads
     q = q.reshape(bsz, kv_heads, groups * seq, head_dim)
     # 3-D bmm: a 4-D matmul decomposes with expand copies that XNNPACK does not delegate.
     slots = keys.shape[2]
     scores = torch.bmm(
         q.reshape(bsz * kv_heads, groups * seq, head_dim), keys.reshape(bsz * kv_heads, slots, head_dim).transpose(1, 2)
-    ).reshape(bsz, kv_heads, groups * seq, slots) * attn.scaling
+    ).reshape(bsz, kv_heads, groups * seq, slots) * head_dim**-0.5
     if mask is not None:
         scores = scores + group_mask(mask, groups, seq)
     probs = torch.softmax(scores, dim=-1)
@@ -130,13 +146,22 @@ def attention(
     return attn.o_proj(out), k, v
 
 
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x): F.silu in fp16 decomposes with an fp32 upcast that XNNPACK does not delegate
+    (it would split the graph)."""
+    return x * torch.sigmoid(x)
+
+
+# HF activation module (ACT2FN[config.hidden_act]) -> the graphs' own function
+_ACTIVATIONS = {"SiLU": _silu, "SiLUActivation": _silu, "GELU": nn.functional.gelu, "GELUActivation": nn.functional.gelu}
+
+
 def gated_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """HF gate/up/down MLP. SiLU is written as x * sigmoid(x): the same function, but F.silu in
-    fp16 decomposes with an fp32 upcast that XNNPACK does not delegate (it would split the graph)."""
-    if type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
-        return mlp(x)
-    gate = mlp.gate_proj(x)
-    return mlp.down_proj(gate * torch.sigmoid(gate) * mlp.up_proj(x))
+    """HF gate/up/down MLP with the graphs' own activation for the configured one."""
+    name = type(mlp.act_fn).__name__
+    if name not in _ACTIVATIONS or getattr(mlp.act_fn, "approximate", "none") != "none":
+        raise ValueError(f"activation {name} has no graph implementation (known: {', '.join(_ACTIVATIONS)})")
+    return mlp.down_proj(_ACTIVATIONS[name](mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def decoder_layer(
@@ -149,14 +174,18 @@ def decoder_layer(
     mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pre-norm HF decoder layer (input_layernorm, self_attn, post_attention_layernorm, mlp),
-    honouring optional per-branch layer scales (`self_attn_layer_scale`, `mlp_layer_scale`)."""
-    attn_scale = getattr(layer, "self_attn_layer_scale", None) or nn.Identity()
-    mlp_scale = getattr(layer, "mlp_layer_scale", None) or nn.Identity()
+    honouring optional per-branch layer scales (`self_attn_layer_scale`, `mlp_layer_scale`: a
+    per-channel `scale` parameter)."""
     normed = rms_norm(layer.input_layernorm, hidden)
     out, key, value = attention(layer.self_attn, normed, cos, sin, past_key, past_value, mask)
-    hidden = hidden + attn_scale(out)
-    hidden = hidden + mlp_scale(gated_mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden)))
-    return hidden, key, value
+    hidden = hidden + _layer_scaled(layer, "self_attn_layer_scale", out)
+    mlp = gated_mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden))
+    return hidden + _layer_scaled(layer, "mlp_layer_scale", mlp), key, value
+
+
+def _layer_scaled(layer: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    scale = getattr(layer, name, None)
+    return x if scale is None else x * scale.scale
 
 
 def step_valid(slots: int, position: torch.Tensor) -> torch.Tensor:

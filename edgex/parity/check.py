@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..component import LOGITS, TOKENS, Component, Inputs, TensorSpec
+from ..artifacts.files import strict_json
 from . import metrics
 from .runtimes.base import Session
 
@@ -49,18 +50,7 @@ class ParityReport:
     verdict: str = "unverified"  # "pass" | "fail" | "unverified"
 
     def to_json(self) -> dict:
-        return _finite(asdict(self))
-
-
-def _finite(value):
-    """JSON has no inf/nan: write them as strings so the manifest stays strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+        return strict_json(asdict(self))
 
 
 def to_numpy(inputs, float_dtype: str) -> list[np.ndarray]:

@@ -30,7 +30,7 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
               # HTP static QDQ, calibrated. Measured in the simulator on tiny presets: w8a16 talker
               # 23 dB, Spark-X2.5 13-17 dB (the same QDQ graph on ONNX Runtime CPU: 13-16 dB, so
               # that is the scheme's noise on random weights, not an HTP error); broken graphs score
-              # 0-5 dB (w4a16 talker 5 dB; MODELS.md: uncalibrated w4a16 -1.6 dB on a real model)
+              # 0-5 dB (w4a16 talker 5 dB; docs/models.md: uncalibrated w4a16 -1.6 dB on a real model)
               "w8a16": 10.0, "w8a8": 8.0, "w4a16": 8.0}
 
 

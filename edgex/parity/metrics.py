@@ -1,4 +1,4 @@
-"""Parity metrics, computed in float64 over whole tensors (DESIGN.md definitions)."""
+"""Parity metrics, computed in float64 over whole tensors (docs/parity.md)."""
 
 from __future__ import annotations
 

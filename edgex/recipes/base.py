@@ -1,4 +1,7 @@
-"""Recipe: one model family. Loads the eager model and splits it into components."""
+"""Recipe: one model family. Loads the eager model and splits it into components.
+
+Light on import (no torch): `RecipeFacts` is what name checks, `edgex list` and `--dry-run` read.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,12 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..component import Component
 from ..errors import EdgexError
+
+if TYPE_CHECKING:
+    from ..component import Component
 
 
 @dataclass
@@ -50,18 +55,30 @@ def parse_settings(values: list[str] | None) -> dict[str, str]:
     return settings
 
 
-class Recipe(ABC):
+@dataclass(frozen=True)
+class RecipeFacts:
+    """What a recipe declares in its light `facts` module: everything needed to check a command
+    line and print `edgex list` without building (or importing) the model."""
+
     name: str
     description: str
+    presets: dict[str, str]  # preset name -> one-line description
+    components: dict[str, str]  # component name -> role
+    options: dict[str, RecipeOption] = field(default_factory=dict)  # `--set KEY=VALUE` build options
     default_preset: str = "tiny"
 
-    def options(self) -> dict[str, RecipeOption]:
-        """Build options this recipe accepts; none unless it declares some."""
-        return {}
+    def check_preset(self, preset: str | None) -> None:
+        if preset is not None and preset not in self.presets:
+            raise EdgexError(f"no such preset {preset!r} for {self.name} (known: {', '.join(self.presets)})")
+
+    def check_components(self, names: list[str] | None) -> None:
+        for n in names or []:
+            if n not in self.components:
+                raise EdgexError(f"no such component {n!r} in {self.name} (known: {', '.join(self.components)})")
 
     def parse_options(self, settings: dict[str, str] | None) -> dict:
         """Typed options from `--set` text; an unknown key or a bad value is a one-line error."""
-        known = self.options()
+        known = self.options
         parsed = {}
         for key, text in (settings or {}).items():
             if key not in known:
@@ -72,13 +89,36 @@ class Recipe(ABC):
                 raise EdgexError(f"bad value {text!r} for option {key} of {self.name}: {exc}") from None
         return parsed
 
-    @abstractmethod
-    def presets(self) -> dict[str, str]:
-        """Preset name -> one-line description."""
 
-    @abstractmethod
+class Recipe(ABC):
+    """The heavy half of a recipe package (`recipe.py`); its declarations come from `facts`."""
+
+    facts: RecipeFacts
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def description(self) -> str:
+        return self.facts.description
+
+    @property
+    def default_preset(self) -> str:
+        return self.facts.default_preset
+
+    def options(self) -> dict[str, RecipeOption]:
+        return dict(self.facts.options)
+
+    def parse_options(self, settings: dict[str, str] | None) -> dict:
+        return self.facts.parse_options(settings)
+
+    def presets(self) -> dict[str, str]:
+        return dict(self.facts.presets)
+
     def component_names(self) -> dict[str, str]:
-        """Component name -> role, without building anything (for `edgex list`)."""
+        """Component name -> role, without building anything."""
+        return dict(self.facts.components)
 
     @abstractmethod
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:

@@ -25,10 +25,23 @@ class Session(ABC):
         """Inputs in the artifact's own dtypes, in declared order; outputs in declared order."""
 
 
+# The smoke program every runtime runs for `edgex doctor`: y = x + 1 on these values.
+SMOKE_INPUT = np.array([[-2.0, 0.0, 0.5, 3.0]], np.float32)
+
+
+def check_smoke(outputs: Sequence[np.ndarray]) -> None:
+    """Raise unless a smoke program returned SMOKE_INPUT + 1, to fp16 rounding (the QNN HTP
+    simulator's fp16 path is 1 fp32 ulp off on these exact values)."""
+    got = np.asarray(outputs[0], np.float32).reshape(SMOKE_INPUT.shape)
+    if not np.allclose(got, SMOKE_INPUT + 1, rtol=1e-3, atol=1e-3):
+        raise RuntimeError(f"the x + 1 smoke program returned {got.tolist()} for x = {SMOKE_INPUT.tolist()}")
+
+
 class Runtime(ABC):
     name: str
     method: str = "runtime"  # how parity obtained by this adapter is labelled in the manifest
     simulator: str | None = None  # the interpreter / simulator that ran the artifact, when "simulated"
+    required: bool = False  # a core dependency's runtime: `edgex doctor` fails when it is missing, too
 
     def unavailable_reason(self) -> str | None:
         """None when this machine can run the format, else a one-line reason."""
@@ -37,6 +50,14 @@ class Runtime(ABC):
     @abstractmethod
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ...
+
+    def smoke(self, workdir: Path) -> str:
+        """Load this runtime's library and run a tiny program through it (x + 1 on SMOKE_INPUT,
+        checked with `check_smoke`), so `edgex doctor` reports what actually ran, not what imports.
+        Returns a short note of what ran; raises EdgexError when the toolchain is not installed
+        and any other exception when it is installed but broken. Files go under `workdir`.
+        A runtime without one is reported failed: nothing shows that it works."""
+        raise NotImplementedError(f"runtime {self.name} has no smoke program")
 
     def version(self) -> str | None:
         return None

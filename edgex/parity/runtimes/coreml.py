@@ -16,7 +16,7 @@ import numpy as np
 
 from ...toolchain import ensure_installed, version
 from . import RUNTIMES
-from .base import Runtime, Session, Unsupported
+from .base import SMOKE_INPUT, Runtime, Session, Unsupported, check_smoke
 
 
 def package_root(files: list[Path]) -> Path:
@@ -86,6 +86,24 @@ class CoreMLRuntime(Runtime):
             return _Interpret(MilInterpreter(package))
         except UnsupportedOp as exc:
             raise Unsupported(str(exc)) from None
+
+    def smoke(self, workdir: Path) -> str:
+        """Writes x + 1 as an ML program `.mlpackage` with coremltools' MIL builder and runs it as
+        `load` would: Core ML's prediction on macOS, edgex's MIL interpreter elsewhere."""
+        ensure_installed("coremltools", "running .mlpackage artifacts")
+        import coremltools as ct
+        from coremltools.converters.mil import Builder as mb
+        from coremltools.converters.mil.mil import types
+
+        @mb.program(input_specs=[mb.TensorSpec(shape=SMOKE_INPUT.shape, dtype=types.fp32)])
+        def add_one(x):
+            return mb.add(x=x, y=1.0, name="y")
+
+        path = workdir / "smoke.mlpackage"
+        ct.convert(add_one, convert_to="mlprogram", compute_precision=ct.precision.FLOAT32).save(str(path))
+        check_smoke(self.load([path]).run([SMOKE_INPUT]))
+        where = "Core ML prediction" if _on_macos() else f"{self.simulator} (Core ML itself predicts only on macOS)"
+        return f"ran an x + 1 ML program through {where}"
 
     def version(self) -> str | None:
         return version("coremltools")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
-from .base import Runtime, Session
+from .base import SMOKE_INPUT, Runtime, Session, check_smoke
 
 
 class _Session(Session):
@@ -26,6 +26,7 @@ class _Session(Session):
 @RUNTIMES.register("executorch")
 class ExecuTorchRuntime(Runtime):
     name = "executorch"
+    required = True
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ensure_installed("executorch", "running .pte artifacts")
@@ -39,6 +40,24 @@ class ExecuTorchRuntime(Runtime):
                 portable_lib._unsafe_reset_threadpool(threads)
         program = EtRuntime.get().load_program(Path(files[0]))
         return _Session(program.load_method("forward"))
+
+    def smoke(self, workdir: Path) -> str:
+        """Lowers x + 1 to XNNPACK the way the exporter does and runs the program: the pybindings
+        runtime must load and the XNNPACK backend must be registered in it."""
+        ensure_installed("executorch", "running .pte artifacts")
+        import torch
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        class AddOne(torch.nn.Module):
+            def forward(self, x):
+                return x + 1.0
+
+        exported = torch.export.export(AddOne(), (torch.from_numpy(SMOKE_INPUT),), strict=False)
+        path = workdir / "smoke.pte"
+        path.write_bytes(to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+        check_smoke(self.load([path], 1).run([SMOKE_INPUT]))
+        return "ran an XNNPACK-delegated x + 1 program"
 
     def version(self) -> str | None:
         return version("executorch")

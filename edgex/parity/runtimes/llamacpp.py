@@ -347,5 +347,18 @@ class LlamaCppRuntime(Runtime):
             raise RuntimeError(f"llama.cpp could not load {files[0].name}")
         return _Session(llama, model, feed, threads or 2)
 
+    def smoke(self, workdir: Path) -> str:
+        """Loads libllama and its CPU backend and calls into it. No model runs: a GGUF needs a
+        model layout (edgex writes them per recipe), and parity runs real ones."""
+        ensure_installed("llama_cpp", "running .gguf artifacts")
+        with native_output_silenced():
+            import llama_cpp as llama
+
+            llama.llama_backend_init()
+            info = llama.llama_print_system_info().decode(errors="replace")
+        if "CPU" not in info:
+            raise RuntimeError(f"libllama loaded but reports no CPU backend: {info.strip()!r}")
+        return "loaded libllama and its CPU backend (no model run)"
+
     def version(self) -> str | None:
         return version("llama-cpp-python")

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
-from .base import Runtime, Session
+from .base import SMOKE_INPUT, Runtime, Session, check_smoke
 
 
 class _Session(Session):
@@ -45,6 +45,21 @@ class MnnRuntime(Runtime):
             manager = nn.create_runtime_manager((config,))
             module = nn.load_module_from_file(str(files[0]), [], [], runtime_manager=manager)
         return _Session(module, F)
+
+    def smoke(self, workdir: Path) -> str:
+        """Builds x + 1 with MNN's expression API, saves it as a .mnn and runs it as `load` would."""
+        ensure_installed("MNN", "running .mnn artifacts")
+        with native_output_silenced():
+            import MNN.expr as F
+
+            x = F.placeholder(list(SMOKE_INPUT.shape), F.NCHW, F.float)
+            x.name = "x"
+            y = F.add(x, F.const(np.ones(SMOKE_INPUT.shape, np.float32), list(SMOKE_INPUT.shape), F.NCHW, F.float))
+            y.name = "y"
+            path = workdir / "smoke.mnn"
+            F.save([y], str(path))
+        check_smoke(self.load([path], 1).run([SMOKE_INPUT]))
+        return "ran a saved x + 1 .mnn module on the CPU backend"
 
     def version(self) -> str | None:
         return version("MNN")

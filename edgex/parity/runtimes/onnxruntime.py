@@ -9,7 +9,25 @@ import numpy as np
 
 from ...toolchain import require, version
 from . import RUNTIMES
-from .base import Runtime, Session
+from .base import SMOKE_INPUT, Runtime, Session, check_smoke
+
+
+def smoke_model(path: Path) -> Path:
+    """A one-node ONNX model, y = x + 1 on SMOKE_INPUT's shape, written to `path`."""
+    onnx = require("onnx", "building the ONNX smoke model")
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = list(SMOKE_INPUT.shape)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "one"], ["y"])], "edgex_smoke",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(np.ones(shape, np.float32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
 
 
 class OrtSession(Session):
@@ -26,6 +44,7 @@ class OrtSession(Session):
 @RUNTIMES.register("onnxruntime")
 class OnnxRuntime(Runtime):
     name = "onnxruntime"
+    required = True
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ort = require("onnxruntime", "running .onnx artifacts")
@@ -36,6 +55,10 @@ class OnnxRuntime(Runtime):
             options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(files[0]), options, providers=["CPUExecutionProvider"])
         return OrtSession(session)
+
+    def smoke(self, workdir: Path) -> str:
+        check_smoke(self.load([smoke_model(workdir / "smoke.onnx")], 1).run([SMOKE_INPUT]))
+        return "ran a 1-node ONNX model on the CPU execution provider"
 
     def version(self) -> str | None:
         return version("onnxruntime")

@@ -20,17 +20,51 @@ import math
 import torch
 from torch import nn
 
-from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin, rope_inv_freq
+
+_SNAKE_EPS = 1e-9  # SnakeBeta's guard against 1 / 0
 
 
 def _causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Qwen3TTSTokenizerV2CausalConvNet without its shape-dependent extra padding (0 at stride 1)."""
-    return conv.conv(nn.functional.pad(x, (conv.padding, 0)))
+    """A causal conv (Qwen3TTSTokenizerV2CausalConvNet's torch `conv`): left padding of the dilated
+    kernel's reach minus the stride, from the conv's own geometry; no extra right padding (0 at stride 1)."""
+    c = conv.conv
+    left = (c.kernel_size[0] - 1) * c.dilation[0] + 1 - c.stride[0]
+    return c(nn.functional.pad(x, (left, 0)))
 
 
 def _trans_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    y = conv.conv(x)
-    return y[..., : y.shape[-1] - conv.right_pad] if conv.right_pad > 0 else y
+    """A causal transposed conv: the kernel - stride trailing samples are cut."""
+    c = conv.conv
+    y = c(x)
+    cut = c.kernel_size[0] - c.stride[0]
+    return y[..., : y.shape[-1] - cut] if cut > 0 else y
+
+
+def _snake(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """SnakeBeta on [B, C, T] from its log-scale `alpha` / `beta` parameters:
+    x + sin(x e^alpha)^2 / (e^beta + eps)."""
+    alpha = torch.exp(act.alpha)[None, :, None]
+    beta = torch.exp(act.beta)[None, :, None]
+    return x + torch.sin(x * alpha) ** 2 / (beta + _SNAKE_EPS)
+
+
+def _dequantize(quantizer: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    """codes [B, K, T] -> [B, D, T]: the split residual VQ's codebooks (each entry its running sum
+    over its usage), summed per group and projected; the first `n_q_semantic` codes are the first
+    group, the rest the second."""
+    first = quantizer.n_q_semantic
+    total = None
+    for group, group_codes in ((quantizer.rvq_first, codes[:, :first]), (quantizer.rvq_rest, codes[:, first:])):
+        summed = None
+        for k, vq in enumerate(group.vq.layers):
+            book = vq._codebook
+            table = book.embedding_sum / torch.clamp(book.cluster_usage, min=book.epsilon)[:, None]
+            entry = vq.project_out(nn.functional.embedding(group_codes[:, k], table))  # [B, T, D]
+            summed = entry if summed is None else summed + entry
+        projected = group.output_proj(summed.transpose(1, 2))
+        total = projected if total is None else total + projected
+    return total
 
 
 def _zero_before(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
@@ -50,7 +84,7 @@ def receptive_field_frames(decoder: nn.Module) -> int:
 
     def conv(module):
         nonlocal history
-        history += (module.kernel_size - 1) / rate
+        history += (module.conv.kernel_size[0] - 1) * module.conv.dilation[0] / rate
 
     def trans(module):
         nonlocal history, rate
@@ -79,14 +113,12 @@ class _DecoderGraph(nn.Module):
         self.transformer = decoder.pre_transformer
         self.window = int(decoder.config.sliding_window)
         self.upsample_per_frame = int(decoder.total_upsample)
-        self.register_buffer("inv_freq", self.transformer.rotary_emb.inv_freq.detach().clone(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(decoder.config), persistent=False)
 
     def _transformer(self, latent, positions, past, mask):
         tr = self.transformer
         hidden = tr.input_proj(latent)
         cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)
-        scale = float(tr.rotary_emb.attention_scaling)
-        cos, sin = cos * scale, sin * scale
         new = []
         for i, layer in enumerate(tr.layers):
             pk, pv = (None, None) if past is None else (past[0][i], past[1][i])
@@ -110,12 +142,12 @@ class _DecoderGraph(nn.Module):
         hidden = _causal_conv(stages[0], _zero_before(hidden, first()))
         for block in stages[1:-2]:
             snake, up, *units = block.block
-            hidden = _trans_conv(up, _zero_before(snake(hidden), first()))
+            hidden = _trans_conv(up, _zero_before(_snake(snake, hidden), first()))
             rate *= up.conv.stride[0]
             for unit in units:
-                inner = _causal_conv(unit.conv1, _zero_before(unit.act1(hidden), first()))
-                hidden = hidden + _causal_conv(unit.conv2, unit.act2(inner))
-        wav = _causal_conv(stages[-1], _zero_before(stages[-2](hidden), first()))
+                inner = _causal_conv(unit.conv1, _zero_before(_snake(unit.act1, hidden), first()))
+                hidden = hidden + _causal_conv(unit.conv2, _snake(unit.act2, inner))
+        wav = _causal_conv(stages[-1], _zero_before(_snake(stages[-2], hidden), first()))
         return wav.clamp(min=-1, max=1)
 
 
@@ -128,7 +160,7 @@ class Code2WavWindow(_DecoderGraph):
 
     def forward(self, codes):
         frames = codes.shape[-1]
-        quantized = self.decoder.quantizer.decode(codes)
+        quantized = _dequantize(self.decoder.quantizer, codes)
         latent = _causal_conv(self.decoder.pre_conv, quantized).transpose(1, 2)
         pos = torch.arange(frames)
         valid = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < self.window)
@@ -144,7 +176,7 @@ class Code2Latent(_DecoderGraph):
 
     def forward(self, codes, start, conv_state, past_key, past_value):
         chunk = codes.shape[-1]
-        quantized = self.decoder.quantizer.decode(codes)
+        quantized = _dequantize(self.decoder.quantizer, codes)
         stacked = torch.cat((conv_state, quantized), dim=-1)
         latent = self.decoder.pre_conv.conv(stacked).transpose(1, 2)
         slots = past_key.shape[3]

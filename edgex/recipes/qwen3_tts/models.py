@@ -3,7 +3,7 @@
 Two sources: a preset with seeded random weights, or a local Hugging Face-layout checkpoint
 (`config.json` + safetensors at the root for the talker, `speech_tokenizer/` for the decoder).
 Random weights use a fan-in scaled init instead of the package's 0.02 default, and non-zero
-codebooks, so logits are spread and the waveform is speech-scale (MODELS.md: the default init shrinks
+codebooks, so logits are spread and the waveform is speech-scale (docs/models.md: the default init shrinks
 the wav to ~1e-8 and zero codebooks give a constant wav, which would make SNR meaningless).
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from ...errors import EdgexError
 from ..base import read_config_json, read_safetensors
 from .presets import Qwen3TTSPreset
-from .reference import qwen_tts_modules
+from .qwen_tts_import import qwen_tts_modules
 
 
 @dataclass

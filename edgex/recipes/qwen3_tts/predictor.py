@@ -13,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
-                              rope_cos_sin, step_valid)
+                              rope_cos_sin, rope_inv_freq, step_valid)
 
 GROUPS = 15  # residual codebooks predicted per frame (codebooks 1..15)
 
@@ -29,14 +29,12 @@ class _PredictorGraph(nn.Module):
         self.heads = predictor.lm_head
         self.tables = predictor.model.codec_embedding
         self.talker_table = talker.model.codec_embedding
-        rotary = predictor.model.rotary_emb
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().clone(), persistent=False)
-        self.rope_scale = float(rotary.attention_scaling)
-        self.groups = self.layers[0].self_attn.num_key_value_groups
+        config = predictor.config
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.groups = config.num_attention_heads // config.num_key_value_heads
 
     def _rope(self, positions, dtype):
-        cos, sin = rope_cos_sin(self.inv_freq, positions, dtype)
-        return cos * self.rope_scale, sin * self.rope_scale
+        return rope_cos_sin(self.inv_freq, positions, dtype)
 
     def _layers(self, embeds, rope, past, mask):
         cos, sin = rope

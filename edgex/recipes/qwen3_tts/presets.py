@@ -1,6 +1,6 @@
 """Qwen3-TTS configurations: the real 0.6B / 1.7B checkpoint values and a tiny test preset.
 
-The qwen-tts package defaults are not the checkpoint values (MODELS.md): `text_vocab_size`,
+The qwen-tts package defaults are not the checkpoint values (docs/models.md): `text_vocab_size`,
 `head_dim`, the mrope `rope_scaling` keys and the decoder `codebook_dim` must be set explicitly.
 The tiny preset keeps the real vocabularies, codebook counts, frame rate and decoder window and
 shrinks only widths and depths, so every graph has the real interface and exports in seconds.

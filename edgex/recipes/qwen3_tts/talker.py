@@ -13,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
-                              rope_cos_sin, step_valid)
+                              rope_cos_sin, rope_inv_freq, step_valid)
 
 
 class _TalkerGraph(nn.Module):
@@ -22,13 +22,10 @@ class _TalkerGraph(nn.Module):
         self.model = talker.model
         self.codec_head = talker.codec_head
         attach_norm_constants(talker)
-        rotary = talker.model.rotary_emb
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().clone(), persistent=False)
-        self.rope_scale = float(rotary.attention_scaling)
+        self.register_buffer("inv_freq", rope_inv_freq(talker.config), persistent=False)
 
     def _run(self, embeds, positions, past_key, past_value, mask):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
-        cos, sin = cos * self.rope_scale, sin * self.rope_scale
         hidden, keys, values = embeds, [], []
         for i, layer in enumerate(self.model.layers):
             pk = None if past_key is None else past_key[i]
@@ -49,7 +46,8 @@ class TalkerPrefill(_TalkerGraph):
         seq = inputs_embeds.shape[1]
         positions = torch.arange(seq)
         mask = mask_from_valid(causal_valid(seq, seq), inputs_embeds.dtype)[None, None]
-        mask = group_mask(mask, self.model.layers[0].self_attn.num_key_value_groups, seq)
+        config = self.model.config
+        mask = group_mask(mask, config.num_attention_heads // config.num_key_value_heads, seq)
         return self._run(inputs_embeds, positions, None, None, mask)
 
 

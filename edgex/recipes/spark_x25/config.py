@@ -1,6 +1,6 @@
 """Spark-X2.5 configuration: the published 1.7B values, a tiny test preset, and config.json keys.
 
-Layer types come from `layer_types` when a config has it (MODELS.md: read it, do not assume it);
+Layer types come from `layer_types` when a config has it (docs/models.md: read it, do not assume it);
 otherwise the published 3:1 rule applies (layer i is full attention when (i + 1) % 4 == 0).
 The tiny preset keeps the real vocabulary, head layout ratios, RoPE split and the 3:1 pattern and
 shrinks widths, depth and the window (16) so tests cross the window several times in seconds.

@@ -5,7 +5,7 @@ row order, the head-wise `attn_gate` (sigmoid, one scale per head), NeoX RoPE wi
 base and rotary width (`rope.freq_base` / `rope.dimension_count` for full layers,
 `*_swa` for sliding ones), a standard sliding window that includes the current token, and the
 embedding tied as the output. Its FFN uses ggml's tanh-approximate GELU where the reference uses
-the exact one, so llama.cpp's parity carries that small gap (MODELS.md).
+the exact one, so llama.cpp's parity carries that small gap (docs/models.md).
 
 The graphs' state maps onto llama.cpp's two caches: the ring feeds its sliding-window cache, the
 full layers' past K/V its non-sliding cache. edgex ships no tokenizer (presets use random token
@@ -74,5 +74,5 @@ def spark_layout(model: SparkForCausalLM, context: int) -> GgufLayout:
         f"{ARCH}.rope.dimension_count": int(cfg.head_dim * cfg.full_partial_rotary_factor),
         f"{ARCH}.rope.dimension_count_swa": cfg.head_dim,
     }
-    gates = tuple(f"blk.{i}.attn_gate.weight" for i in range(cfg.num_hidden_layers))  # MODELS.md: never quantized
+    gates = tuple(f"blk.{i}.attn_gate.weight" for i in range(cfg.num_hidden_layers))  # docs/models.md: never quantized
     return GgufLayout(ARCH, meta, lambda: spark_tensors(model), FEED, keep_f32=gates)

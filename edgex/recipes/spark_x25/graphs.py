@@ -11,8 +11,13 @@ State a runner keeps between calls (all static shapes):
       only its new entries (`key`/`value`, [full layers, 1, KV, P, D]), which the runner writes at
       the call's positions: copying the whole context back every token would cost far more.
 
-The eager model (`model.py`) is the reference: `step_reference` rebuilds its cache from the same
-state tensors and runs it unmodified, so parity compares two independent implementations.
+The eager model (`model.py`) is the reference, and these graphs share no numerical code with it:
+they apply its parameters through the torch `nn.Linear` / `nn.Embedding` modules that hold them
+(module calls, so quantizers that act per module and `float_only` patterns still see them) and read
+the config, and compute everything else themselves (RoPE frequencies, tables and rotation, masks,
+attention, the head gate, the MLP and its activation, the norms). A bug in either implementation
+therefore shows as a parity loss instead of cancelling out; `tests/test_spark.py` breaks the
+reference's helpers to prove it. `reference.py` runs the eager model on these graphs' inputs.
 """
 
 from __future__ import annotations
@@ -21,26 +26,53 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.transformer import attach_norm_constants, causal_valid, group_mask, mask_from_valid, rms_norm, rope_cos_sin
+from ...nn.transformer import (apply_rope, attach_norm_constants, causal_valid, group_mask, mask_from_valid, rms_norm,
+                              rope_cos_sin)
 from .config import FULL, SLIDING, SparkConfig
-from .model import LayerCache, SparkCache, SparkForCausalLM, apply_partial_rope, rope_inv_freq
+
+
+def rotary_inv_freq(config: SparkConfig, layer_type: str) -> torch.Tensor:
+    """RoPE frequencies for a layer type, from the config (docs/models.md): NeoX pairs over the rotary
+    dims, theta 1e4 over the whole head for sliding layers, theta 5e6 over the first 25 % for full ones."""
+    if layer_type == SLIDING:
+        theta, rotary = config.sliding_rope_theta, config.head_dim
+    else:
+        theta, rotary = config.full_rope_theta, int(config.head_dim * config.full_partial_rotary_factor)
+    exponents = torch.arange(0, rotary, 2, dtype=torch.float32) / rotary
+    return 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float32), exponents)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of each head, pass the rest through."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU, as Spark-X2.5 publishes it (docs/models.md; llama.cpp's tanh form is not it).
+    The torch op, so each exporter lowers it to its format's own GELU."""
+    return F.gelu(x, approximate="none")
 
 
 class _SparkGraph(nn.Module):
-    def __init__(self, model: SparkForCausalLM):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model.model  # keeps the checkpoint's parameter names under `model.`
+        self.model = model.model  # its parameters, under the checkpoint's names `model.`; never its forwards
         self.config: SparkConfig = model.config
+        config = self.config
         attach_norm_constants(self.model)
-        self.register_buffer("inv_freq_sliding", rope_inv_freq(self.config, SLIDING), persistent=False)
-        self.register_buffer("inv_freq_full", rope_inv_freq(self.config, FULL), persistent=False)
+        self.register_buffer("inv_freq_sliding", rotary_inv_freq(config, SLIDING), persistent=False)
+        self.register_buffer("inv_freq_full", rotary_inv_freq(config, FULL), persistent=False)
 
     def _project(self, attn, normed, cos, sin):
         cfg = self.config
         b, p, _ = normed.shape
-        q, k, v = attn.q_k_v_proj(normed).split([cfg.num_attention_heads * cfg.head_dim, attn.kv_dim, attn.kv_dim], dim=-1)
-        q = apply_partial_rope(q.view(b, p, -1, cfg.head_dim).transpose(1, 2), cos, sin)
-        k = apply_partial_rope(k.view(b, p, -1, cfg.head_dim).transpose(1, 2), cos, sin)
+        q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        q, k, v = attn.q_k_v_proj(normed).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = _rope(q.view(b, p, -1, cfg.head_dim).transpose(1, 2), cos, sin)
+        k = _rope(k.view(b, p, -1, cfg.head_dim).transpose(1, 2), cos, sin)
         return q, k, v.view(b, p, -1, cfg.head_dim).transpose(1, 2)
 
     def _attend(self, attn, normed, q, keys, values, mask):
@@ -58,6 +90,10 @@ class _SparkGraph(nn.Module):
         gate = torch.sigmoid(attn.g_proj(normed).float()).to(out.dtype)  # [B, P, H]
         return attn.out_proj((out * gate[..., None]).reshape(b, p, cfg.num_attention_heads * d))
 
+    @staticmethod
+    def _mlp(mlp, x):
+        return mlp.down_proj(_gelu(mlp.gate_proj(x)) * mlp.up_proj(x))
+
     def _forward(self, tokens, positions, sliding, full):
         """The layer stack; `sliding(i, k, v)` / `full(i, k, v)` give each layer type its keys,
         values and additive mask from the i-th layer of that type's state and the new k, v."""
@@ -67,14 +103,13 @@ class _SparkGraph(nn.Module):
             FULL: rope_cos_sin(self.inv_freq_full, positions, hidden.dtype),
         }
         index = {SLIDING: 0, FULL: 0}
-        for layer in self.model.layers:
-            kind = layer.layer_type
+        for kind, layer in zip(self.config.layer_types, self.model.layers):
             normed = rms_norm(layer.input_layernorm, hidden)
             q, k, v = self._project(layer.self_attn, normed, *tables[kind])
             keys, values, mask = (sliding if kind == SLIDING else full)(index[kind], k, v)
             index[kind] += 1
             hidden = hidden + self._attend(layer.self_attn, normed, q, keys, values, mask)
-            hidden = hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))
+            hidden = hidden + self._mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden))
         return F.linear(rms_norm(self.model.norm, hidden), self.model.embedding.weight)  # tied head
 
     def _grouped(self, valid: torch.Tensor, dtype) -> torch.Tensor:
@@ -154,64 +189,10 @@ class SparkDecode(_SparkGraph):
         return logits, torch.stack(rings[0]), torch.stack(rings[1]), torch.stack(news[0]), torch.stack(news[1])
 
 
-# -- state layout shared by samples and the reference -------------------------------------------
+# -- state layout ------------------------------------------------------------------------------
 def empty_state(config: SparkConfig, context: int, dtype=torch.float32) -> tuple[torch.Tensor, ...]:
+    """Zeroed (ring_key, ring_value, past_key, past_value): the state before position 0."""
     kv, d = config.num_key_value_heads, config.head_dim
     ring = torch.zeros(len(config.sliding_layers), 1, kv, config.sliding_window, d, dtype=dtype)
     past = torch.zeros(len(config.full_layers), 1, kv, context, d, dtype=dtype)
     return ring, ring.clone(), past, past.clone()
-
-
-def _ring_write(ring: torch.Tensor, layer: LayerCache, keys: torch.Tensor, end: int) -> torch.Tensor:
-    """`ring` with the last `window` positions before `end` that `layer` holds put in their slots."""
-    window = ring.shape[2]
-    positions = torch.arange(max(layer.start, end - window), end)
-    out = ring.clone()
-    out[:, :, positions % window] = keys[:, :, positions - layer.start]
-    return out
-
-
-def state_from_cache(config: SparkConfig, cache: SparkCache, position: int, context: int) -> tuple[torch.Tensor, ...]:
-    """Graph state (ring_key, ring_value, past_key, past_value) holding an eager cache's positions
-    < `position` (the eager cache may hold more: it is sliced)."""
-    ring_key, ring_value, past_key, past_value = empty_state(config, context)
-    if position == 0:
-        return ring_key, ring_value, past_key, past_value
-    for s, i in enumerate(config.sliding_layers):
-        layer = cache.layers[i]
-        ring_key[s] = _ring_write(ring_key[s], layer, layer.keys, position)
-        ring_value[s] = _ring_write(ring_value[s], layer, layer.values, position)
-    for f, i in enumerate(config.full_layers):
-        layer = cache.layers[i]
-        past_key[f, :, :, :position] = layer.keys[:, :, :position]
-        past_value[f, :, :, :position] = layer.values[:, :, :position]
-    return ring_key, ring_value, past_key, past_value
-
-
-def cache_from_state(config: SparkConfig, position: int, ring_key, ring_value, past_key, past_value) -> SparkCache:
-    """An eager cache with what the model may see at `position`: the full layers' first `position`
-    entries, the sliding layers' last window - 1 positions read from their ring slots."""
-    window = config.sliding_window
-    cache = SparkCache.empty(config)
-    first = max(0, position - (window - 1))
-    ring_slots = torch.arange(first, position) % window
-    for s, i in enumerate(config.sliding_layers):
-        cache.layers[i] = LayerCache(ring_key[s][:, :, ring_slots], ring_value[s][:, :, ring_slots], first)
-    for f, i in enumerate(config.full_layers):
-        cache.layers[i] = LayerCache(past_key[f][:, :, :position], past_value[f][:, :, :position], 0)
-    return cache
-
-
-@torch.no_grad()
-def step_reference(model: SparkForCausalLM, tokens, position, ring_key, ring_value, past_key, past_value):
-    """The eager model on a graph's inputs, with its outputs laid out as the graph's."""
-    config = model.config
-    start, chunk = int(position.reshape(-1)[0]), tokens.shape[1]
-    cache = cache_from_state(config, start, ring_key, ring_value, past_key, past_value)
-    logits = model(tokens, cache)
-    end = start + chunk
-    rings_k = [_ring_write(ring_key[s], cache.layers[i], cache.layers[i].keys, end) for s, i in enumerate(config.sliding_layers)]
-    rings_v = [_ring_write(ring_value[s], cache.layers[i], cache.layers[i].values, end) for s, i in enumerate(config.sliding_layers)]
-    new_k = [cache.layers[i].keys[:, :, start:end] for i in config.full_layers]
-    new_v = [cache.layers[i].values[:, :, start:end] for i in config.full_layers]
-    return logits, torch.stack(rings_k), torch.stack(rings_v), torch.stack(new_k), torch.stack(new_v)

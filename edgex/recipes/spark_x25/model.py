@@ -1,10 +1,11 @@
-"""Edgex's own eager Spark-X2.5, written from MODELS.md with checkpoint-compatible names.
+"""Edgex's own eager Spark-X2.5, written from docs/models.md with checkpoint-compatible names.
 
 No package implements this model, so this module *is* the reference every artifact is scored
 against. It is written for clarity, not speed: attention repeats K/V per query head, the sliding
 window is a mask over absolute positions, and the cache simply grows (`SparkCache`). The export
-graphs (`graphs.py`) compute the same function differently (ring buffer, folded GQA, bmm), which is
-why parity between them means something.
+graphs (`graphs.py`) compute the same function differently (ring buffer, folded GQA, bmm) and call
+none of this module's code, only the torch modules holding its parameters, which is why parity
+between them means something.
 
 Parameter names follow the published checkpoint: `model.embedding`, `model.layers.N.self_attn.
 {q_k_v_proj, g_proj, out_proj}`, `model.layers.N.mlp.{gate,up,down}_proj`, `model.norm`; the LM head

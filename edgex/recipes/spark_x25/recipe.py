@@ -20,16 +20,15 @@ import torch
 from ...component import LOGITS, SIGNAL, Component, TensorSpec
 from ...errors import EdgexError
 from .. import RECIPES
-from ..base import LoadedModel, Recipe, RecipeOption
+from ..base import LoadedModel, Recipe
 from .checkpoint import load_checkpoint
-from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, PRESETS, get_preset
+from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, get_preset
+from .facts import FACTS, FLOAT_ONLY, ROLES
 from .gguf import spark_layout
-from .graphs import SparkDecode, SparkPrefill, state_from_cache, step_reference
+from .graphs import SparkDecode, SparkPrefill
 from .model import SparkCache, build
+from .reference import state_from_cache, step_reference
 
-ROLES = {"prefill": "llm", "decode": "llm"}
-# MODELS.md: the head-wise gate stays unquantized in every quantized scheme.
-FLOAT_ONLY = ("*.self_attn.g_proj",)
 INPUTS = ["tokens", "position", "ring_key", "ring_value", "past_key", "past_value"]
 OUTPUTS = [("logits", LOGITS), ("next_ring_key", SIGNAL), ("next_ring_value", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)]
 
@@ -48,22 +47,9 @@ _CALIBRATION_SEED = 100
 _CALIBRATION_PER_PROMPT = 4
 
 
-@RECIPES.register("spark-x2.5")
+@RECIPES.register(FACTS.name)
 class SparkRecipe(Recipe):
-    name = "spark-x2.5"
-    description = "Spark-X2.5: 3:1 sliding/full attention LLM with a head-wise gate; prefill + decode"
-
-    def presets(self) -> dict[str, str]:
-        return {name: p.description for name, p in PRESETS.items()}
-
-    def component_names(self) -> dict[str, str]:
-        return dict(ROLES)
-
-    def options(self) -> dict[str, RecipeOption]:
-        return {
-            "context": RecipeOption("full-attention KV slots (tiny 128, 1.7b / checkpoint 1024)"),
-            "prefill": RecipeOption("tokens per prefill call (tiny 12, 1.7b / checkpoint 128)"),
-        }
+    facts = FACTS
 
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         if checkpoint is not None:

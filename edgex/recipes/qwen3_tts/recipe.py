@@ -1,13 +1,6 @@
 """Recipe `qwen3-tts`: Qwen3-TTS (12 Hz tokenizer) split into talker, code predictor and Code2Wav.
 
-Components (role):
-  talker_prefill (talker)        fixed prompt chunk -> logits, hidden, KV for the cache
-  talker_decode (talker)         one KV-cached step per 80 ms frame
-  code_predictor (predictor)     the 15 residual codebooks of a frame in one graph
-  code_predictor_step (predictor) one predictor position: the fallback runner loop
-  code2wav (decoder)             72 context + 25 new frames -> wav of the new frames
-  code2latent (decoder)          exact streaming, part 1: codes -> latents, rolling KV
-  latent2wav (decoder)           exact streaming, part 2: latents + 12 frames context -> wav
+The components and their roles are declared in `facts.py` (read without importing this module).
 """
 
 from __future__ import annotations
@@ -22,21 +15,12 @@ from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, TOKENS, Compo
 from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
+from .facts import FACTS, ROLES
 from . import code2wav, predictor, talker
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
-from .presets import PRESETS, get_preset
-
-ROLES = {
-    "talker_prefill": "talker",
-    "talker_decode": "talker",
-    "code_predictor": "predictor",
-    "code_predictor_step": "predictor",
-    "code2wav": "decoder",
-    "code2latent": "decoder",
-    "latent2wav": "decoder",
-}
+from .presets import get_preset
 
 # Graph sizes per preset family: (prefill chunk, talker KV slots).
 _SIZES = {"tiny": (16, 64)}
@@ -52,16 +36,9 @@ def _spec(name, tensor, kind=SIGNAL, sampled_from=None) -> TensorSpec:
     return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind, sampled_from)
 
 
-@RECIPES.register("qwen3-tts")
+@RECIPES.register(FACTS.name)
 class Qwen3TTSRecipe(Recipe):
-    name = "qwen3-tts"
-    description = "Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)"
-
-    def presets(self) -> dict[str, str]:
-        return {name: p.description for name, p in PRESETS.items()}
-
-    def component_names(self) -> dict[str, str]:
-        return dict(ROLES)
+    facts = FACTS
 
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         if checkpoint is not None:

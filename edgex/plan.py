@@ -1,0 +1,140 @@
+"""The export plan: every name on the command line checked, and every job listed, before any
+model is built or any heavy toolchain imported.
+
+Light on import (no torch): `edgex export` with a bad name fails in well under a second, and
+`edgex export --dry-run` prints the plan without building anything. `export_model` runs the same
+checks through `make_plan`, so library callers get the same errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoints import resolve_checkpoint
+from .errors import EdgexError
+from .exporters import EXPORTERS
+from .precision import get_precision
+from .recipes import RECIPES
+from .recipes.base import RecipeFacts
+from .targets import Placement, Target, get_target, parse_placement
+
+
+@dataclass(frozen=True)
+class Job:
+    component: str
+    role: str
+    exporter: str
+    precision: str
+    options: tuple = ()  # (key, value) pairs passed to the exporter as keyword arguments
+    placement: tuple = ()  # (key, value) pairs: where it runs on the device, what parity here misses
+
+
+def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
+    options = dict(target.exporter_options.get(placement.exporter, {}))
+    if get_precision(precision).calibration and calibration_size:
+        options["calibration_size"] = calibration_size
+    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
+
+
+def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: list[str] | None,
+         precisions: list[str] | None, calibration_size: int | None = None) -> list[Job]:
+    """Every (component, exporter, precision) the target places, filtered by the user's choices.
+
+    Unknown names fail here, before any model is built."""
+    for p in precisions or []:
+        get_precision(p)
+    for f in formats or []:
+        EXPORTERS.get(f)
+    recipe.check_components(components)
+    roles = recipe.components
+    jobs = []
+    for name in components or list(roles):
+        for placement in target.placements_for(roles[name]):
+            if formats and placement.exporter not in formats:
+                continue
+            exporter = EXPORTERS.get(placement.exporter)
+            for p in precisions or placement.precisions:
+                if p in exporter.precisions:
+                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
+    placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
+    if formats and not set(formats) & set(placed):
+        raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
+    for p in precisions or []:
+        if not any(j.precision == p for j in jobs):
+            offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
+            raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
+    if not jobs:
+        raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
+    return jobs
+
+
+def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str, Placement]:
+    overrides = dict(parse_placement(p) for p in placements)
+    roles = sorted(set(recipe.components.values()))
+    for role, placement in overrides.items():
+        if role not in roles:
+            raise EdgexError(f"no role {role!r} in {recipe.name} (roles: {', '.join(roles)})")
+        get_precision(placement.precisions[0])
+        EXPORTERS.get(placement.exporter).check(placement.precisions[0])
+    return overrides
+
+
+@dataclass
+class ExportPlan:
+    """What `export_model` will do: the checked inputs and the jobs, nothing built yet."""
+
+    recipe: RecipeFacts
+    target: Target
+    out_dir: Path  # <out>/<model>/<target>
+    jobs: list[Job]
+    preset: str | None
+    checkpoint: Path | None  # a local folder (hub ids already resolved from the local cache)
+    options: dict = field(default_factory=dict)  # the recipe's parsed build options
+
+    def artifact_path(self, job: Job) -> Path:
+        """Where the job's primary file lands when it passes (failing ones go under `failed/`)."""
+        return self.out_dir / f"{job.component}.{job.precision}{EXPORTERS.get(job.exporter).extension}"
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.recipe.name,
+            "target": self.target.name,
+            "source": {"checkpoint": str(self.checkpoint)} if self.checkpoint else {"preset": self.preset or self.recipe.default_preset},
+            "out_dir": str(self.out_dir),
+            "jobs": [{"component": j.component, "role": j.role, "format": j.exporter, "precision": j.precision,
+                      "path": str(self.artifact_path(j)), **({"placement": dict(j.placement)} if j.placement else {})}
+                     for j in self.jobs],
+        }
+
+
+def make_plan(
+    model: str,
+    target: str,
+    out: Path,
+    *,
+    preset: str | None = None,
+    checkpoint: Path | str | None = None,
+    components: list[str] | None = None,
+    formats: list[str] | None = None,
+    precisions: list[str] | None = None,
+    placements: list[str] | None = None,
+    calibration_size: int | None = None,
+    settings: dict[str, str] | None = None,
+) -> ExportPlan:
+    """Check every name and value, then list the jobs. Raises one-line EdgexErrors; writes nothing."""
+    recipe = RECIPES.facts(model)
+    tgt = get_target(target)
+    if placements:
+        tgt = tgt.with_overrides(placement_overrides(recipe, placements))
+    if preset and checkpoint:
+        raise EdgexError("give either --preset or --checkpoint, not both")
+    recipe.check_preset(preset)
+    if calibration_size is not None and calibration_size < 1:
+        raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
+    options = recipe.parse_options(settings)
+    jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
+    for job in jobs:
+        EXPORTERS.get(job.exporter).check(job.precision)
+    folder = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+    return ExportPlan(recipe, tgt, Path(out) / model / target, jobs, preset, folder, options)
