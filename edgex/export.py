@@ -190,9 +190,11 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
     return [entry for job_entries in entries for entry in job_entries]
 
 
-def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads) -> ParityReport:
-    """Parity of an exporter's artifact, run in the exporter's runtime."""
-    return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads)
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None) -> ParityReport:
+    """Parity of an exporter's artifact, run in the exporter's runtime, with its stored scheme
+    (`options`: those it was exported with)."""
+    return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads,
+                     partial(exporter.stored_scheme, component, precision, files, **(options or {})))
 
 
 def parity_in(runtime_name: str | None, reason: str | None, component, files, io_float_dtype, precision, overrides,
