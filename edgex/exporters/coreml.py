@@ -92,6 +92,7 @@ class CoreMLExporter(Exporter):
         it was converted from (torch.export names it `p_<path>` / `b_<path>`, which the converter
         keeps in the const's name). The program computes in fp16: that rounding, and the fp16
         storage of the uncompressed constants, count as lowering."""
+        import torch
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
 
         from ..parity.mil.interpreter import load_program

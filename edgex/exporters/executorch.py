@@ -75,6 +75,7 @@ class ExecuTorchExporter(Exporter):
         again with the very same function and read the dequantized weights back from torchao.
         The 8da schemes quantize each quantized layer's input per token to int8 (asymmetric) at
         run time; that is applied as fake quantization."""
+        import torch
         from torchao.utils import TorchAOBaseTensor
 
         from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules

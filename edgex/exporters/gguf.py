@@ -82,6 +82,7 @@ class GgufExporter(Exporter):
         float tensor of the same name. llama.cpp computes in fp32 on these weights, so F16 is a
         weight scheme like the block formats; activations are not quantized."""
         import gguf
+        import numpy as np
         import torch
 
         from ..parity.scheme import StoredScheme, StoredWeight
