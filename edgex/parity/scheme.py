@@ -101,9 +101,11 @@ class SchemeReference:
         return self.scheme.source
 
     def __call__(self, inputs, forced_tokens: dict | None = None):
-        with torch.no_grad(), self.applied():
-            forced = getattr(self.component, "forced_reference", None)
-            if forced_tokens and forced is not None:
+        forced = self.component.forced_reference
+        if forced_tokens and forced is None:
+            raise ValueError(f"{self.component.name}: tokens {', '.join(forced_tokens)} cannot be forced (no forced_reference)")
+        with torch.no_grad(), self.applied():  # never Component.eager: it caches the fp32 outputs
+            if forced_tokens:
                 return tuple(forced(inputs, forced_tokens))
             return tuple(self.component.reference(*inputs))
 
