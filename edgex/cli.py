@@ -43,8 +43,8 @@ def _db(value) -> str:
 def _summary(manifest: dict) -> Table:
     table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
     device = manifest.get("hub") is not None
-    numeric = ("min SNR dB", "gate dB", "size", "export s", "device dB", "device ms")
-    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "top-1 / tokens", "size", "export s", "method",
+    numeric = ("min SNR dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
                 *(("device dB", "device ms") if device else ()), "verdict"):
         table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
@@ -56,10 +56,19 @@ def _summary(manifest: dict) -> Table:
         colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
         table.add_row(
             a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _db(parity.get("threshold_db")),
-            agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
+            _split_figures(parity), agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
             parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
         )
     return table
+
+
+def _split_figures(parity: dict) -> str:
+    """Quantized artifacts: the scheme's figure vs fp32 and the lowering's vs the scheme, each
+    against its gate ("-" for float schemes, which have one figure)."""
+    parts = [parity.get(k) for k in ("scheme", "lowering")]
+    if not all(parts):
+        return "-"
+    return " / ".join(f"{_db(p.get('min_snr_db'))} ({_db(p.get('threshold_db'))})" for p in parts)
 
 
 def _device_cells(block: dict) -> tuple[str, str]:

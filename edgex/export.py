@@ -10,6 +10,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from functools import partial
 from typing import Callable
 
 from . import __version__
@@ -23,9 +24,12 @@ from .exporters.base import Exporter
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
-from .parity.gates import check_overrides, threshold_db
+from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
+from .parity.scheme import StoredScheme
+from .parity.scheme import build as build_scheme
+from .parity.scheme import measure_split
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
@@ -78,8 +82,10 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     tensors = tensor_parity(exporter, component, result.files, gate)
     if tensors is not None:
         entry["tensor_parity"] = tensors
+    entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
+    scheme = partial(exporter.stored_scheme, component, job.precision, result.files, **dict(job.options))
     entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
-                               allow_unverified)]
+                               allow_unverified, scheme)]
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
@@ -90,10 +96,11 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
 
 
 def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
-                    allow_unverified: bool) -> dict:
+                    allow_unverified: bool, stored_scheme=None) -> dict:
     """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
     device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
-    entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads).to_json()
+    entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
+                                stored_scheme).to_json()
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
     verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
@@ -182,15 +189,20 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
     return [entry for job_entries in entries for entry in job_entries]
 
 
-def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads) -> ParityReport:
-    """Parity of an exporter's artifact, run in the exporter's runtime."""
-    return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads)
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None) -> ParityReport:
+    """Parity of an exporter's artifact, run in the exporter's runtime, with its stored scheme
+    (`options`: those it was exported with)."""
+    return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads,
+                     partial(exporter.stored_scheme, component, precision, files, **(options or {})))
 
 
 def parity_in(runtime_name: str | None, reason: str | None, component, files, io_float_dtype, precision, overrides,
-              threads) -> ParityReport:
+              threads, stored_scheme: Callable[[], "StoredScheme | None"] | None = None) -> ParityReport:
     """Parity of `files` run in the runtime adapter `runtime_name`; None: nothing here runs them,
-    method `none` with `reason`."""
+    method `none` with `reason`. With `stored_scheme` (the exporter's read-back of what the files
+    store, `Exporter.stored_scheme`), a quantized or fp16 artifact is gated twice: its scheme
+    against fp32 eager (policy gate) and its lowering against the eager model running that scheme
+    (tight gate); see `edgex.parity.scheme`."""
     gate = threshold_db(component.role, precision, overrides)
     if runtime_name is None:
         return ParityReport("none", None, reason=reason, threshold_db=gate)
@@ -200,7 +212,11 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
     try:
         session = runtime.load(files, threads)
-        return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
+        scheme = stored_scheme() if stored_scheme is not None else None
+        if scheme is None:
+            return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
+        return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
+                             build_scheme(component, scheme), runtime.method, runtime.simulator)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 

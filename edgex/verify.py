@@ -14,6 +14,7 @@ re-run in its own runtime, or stays unverified with its reason where nothing her
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from .artifacts.files import sha256, strict_json
@@ -101,12 +102,18 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
     sidecar = "sidecar_of" in entry
     runtime = entry["runtime"] if sidecar else exporter.runtime
     try:
+        scheme = None if sidecar else partial(exporter.stored_scheme, component, entry["precision"], files,
+                                              **(entry.get("export_options") or {}))
         report = parity_in(runtime, entry["parity"].get("reason"), component, files, entry["io_float_dtype"],
-                           entry["precision"], overrides, threads)
+                           entry["precision"], overrides, threads, scheme)
     except Exception as exc:  # noqa: BLE001 - an artifact its runtime cannot load or run fails, never crashes verify
         problems.append(f"parity run failed: {_one_line(exc)}")
         return {"verdict": "fail"}
     row = {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "method": report.method}
+    figures = report.to_json()  # strict JSON: inf as a string
+    for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
+        if figures[figure]:
+            row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
     recorded = entry.get("parity", {}).get("threshold_db")
     if recorded != report.threshold_db:
         row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"

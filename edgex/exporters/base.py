@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
+    from ..parity.scheme import StoredScheme
     import numpy as np
     import torch
 
@@ -77,6 +78,18 @@ class Exporter(ABC):
     @abstractmethod
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """Write the artifact at `dest` (+ any side files beside it) and describe it."""
+
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **options) -> "StoredScheme | None":
+        """The numeric scheme of an artifact this exporter wrote: the weights its files store,
+        dequantized, with the float values they were made from, plus activation quantization
+        (`edgex.parity.scheme`). Read from `files` where the format allows it; otherwise the same
+        scheme applied in PyTorch, saying so in `StoredScheme.source`. `options` are the keyword
+        options the artifact was exported with (e.g. its calibration size). fp16 files store their
+        weights rounded to half, which is the default here (`edgex.parity.scheme.rounded_to_fp16`).
+        None for fp32, where any error is the lowering's."""
+        from ..parity.scheme import rounded_to_fp16
+
+        return rounded_to_fp16(component) if precision == "fp16" else None
 
     def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
         """Every tensor the written file stores, read back from it, for formats whose file holds

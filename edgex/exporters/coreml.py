@@ -86,6 +86,41 @@ class CoreMLExporter(Exporter):
     }
     requires = ("coremltools",)
 
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
+        """Read from the file: every compressed weight (`constexpr_blockwise_shift_scale`) of the
+        saved program, decompressed by coremltools' own definition, paired with the module tensor
+        it was converted from (torch.export names it `p_<path>` / `b_<path>`, which the converter
+        keeps in the const's name). The program computes in fp16: that rounding, and the fp16
+        storage of the uncompressed constants, count as lowering."""
+        import torch
+        from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
+
+        from ..parity.mil.interpreter import load_program
+        from ..parity.runtimes.coreml import package_root
+        from ..parity.scheme import StoredScheme, StoredWeight
+
+        if precision not in ("w8", "w4"):
+            return super().stored_scheme(component, precision, files)
+        tensors = dict(component.module.named_parameters()) | dict(component.module.named_buffers())
+        by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
+        weights, unnamed = {}, []
+        for op in load_program(package_root(files)).operations:
+            if op.op_type != "constexpr_blockwise_shift_scale":
+                continue
+            args = [op.inputs[n].val if n in op.inputs else None for n in ("data", "scale", "offset")]
+            stored = torch.from_numpy(compression.constexpr_blockwise_shift_scale.decompress(*args).astype("float32"))
+            original = next((t for n, t in by_name if n in op.name and t.numel() == stored.numel()), None)
+            if original is None:
+                unnamed.append(op.name)
+                continue
+            original = original.detach().float()
+            if tuple(original.shape) != tuple(stored.shape):  # a transposed matmul weight, or a reshaped conv kernel
+                transposed = original.ndim == 2 and tuple(original.t().shape) == tuple(stored.shape)
+                original = original.t() if transposed else original.reshape(stored.shape)
+            weights[op.name] = StoredWeight(original, stored)
+        notes = [f"compressed constants with no module tensor named in them: {', '.join(unnamed)}"] if unnamed else []
+        return StoredScheme("read from the file (constexpr_blockwise_shift_scale)", weights, notes=notes)
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
         import coremltools as ct

@@ -69,6 +69,31 @@ class ExecuTorchExporter(Exporter):
     }
     requires = ("executorch", "torchao")
 
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
+        """torchao (same config): a `.pte` keeps its weights inside XNNPACK's delegate blob, not
+        readable here, but they are exactly what `prepare` makes, which is deterministic: quantize
+        again with the very same function and read the dequantized weights back from torchao.
+        The 8da schemes quantize each quantized layer's input per token to int8 (asymmetric) at
+        run time; that is applied as fake quantization."""
+        import torch
+        from torchao.utils import TorchAOBaseTensor
+
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules
+
+        if precision in ("fp32", "fp16"):
+            return super().stored_scheme(component, precision, files)
+        quantized, _ = prepare(component, precision)
+        graph_linears = called_modules(component)  # torchao also converts linears the graph never calls
+        weights, activations = {}, {}
+        for name, module in quantized.named_modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, TorchAOBaseTensor) and name in graph_linears:
+                original = component.module.get_submodule(name).weight
+                weights[f"{name}.weight"] = StoredWeight(original, weight.dequantize().to(torch.float32))
+                if precision.startswith("8da"):
+                    activations[name] = ActivationQuant(DYNAMIC, bits=8)
+        return StoredScheme("torchao (same config)", weights, activations)
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import torch
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

@@ -77,6 +77,26 @@ class GgufExporter(Exporter):
     }
     requires = ("gguf", "llama_cpp")
 
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
+        """Read from the file: every non-F32 tensor dequantized by gguf-py, paired with the layout's
+        float tensor of the same name. llama.cpp computes in fp32 on these weights, so F16 is a
+        weight scheme like the block formats; activations are not quantized."""
+        import gguf
+        import numpy as np
+        import torch
+
+        from ..parity.scheme import StoredScheme, StoredWeight
+
+        originals = component.layouts["gguf"].tensors()
+        weights = {}
+        for tensor in gguf.GGUFReader(str(files[0])).tensors:
+            if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
+                continue
+            original = originals[tensor.name]
+            stored = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(original.shape)
+            weights[tensor.name] = StoredWeight(torch.from_numpy(original), torch.from_numpy(np.ascontiguousarray(stored, np.float32)))
+        return StoredScheme("read from the file (gguf-py dequantize)", weights)
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import gguf
         import numpy as np

@@ -55,6 +55,18 @@ def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
     return log
 
 
+def minmax_asymmetric(weight, bits: int, block: int | None):
+    """Per output row (or per `block` inputs of a row): map [min, max] onto 2**bits levels."""
+    import torch
+
+    w = weight.detach().to(torch.float32)
+    rows = w.reshape(w.shape[0], -1, block) if block else w.reshape(w.shape[0], 1, -1)
+    low, high = rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True)
+    scale = ((high - low) / (2**bits - 1)).clamp(min=1e-12)
+    q = torch.clamp(torch.round((rows - low) / scale), 0, 2**bits - 1)
+    return (q * scale + low).reshape(w.shape)
+
+
 @EXPORTERS.register("mnn")
 class MnnExporter(Exporter):
     name = "mnn"
@@ -70,6 +82,22 @@ class MnnExporter(Exporter):
         "w4": "int4 weights in blocks of 32 along the input (converter weight quantization), float compute, every layer",
     }
     requires = ("onnx", "onnxscript", "MNN")
+
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
+        """Same scheme applied in PyTorch: the `.mnn` keeps quantized weights inside its convolution
+        ops' parameters, which MNN's Python API does not expose, so each linear layer's weight is
+        quantized here the way the converter does it (asymmetric min/max, per output channel for
+        `w8`, per block of `W4_BLOCK` inputs for `w4`). MNN dequantizes at load and computes in
+        float, so activations are not quantized."""
+        from ..parity.scheme import StoredScheme, StoredWeight, called_modules
+
+        if precision not in ("w8", "w4"):
+            return super().stored_scheme(component, precision, files)
+        bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
+        linears = called_modules(component)  # those the ONNX graph has as MatMul with a constant weight
+        weights = {f"{name}.weight": StoredWeight(m.weight, minmax_asymmetric(m.weight, bits, block))
+                   for name, m in component.module.named_modules() if name in linears}
+        return StoredScheme(f"same scheme applied in PyTorch (asymmetric int{bits}, not read from the .mnn)", weights)
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:

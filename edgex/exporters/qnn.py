@@ -70,6 +70,61 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
             "float_only": {"patterns": list(component.float_only), "nodes": float_only}, "fp16_nodes": len(htp_fp16)}
 
 
+def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
+    """The weights a QDQ graph stores (each DequantizeLinear of an initializer, dequantized, paired
+    with the fp32 graph's initializer it replaced) and the static quantization of each MatMul /
+    Gemm's activation input, keyed by the module the node came from (torch.onnx's name scopes in
+    the fp32 graph)."""
+    import ast
+
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from ..parity.scheme import STATIC, ActivationQuant, StoredWeight
+
+    source = onnx.load(str(fp32)).graph
+    originals = {t.name: t for t in source.initializer}
+    scopes_of = {n.name: next((ast.literal_eval(p.value) for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
+                 for n in source.node}  # the quantizer keeps node names but drops their metadata
+    graph = onnx.load(str(qdq)).graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def dequantize(node) -> np.ndarray:
+        x = numpy_helper.to_array(inits[node.input[0]]).astype(np.float64)
+        scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
+        zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64) if len(node.input) > 2 and node.input[2] else 0.0
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        if np.ndim(scale) == 1 and x.ndim > 1:
+            shape = [1] * x.ndim
+            shape[axis] = -1
+            scale, zero = scale.reshape(shape), np.reshape(zero, shape) if np.ndim(zero) else zero
+        return np.asarray((x - zero) * scale)
+
+    weights, activations = {}, {}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            name = node.input[0].removesuffix("_quantized")
+            if name in originals:
+                original = numpy_helper.to_array(originals[name]).astype(np.float32)
+                weights[name] = StoredWeight(torch.from_numpy(original.copy()),
+                                             torch.from_numpy(dequantize(node).astype(np.float32)))
+        elif node.op_type in ("MatMul", "Gemm"):
+            source = producer.get(node.input[0])
+            quant = producer.get(source.input[0]) if source is not None and source.op_type == "DequantizeLinear" else None
+            scopes = scopes_of.get(node.name, [])
+            if quant is None or quant.op_type != "QuantizeLinear" or len(scopes) < 3:
+                continue  # scopes: root, module path(s), op; a bare op is no module's
+            zero = inits[quant.input[2]]
+            bits = 16 if zero.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16) else 8
+            signed = zero.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT16)
+            activations[scopes[-2]] = ActivationQuant(STATIC, bits, signed, float(numpy_helper.to_array(inits[quant.input[1]])),
+                                                      int(numpy_helper.to_array(zero)))
+    return weights, activations
+
+
 def _fp16_on_htp(source: Path) -> list[str]:
     """Nodes left in float (fp16 on the HTP) whatever the scheme: the HTP's 16-bit quantized
     Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on Spark-X2.5 tiny decode:
@@ -108,6 +163,32 @@ class QnnExporter(Exporter):
         "w8a8": "static QDQ: uint8 per-channel weights, uint8 activations calibrated on eager activations",
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
+
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], *, calibration_size: int | None = None,
+                      **_target):
+        """QDQ ONNX, quantized again with the same config: the context binary holds the weights in
+        QNN's own format, but it is compiled from the QDQ graph `quantize_qdq` writes, which is
+        deterministic (same graph, same calibration sets). Its DequantizeLinear weights are read
+        back, and each MatMul's activation quantizer (static, calibrated) is applied on the input
+        of the module the MatMul came from. Activation quantizers elsewhere (every other tensor
+        of a QDQ graph) are not modelled: their error counts as lowering."""
+        from ..parity.scheme import StoredScheme
+
+        if precision not in _SCHEMES:
+            return super().stored_scheme(component, precision, files)
+        with tempfile.TemporaryDirectory() as tmp:
+            graph = Path(tmp) / f"{component.name}.onnx"
+            OnnxExporter().export(component, "fp32", graph)
+            quantized = Path(tmp) / f"{component.name}.qdq.onnx"
+            quantize_qdq(graph, quantized, component, precision, calibration_size or component.calibration_size)
+            weights, activations = read_qdq(graph, quantized)
+        modules = dict(component.module.named_modules())
+        skipped = sorted(n for n in activations if n not in modules)
+        notes = ["static activation quantization modelled on MatMul/Gemm inputs only"]
+        if skipped:
+            notes.append(f"activation quantizers of unknown modules not applied: {', '.join(skipped)}")
+        return StoredScheme("QDQ ONNX (same quantizer config, re-run)", weights,
+                            {n: q for n, q in activations.items() if n in modules}, notes)
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:

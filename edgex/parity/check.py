@@ -42,6 +42,10 @@ class ParityReport:
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
     divergences: list = field(default_factory=list)  # every token / top-1 flip, tie-break or not
     failures: list = field(default_factory=list)  # why the verdict is "fail", one line each
+    # Quantized artifacts (edgex.parity.scheme.measure_split): the scheme reference vs fp32 eager
+    # and the artifact vs the scheme reference, each with its own gate; None for float schemes.
+    scheme: dict | None = None
+    lowering: dict | None = None
     seconds: float = 0.0
     verdict: str = "unverified"  # "pass" | "fail" | "unverified"
 

@@ -1,0 +1,270 @@
+"""Scheme references: the unmodified eager model running an artifact's own quantization.
+
+A quantized artifact differs from fp32 eager for two reasons: the numeric scheme (weights rounded
+to int8 / int4 blocks, activations quantized) and the lowering (graph capture, rewrites, kernels).
+A broken graph scores 0-6 dB, inside the range a noisy 4-bit scheme scores, so one end-to-end gate
+cannot tell them apart. A scheme reference is the eager reference with the parameters the file
+stores (dequantized) swapped in and the scheme's activation quantization applied on the inputs of
+the quantized layers; then
+
+    scheme error   = scheme reference vs fp32 eager   (a policy: is this scheme good enough here?)
+    lowering error = artifact vs scheme reference     (tight: did the format compute what it stores?)
+
+Each exporter reads its own file back (`Exporter.stored_scheme`) and returns `StoredWeight`s:
+the float values it quantized (`original`, in the layout the file stores them) and what the file
+holds (`stored`, dequantized to float32). Which reference parameter a stored tensor belongs to is
+found here by content, row by row (a row is the last axis): the export wrapper shares its
+parameter tensors with the eager modules, and derived tensors (a stack of heads, an embedding
+with extra rows folded in, a transposed MatMul weight) consist of rows of those parameters. So no
+format or model names are needed here, and rows that belong to no parameter (e.g. a table folded
+through another layer) are reported as unmatched rather than guessed.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+import torch
+from torch import nn
+
+from ..component import Component
+from .check import ParityReport, measure
+from .runtimes.base import Session
+
+DYNAMIC = "dynamic"  # per-token (per row of the last axis) asymmetric, scale from each call's values
+STATIC = "static"  # per-tensor scale / zero point fixed at export (calibrated)
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """Fake quantization of a layer's input: quantize to integers, dequantize back to float."""
+
+    kind: str  # DYNAMIC | STATIC
+    bits: int = 8
+    signed: bool = True
+    scale: float | None = None  # STATIC only
+    zero_point: int | None = None  # STATIC only
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        qmin, qmax = (-(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1) if self.signed else (0, 2**self.bits - 1)
+        xf = x.float()
+        if self.kind == STATIC:
+            scale, zero = torch.tensor(self.scale), torch.tensor(float(self.zero_point))
+        else:  # the range of each row, widened to include 0 so that 0 stays exact
+            low = xf.amin(dim=-1, keepdim=True).clamp(max=0)
+            high = xf.amax(dim=-1, keepdim=True).clamp(min=0)
+            scale = ((high - low) / (qmax - qmin)).clamp(min=torch.finfo(torch.float32).eps)
+            zero = (qmin - torch.round(low / scale)).clamp(qmin, qmax)
+        q = torch.clamp(torch.round(xf / scale) + zero, qmin, qmax)
+        return ((q - zero) * scale).to(x.dtype)
+
+    def to_json(self) -> dict:
+        out = {"kind": self.kind, "bits": self.bits, "signed": self.signed}
+        return out | ({"scale": self.scale, "zero_point": self.zero_point} if self.kind == STATIC else {})
+
+
+@dataclass
+class StoredWeight:
+    original: torch.Tensor  # the float values the exporter quantized, in the file's layout
+    stored: torch.Tensor  # what the file holds, dequantized to float32, same shape
+
+
+@dataclass
+class StoredScheme:
+    """What an artifact's numeric scheme is, as far as its file lets it be read.
+
+    `source` says where the weights came from: read back from the file, or the exporter's scheme
+    re-applied in PyTorch (when the format's weights cannot be read), in words for the manifest.
+    `activations` maps a module name under `component.module` to the fake quantization of its input."""
+
+    source: str
+    weights: dict[str, StoredWeight]
+    activations: dict[str, ActivationQuant] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the reference does not model
+
+
+@dataclass
+class SchemeReference:
+    """A reference callable `(inputs, forced_tokens | None) -> outputs` plus what it covers."""
+
+    component: Component
+    scheme: StoredScheme
+    swaps: list[tuple[nn.Parameter, torch.Tensor]]
+    coverage: dict
+
+    @property
+    def label(self) -> str:
+        return self.scheme.source
+
+    def __call__(self, inputs, forced_tokens: dict | None = None):
+        forced = self.component.forced_reference
+        if forced_tokens and forced is None:
+            raise ValueError(f"{self.component.name}: tokens {', '.join(forced_tokens)} cannot be forced (no forced_reference)")
+        with torch.no_grad(), self.applied():  # never Component.eager: it caches the fp32 outputs
+            if forced_tokens:
+                return tuple(forced(inputs, forced_tokens))
+            return tuple(self.component.reference(*inputs))
+
+    @contextmanager
+    def applied(self):
+        """The stored weights and activation quantizers in place for the duration; restored after,
+        whatever happens (the same tensors serve the fp32 reference and every other artifact)."""
+        saved = [(p, p.data) for p, _ in self.swaps]
+        modules = dict(self.component.module.named_modules())
+        hooks = []
+        try:
+            for param, data in self.swaps:
+                param.data = data
+            for name, quant in self.scheme.activations.items():
+                hooks.append(modules[name].register_forward_pre_hook(_input_hook(quant)))
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+            for param, data in saved:
+                param.data = data
+
+    def to_json(self) -> dict:
+        return {"source": self.scheme.source, "notes": self.scheme.notes, "coverage": self.coverage,
+                "activations": {n: q.to_json() for n, q in sorted(self.scheme.activations.items())}}
+
+
+def called_modules(component: Component, kind: type[nn.Module] = nn.Linear) -> set[str]:
+    """Names of the `kind` modules the export wrapper actually calls: a graph may hold a module it
+    reads another way (the predictor step's heads, stacked into one tensor), which a format then
+    stores as a plain constant and a layer-wise quantizer never sees."""
+    called, hooks = set(), []
+    for name, module in component.module.named_modules():
+        if isinstance(module, kind):
+            hooks.append(module.register_forward_hook(lambda _m, _a, _o, name=name: called.add(name)))
+    try:
+        with torch.no_grad():
+            component.module(*component.example_inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called
+
+
+def rounded_to_fp16(component: Component) -> StoredScheme:
+    """fp16 as a scheme: every float parameter rounded to half, computed in fp32. A half-precision
+    file stores exactly these weights; what the artifact adds (fp16 activations and accumulation,
+    kernels) is its lowering. Eager PyTorch run in half would not be a better reference: its own
+    fp16 arithmetic differs from every runtime's (measured on the tiny preset: 61-62 dB against
+    ONNX Runtime fp16, no closer than fp32 eager), while the weight rounding is exact and is what
+    dominates the conv decoder's fp16 error (Code2Wav: 53 dB from the weights, 60 dB lowering)."""
+    weights = {n: StoredWeight(p.detach(), p.detach().to(torch.float16).to(torch.float32))
+               for n, p in component.module.named_parameters() if p.is_floating_point()}
+    return StoredScheme("weights rounded to fp16 in PyTorch", weights)
+
+
+def _input_hook(quant: ActivationQuant):
+    def hook(_module, args):
+        return (quant(args[0]), *args[1:])
+
+    return hook
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().to(torch.float32).contiguous()
+    return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
+
+
+def build(component: Component, scheme: StoredScheme) -> SchemeReference:
+    """Map every stored row onto the reference parameter row with the same original values."""
+    index: dict[bytes, tuple[str, int, bool]] = {}  # original row bytes -> (stored name, row, transposed)
+    stored_rows: dict[tuple[str, bool], torch.Tensor] = {}
+    changed = {n: w for n, w in scheme.weights.items() if not torch.equal(w.original.float(), w.stored.float())}
+    for name, weight in changed.items():
+        if tuple(weight.original.shape) != tuple(weight.stored.shape):
+            raise ValueError(f"stored weight {name}: shape {tuple(weight.stored.shape)} != original {tuple(weight.original.shape)}")
+        layouts = [(False, weight.original, weight.stored)]
+        if weight.original.ndim == 2:  # a MatMul weight may be stored [in, out]
+            layouts.append((True, weight.original.t(), weight.stored.t()))
+        for transposed, original, stored in layouts:
+            stored_rows[name, transposed] = _rows(stored)
+            for i, row in enumerate(_rows(original).numpy()):
+                index.setdefault(row.tobytes(), (name, i, transposed))
+    used: dict[tuple[str, bool], set[int]] = {key: set() for key in stored_rows}
+    swaps, params = [], {}
+    for pname, param in component.module.named_parameters():
+        rows = _rows(param)
+        hits = [index.get(r.tobytes()) for r in rows.numpy()]
+        if not any(hits):
+            continue
+        new = rows.clone()
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                name, j, transposed = hit
+                new[i] = stored_rows[name, transposed][j]
+                used[name, transposed].add(j)
+        swaps.append((param, new.reshape(param.shape).to(param.dtype)))
+        params[pname] = f"{sum(h is not None for h in hits)}/{len(hits)} rows"
+    unmatched = {}
+    for name in changed:
+        found, total = max((len(used[key]), len(stored_rows[key])) for key in stored_rows if key[0] == name)
+        if found < total:
+            unmatched[name] = f"{total - found} of {total} rows match no reference parameter"
+    coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
+                "unmatched": unmatched}
+    return SchemeReference(component, scheme, swaps, coverage)
+
+
+class _Recorded(Session):
+    """Runs the artifact once per sample and replays the same outputs to a second scoring pass."""
+
+    def __init__(self, session: Session):
+        self._session, self._outputs, self._replay = session, [], None
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._replay is None:
+            self._outputs.append(self._session.run(inputs))
+            return self._outputs[-1]
+        return self._replay.pop(0)
+
+    def replay(self) -> "_Recorded":
+        self._replay = list(self._outputs)
+        return self
+
+
+class _Eager(Session):
+    """The scheme reference scored as if it were an artifact (its figure against fp32 eager)."""
+
+    def __init__(self, reference: SchemeReference):
+        self._reference = reference
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [t.detach().cpu().numpy() for t in self._reference(tuple(torch.from_numpy(np.asarray(x)) for x in inputs))]
+
+
+_FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "samples", "divergences", "failures", "verdict")
+
+
+def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
+                  lowering_db: float, reference: SchemeReference, method: str = "runtime",
+                  simulator: str | None = None) -> ParityReport:
+    """Three figures on the same samples, the artifact run once:
+
+    - the report itself: artifact vs fp32 eager (`min_snr_db` keeps meaning what it always has);
+    - `scheme`: the scheme reference vs fp32 eager, gated at `scheme_db` (a policy: is this
+      quantization good enough for this component);
+    - `lowering`: artifact vs the scheme reference, gated at `lowering_db` (near rounding).
+
+    The verdict passes only if both gated figures pass: a broken lowering fails however noisy the
+    scheme is, and a scheme too noisy for the component fails however faithful its lowering."""
+    recorded = _Recorded(session)
+    report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator)
+    lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
+                       reference=reference)
+    scheme = measure(component, _Eager(reference), "eager", "float32", scheme_db, "eager")
+    report.scheme = {"reference": reference.label, **reference.to_json(),
+                     **{k: getattr(scheme, k) for k in _FIGURES}}
+    report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}
+    report.failures = [f"scheme: {f}" for f in scheme.failures] + [f"lowering: {f}" for f in lowering.failures]
+    report.verdict = "fail" if report.failures else "pass"
+    report.seconds += scheme.seconds
+    return report

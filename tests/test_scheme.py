@@ -1,0 +1,139 @@
+"""Scheme references (edgex.parity.scheme): stored weights land on the right reference parameters,
+activation fake quantization is what it claims, and everything is restored afterwards."""
+
+import pytest
+import torch
+from torch import nn
+
+from edgex.component import Component, TensorSpec
+from edgex.parity.scheme import DYNAMIC, STATIC, ActivationQuant, StoredScheme, StoredWeight, build
+
+
+class _Eager(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.heads = nn.ModuleList([nn.Linear(16, 4, bias=False) for _ in range(2)])
+
+
+class _Wrapper(nn.Module):
+    """Like the recipes' graphs: shares the eager modules, plus a derived (cloned) stack of heads."""
+
+    def __init__(self, eager: _Eager):
+        super().__init__()
+        self.up = eager.up
+        self.heads = eager.heads  # held but unused by the graph, which reads the stack
+        self.register_buffer("stacked", torch.stack([h.weight for h in eager.heads]).clone(), persistent=False)
+
+
+def _component():
+    torch.manual_seed(0)
+    eager = _Eager()
+
+    def reference(x):
+        h = eager.up(x)
+        return (eager.heads[0](h), eager.heads[1](h))
+
+    x = torch.randn(1, 3, 8)
+    specs = [TensorSpec("a", (1, 3, 4), "float32"), TensorSpec("b", (1, 3, 4), "float32")]
+    return eager, Component("toy", "test", _Wrapper(eager), [TensorSpec("x", (1, 3, 8), "float32")], specs, reference,
+                            {"s": (x,)})
+
+
+def test_stored_weights_replace_the_matching_rows_and_are_restored():
+    eager, comp = _component()
+    before = [p.detach().clone() for p in eager.parameters()]
+    up = torch.round(comp.module.up.weight * 4) / 4
+    stacked = comp.module.stacked + 0.5
+    # the MatMul weight stored transposed ([in, out]), the derived stack under its own name
+    scheme = StoredScheme("test", {"up_t": StoredWeight(comp.module.up.weight.t(), up.t()),
+                                   "stacked": StoredWeight(comp.module.stacked, stacked)})
+    ref = build(comp, scheme)
+    (x,) = comp.samples["s"]
+    a, b = ref((x,))
+    h = nn.functional.linear(x, up, eager.up.bias)
+    torch.testing.assert_close(a, h @ stacked[0].t(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(b, h @ stacked[1].t(), rtol=0, atol=1e-6)
+    assert ref.coverage["unmatched"] == {}
+    assert set(ref.coverage["parameters_swapped"]) == {"up.weight", "heads.0.weight", "heads.1.weight"}
+    for p, saved in zip(eager.parameters(), before):
+        assert torch.equal(p, saved)
+
+
+def test_rows_that_belong_to_no_parameter_are_reported_not_guessed():
+    _, comp = _component()
+    folded = torch.cat((comp.module.up.weight, torch.randn(3, 8)))  # e.g. a table folded through another layer
+    scheme = StoredScheme("test", {"table": StoredWeight(folded, folded + 0.25)})
+    ref = build(comp, scheme)
+    assert ref.coverage["unmatched"] == {"table": "3 of 19 rows match no reference parameter"}
+    assert ref.coverage["parameters_swapped"] == {"up.weight": "16/16 rows"}
+
+
+def test_activation_hook_quantizes_the_layer_input_and_is_removed():
+    eager, comp = _component()
+    quant = ActivationQuant(STATIC, bits=8, signed=False, scale=0.5, zero_point=128)
+    ref = build(comp, StoredScheme("test", {}, {"up": quant}))
+    (x,) = comp.samples["s"]
+    a, _ = ref((x,))
+    expected = eager.heads[0](eager.up(torch.clamp(torch.round(x / 0.5) + 128, 0, 255).sub(128) * 0.5))
+    torch.testing.assert_close(a, expected, rtol=0, atol=1e-6)
+    assert not eager.up._forward_pre_hooks
+    assert not torch.equal(comp.reference(x)[0], a)
+
+
+def test_dynamic_per_token_int8_keeps_zero_and_stays_within_half_a_step():
+    x = torch.randn(4, 64) * torch.tensor([[0.01], [1.0], [100.0], [3.0]])
+    x[:, 0] = 0
+    y = ActivationQuant(DYNAMIC, bits=8)(x)
+    assert torch.all(y[:, 0] == 0)
+    step = (x.amax(-1).clamp(min=0) - x.amin(-1).clamp(max=0)) / 255
+    assert torch.all((y - x).abs() <= step[:, None] * 0.5 + 1e-6)
+    assert len(torch.unique(y[1])) <= 256
+
+
+def test_a_stored_weight_must_keep_its_shape():
+    _, comp = _component()
+    with pytest.raises(ValueError, match="shape"):
+        build(comp, StoredScheme("test", {"w": StoredWeight(comp.module.up.weight, comp.module.up.weight.t())}))
+
+
+@pytest.fixture(scope="module")
+def talker_decode():
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    (component,) = recipe.components(recipe.load("tiny", None, 0), ["talker_decode"])
+    return component
+
+
+def _gguf_parity(component, tmp_path, layout):
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+
+    exporter = EXPORTERS.get("gguf")
+    component.layouts = {"gguf": layout}
+    files = exporter.export(component, "q4_0", tmp_path / "talker_decode.q4_0.gguf").files
+    return run_parity(component, exporter, files, "float32", "q4_0", None, 1)
+
+
+def test_a_broken_lowering_fails_where_the_end_to_end_gate_would_pass(talker_decode, tmp_path):
+    """A lowering bug (the file tells llama.cpp a RoPE base 40 % off) under a noisy 4-bit scheme:
+    end to end it still clears the q4_0 gate that used to be the only one; against the eager model
+    running the file's own q4_0 weights it fails, while the scheme figure is unchanged."""
+    import dataclasses
+
+    from edgex.parity.gates import DEFAULT_DB, LOWERING_DB
+
+    layout = talker_decode.layouts["gguf"]
+    good = _gguf_parity(talker_decode, tmp_path, layout)
+    assert good.verdict == "pass" and good.lowering["min_snr_db"] >= LOWERING_DB["q4_0"] + 10
+    key = "qwen3tts.rope.freq_base"
+    broken = dataclasses.replace(layout, metadata={**layout.metadata, key: layout.metadata[key] * 1.4})
+    try:
+        report = _gguf_parity(talker_decode, tmp_path, broken)
+    finally:
+        talker_decode.layouts = {"gguf": layout}
+    assert report.min_snr_db >= DEFAULT_DB["q4_0"]  # the old single figure passes
+    assert report.scheme["verdict"] == "pass" and abs(report.scheme["min_snr_db"] - good.scheme["min_snr_db"]) < 1e-6
+    assert report.lowering["verdict"] == "fail" and report.lowering["min_snr_db"] < LOWERING_DB["q4_0"]
+    assert report.verdict == "fail" and all(f.startswith("lowering: ") for f in report.failures)
