@@ -261,7 +261,7 @@ app.add_typer(build_app, name="build")
 
 
 def _build_result(data: dict, out_dir: Path, as_json: bool) -> None:
-    from .build.report import EXIT_CODES
+    from .status import EXIT_CODES
 
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
@@ -302,7 +302,7 @@ def build_run(
         from .build.shard import parse_shard
 
         shard_spec = parse_shard(shard) if shard else None
-        data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.log(m, highlight=False))
+        data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.print(m, highlight=False))
     except EdgexError as exc:
         _fail(exc)
     _build_result(data, out_dir, as_json)

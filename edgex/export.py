@@ -34,19 +34,11 @@ from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import PeakRss
+from .status import status
 from .toolchain import versions
 
 FAILED_DIR = "failed"
 UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
-
-
-def status(entries: list[dict], allow_unverified: bool) -> str:
-    """"fail" if any artifact failed or errored; "incomplete" if one could not be verified and
-    that was not allowed; else "pass". Unverified is never a pass unless the user says so."""
-    verdicts = {e["verdict"] for e in entries}
-    if verdicts & {"fail", "error"}:
-        return "fail"
-    return "incomplete" if "unverified" in verdicts and not allow_unverified else "pass"
 
 
 def _folder(root: Path, verdict: str, allow_unverified: bool) -> Path:
@@ -309,6 +301,6 @@ def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries
         "hub": connection.to_json() if connection else None,
         "artifacts": entries,
         "allow_unverified": allow_unverified,
-        "status": status(entries, allow_unverified),
+        "status": status((e["verdict"] for e in entries), allow_unverified),
         "seconds": round(time.perf_counter() - started, 3),
     })

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from .artifacts.files import sha256, strict_json
 from .errors import EdgexError
-from .export import MANIFEST, combined_verdict, parity_in, status
+from .export import MANIFEST, combined_verdict, parity_in
 from .exporters import EXPORTERS
 from .parity.tensors import tensor_parity
 from .recipes import RECIPES
+from .status import status
 
 
 def find_manifest(directory: Path) -> Path:
@@ -90,7 +91,7 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
         row["problem"] = "; ".join(problems)
         rows.append(row)
     bad = sum(1 for r in rows if r["verdict"] == "fail")
-    return strict_json({"manifest": str(path), "status": status(rows, allow_unverified), "problem_count": bad,
+    return strict_json({"manifest": str(path), "status": status((r["verdict"] for r in rows), allow_unverified), "problem_count": bad,
                         "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows})
 
 

@@ -189,3 +189,22 @@ def test_merge_runs_without_any_toolchain(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "merged" / "build.json").read_text())["status"] == "pass"
+
+
+def test_allow_unverified_is_a_build_key_and_the_status_rule_is_shared(tmp_path):
+    """One status rule for export, verify and build: unverified is incomplete unless accepted."""
+    from edgex.status import EXIT_CODES, status
+
+    assert status(["pass", "unverified"]) == "incomplete" and EXIT_CODES["incomplete"] == 3
+    assert status(["pass", "unverified"], allow_unverified=True) == "pass"
+    assert status(["unverified", "fail"], allow_unverified=True) == "fail"
+    assert status(["pass", "error"]) == "fail" and status(["pass"]) == "pass"
+    entry = '[[entry]]\nmodel = "qwen3-tts"\npreset = "tiny"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\n'
+    file = tmp_path / "allow.toml"
+    file.write_text("[build]\nallow_unverified = true\n" + entry)
+    assert load_plan(file).allow_unverified is True
+    file.write_text(entry)
+    assert load_plan(file).allow_unverified is False
+    file.write_text('[build]\nallow_unverified = "yes"\n' + entry)
+    with pytest.raises(EdgexError, match="allow_unverified must be true or false"):
+        load_plan(file)

@@ -1,7 +1,9 @@
 """Broken code predictors, exported by the real exporters and run in the real runtimes, fail the
 gate below fp32 too: one that ignores its noise input (it decodes greedily whatever the runner
 asked), one whose sampler returns wrong codes while its logits stay faithful to them. The same
-graph unbroken passes. ONNX fp16 and ExecuTorch 8da8w (a quantized scheme)."""
+graph unbroken passes. ONNX fp16 and MNN w8 (a quantized scheme, converted from the same ONNX graph
+in seconds; ExecuTorch's lowering of the 15-step frame takes minutes per artifact, too slow for the
+suite, and the gate code under test is the same for every format)."""
 
 from dataclasses import replace
 
@@ -44,7 +46,7 @@ def predictor():
     return loaded.models.talker, comp
 
 
-@pytest.mark.parametrize("fmt, precision", [("onnx", "fp16"), ("executorch", "8da8w")])
+@pytest.mark.parametrize("fmt, precision", [("onnx", "fp16"), ("mnn", "w8")])
 @pytest.mark.parametrize("variant", [None, IgnoresNoise, SamplesOneCode])
 def test_broken_predictor_fails_and_faithful_one_passes(predictor, tmp_path, variant, fmt, precision):
     talker, comp = predictor

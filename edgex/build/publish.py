@@ -23,7 +23,8 @@ from pathlib import Path
 from ..artifacts.files import MANIFEST, link_or_copy, sha256, write_bytes_atomic, write_json_atomic
 from ..artifacts.lock import output_lock
 from ..errors import EdgexError
-from .report import junit_xml, status_of, summary_json, summary_markdown
+from ..status import status
+from .report import junit_xml, summary_json, summary_markdown
 
 BUILD_JSON = "build.json"
 STAGING_PREFIX = ".staging-build-"
@@ -78,10 +79,11 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
             entries = [a for o in items for a in o.artifacts]
             write_json_atomic(dest / MANIFEST, {
                 **items[0].header, "created": _now(), "gate_overrides": {}, "artifacts": entries,
-                "status": status_of([a["verdict"] for a in entries]),
+                "allow_unverified": build.get("allow_unverified", False),
+                "status": status((a["verdict"] for a in entries), build.get("allow_unverified", False)),
                 "seconds": round(sum(o.artifacts[0]["build"]["seconds"] for o in items if o.artifacts), 3)})
         build = {**build, "created": _now(), "seconds": round(time.perf_counter() - started, 3),
-                 "status": status_of([a["verdict"] for a in artifacts])}
+                 "status": status((a["verdict"] for a in artifacts), build.get("allow_unverified", False))}
         data = {"build": build, "status": build["status"], "folders": headers, "artifacts": artifacts}
         summary = summary_json(build, artifacts)
         reports = stage / "reports"

@@ -6,19 +6,6 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
-
-
-def status_of(verdicts: list[str]) -> str:
-    """The shared contract: a failed gate or an export error fails; anything unverified leaves the
-    build incomplete (method `none` is never a pass)."""
-    if any(v in ("fail", "error") for v in verdicts):
-        return "fail"
-    if any(v == "unverified" for v in verdicts):
-        return "incomplete"
-    return "pass"
-
-
 def _db(value) -> str:
     if value is None:
         return "-"

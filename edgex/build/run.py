@@ -63,6 +63,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
             outcomes = _run_jobs(mine, cache, progress)
             build = {"edgex_version": __version__, "file": str(plan.file), "file_sha256": plan.file_sha256,
                      "plan_sha256": plan.digest, "plan_ids": [j.id for j in plan.jobs], "jobs": len(mine),
+                     "allow_unverified": plan.allow_unverified,
                      "shard": {"index": shard[0], "count": shard[1], "ids": [j.id for j in mine]} if shard else None,
                      "cache": str(cache.root)}
             return publish(out, outcomes, build, started)

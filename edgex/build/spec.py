@@ -38,7 +38,7 @@ from ..targets import get_target
 
 _ENTRY_KEYS = {"model", "preset", "checkpoint", "seed", "targets", "components", "formats", "precisions", "min_db",
                "placements", "set", "calibration", "name", "threads"}
-_BUILD_KEYS = {"seed", "threads"}
+_BUILD_KEYS = {"seed", "threads", "allow_unverified"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,9 @@ class BuildPlan:
     file: Path
     file_sha256: str
     jobs: list[BuildJob]
+    # [build] allow_unverified = true: artifacts nothing here can run (a QNN .dlc) leave the build
+    # "pass" instead of "incomplete" (exit 0, not 3); each stays verdict "unverified" in the reports.
+    allow_unverified: bool = False
 
     @property
     def digest(self) -> str:
@@ -165,7 +168,10 @@ def load_plan(path: Path) -> BuildPlan:
             raise EdgexError(f"{path}: entries {seen[job.id] + 1} and {job.entry + 1} both build {job.id}; give one a distinct name")
         seen[job.id] = job.entry
     _check_folders(path, jobs)
-    return BuildPlan(path, hashlib.sha256(path.read_bytes()).hexdigest(), jobs)
+    allow = defaults.get("allow_unverified", False)
+    if not isinstance(allow, bool):
+        raise EdgexError(f"{path} [build]: allow_unverified must be true or false, got {allow!r}")
+    return BuildPlan(path, hashlib.sha256(path.read_bytes()).hexdigest(), jobs, allow)
 
 
 def _entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) -> list[BuildJob]:
