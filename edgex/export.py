@@ -133,10 +133,22 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
 _WORKER: dict = {}
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel sends this worker SIGTERM when the export process dies (killed, even with
+    SIGKILL). Without it a worker outlives a killed export and lowers on for minutes as an orphan."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
 def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_worker) -> None:
     """Each worker rebuilds the (deterministic) eager model and components once. A failure is kept
     for the worker's first job to raise: an exception escaping an initializer is logged with its
     traceback by concurrent.futures and breaks the pool without a message."""
+    _die_with_parent()
     import torch
 
     from .logs import quiet_libraries
