@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def _assert_parity_caught(manifest, report, fmt, precision):
     assert row["verdict"] == "fail" and row["method"] == before["method"], row
     after = _db(row["min_snr_db"])
     assert after < row["threshold_db"] and after < before["min_snr_db"] - 20, (before["min_snr_db"], after)
-    assert "below gate" in row["problem"]
+    assert re.search(r"min SNR -?[\d.]+ dB below the [\d.]+ dB gate", row["problem"]), row["problem"]
     print(f"{fmt} {precision}: {before['min_snr_db']:.1f} dB at export -> {after:.1f} dB after corruption (gate {row['threshold_db']:.0f})")
 
 

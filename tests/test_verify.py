@@ -70,5 +70,5 @@ def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_update
     assert proc.returncode == 1, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["artifacts"]
     assert row["files"] == "ok" and row["method"] == "runtime", row  # the hashes match: parity caught it
-    assert row["verdict"] == "fail" and "below gate" in row["problem"], row
+    assert row["verdict"] == "fail" and "dB gate" in row["problem"] and "below the" in row["problem"], row
     assert row["min_snr_db"] < row["threshold_db"] - 20, row
