@@ -94,7 +94,7 @@ def test_build_writes_a_junit_report_with_the_forced_failure(builds):
     root, runs = builds
     rc, data, stderr = runs["first"]
     assert rc == 1, stderr[-3000:]  # one gate failed on purpose
-    assert f"build fail: 1 artifact(s) not passing: {FAILING} (fail)" in stderr
+    assert "build fail: " in stderr and f"{FAILING} (fail)" in stderr, stderr[-2000:]
     assert {a["id"] for a in data["artifacts"]} >= {
         "qwen3-tts/cpu/talker_decode.fp16.onnx", "qwen3-tts/llama-cpp/talker_decode.f16.gguf",
         "qwen3-tts/s25-htp/talker_decode.fp16.qnn", FAILING, "spark-x2.5/llama-cpp/decode.f16.gguf",

@@ -203,7 +203,7 @@ def test_corrupted_qnn_context_binary_fails_verify_and_the_dlc_stays_unverified(
     def corrupt(folder):
         (binary,) = folder.glob(f"{COMPONENT}.fp16*.bin")
         _corrupt_located(binary, codec_head, np.float16, needle=2)
-        _corrupt_located(folder / f"{COMPONENT}.fp16.dlc", codec_head, np.float32)
+        _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", codec_head, np.float32)  # kept apart
 
     manifest, report, proc = _tamper_and_verify(exported, "qnn", corrupt, tmp_path)
     assert proc.returncode == 1  # the binary's failure; the unverified .dlc alone would be "incomplete"

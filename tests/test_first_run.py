@@ -90,9 +90,9 @@ def test_dry_run_plans_without_building(tmp_path):
     first = plan["jobs"][0]
     assert first["path"] == str(out / "qwen3-tts" / "cpu" / f"{first['component']}.{first['precision']}.pte")
     assert not out.exists()
-    table = run_cli("export", "qwen3-tts", "-c", "code2wav", "-f", "onnx", "--dry-run", "--out", str(out))
-    assert table.returncode == 0 and "dry run" in table.stdout and "code2wav.fp16.onnx" in table.stdout
-    assert table.stderr == "" and not out.exists()
+    table = run_cli("export", "qwen3-tts", "-c", "code2wav", "-f", "onnx", "--dry-run", "--out", "o", cwd=tmp_path)
+    assert table.returncode == 0 and "dry run" in table.stdout and "code2wav.fp16.onnx" in table.stdout, table.stdout
+    assert table.stderr == "" and not (tmp_path / "o").exists()
 
 
 _NOISY = """

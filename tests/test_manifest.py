@@ -100,8 +100,10 @@ def test_a_sidecar_gets_its_own_verdict_from_a_run_of_its_own_files(monkeypatch,
     monkeypatch.setattr(edgex.export, "device_parity", device)
     component = SimpleNamespace(role="talker")
     args = (component, [dlc], None, "no QAIRT runner here", "fp16", None, None)
-    local = _gate_and_place({"io_float_dtype": "float32"}, *args, None, tmp_path)
+    local = _gate_and_place({"io_float_dtype": "float32"}, *args, None, tmp_path, False)
     assert local["verdict"] == "unverified" and local["parity"]["method"] == "none"
-    assert local["parity"]["reason"] == "no QAIRT runner here" and local["files"][0]["path"] == dlc.name
-    on_device = _gate_and_place({"io_float_dtype": "float32"}, *args, object(), tmp_path)
+    # kept apart from verified files (unverified/) unless the user allows unverified artifacts
+    assert local["parity"]["reason"] == "no QAIRT runner here" and local["files"][0]["path"] == f"unverified/{dlc.name}"
+    args = (component, [tmp_path / "unverified" / dlc.name], *args[2:])
+    on_device = _gate_and_place({"io_float_dtype": "float32"}, *args, object(), tmp_path, False)
     assert sent == [([dlc.name], "none")] and on_device["verdict"] == "pass"
