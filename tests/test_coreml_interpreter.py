@@ -25,8 +25,8 @@ QWEN3_TTS_OPS = {
     "add", "cast", "clip", "concat", "const", "conv", "conv_transpose", "cos", "equal", "expand_dims",
     "gather", "gelu", "greater_equal", "layer_norm", "less", "less_equal", "linear", "logical_and",
     "matmul", "maximum", "mul", "pad", "pow", "reduce_argmax", "reshape", "rsqrt", "select", "silu",
-    "sin", "slice_by_index", "softmax", "split", "squeeze", "stack", "sub", "tile", "transpose",
-}
+    "sin", "slice_by_index", "softmax", "stack", "sub", "tile", "transpose",
+}  # split / squeeze left with the graphs' own RVQ decode (no qwen3-tts program holds them now)
 # Components whose fp32 programs hold every op above except reduce_argmax (which only the 15-step
 # code_predictor holds; a small graph covers it instead of the minute-long unrolled conversion).
 COVERING = ["talker_decode", "code_predictor_step", "code2latent", "latent2wav"]
