@@ -255,12 +255,13 @@ def sweep(
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
                           placements=_split(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings))
         err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
-        with native_output_quiet():
+        with native_output_quiet() as stderr:
             quiet_libraries()
             from .sweep.plot import plot
             from .sweep.report import write
 
-            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: err.print(m, highlight=False))
+            lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
+            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False))
             summary = write(out_dir, model, target, data, plot)
     except EdgexError as exc:
         _fail(exc)
@@ -274,6 +275,26 @@ def sweep(
                   + ", ".join(summary["files"].values()), highlight=False)
     if any(line is None for line in summary["recommendation"].values()):
         raise typer.Exit(1)
+
+
+def _figure(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _pipeline_table(report: dict) -> Table:
+    """One row per figure group of the pipeline report (pipeline.json has them all)."""
+    table = Table(title=f"pipeline {report['model']} -> {report['target']}  ({report['verdict'].upper()})")
+    for col in ("part", "stage / schedule", "figures"):
+        table.add_column(col)
+    for part in ("teacher_forced", "free_running", "streaming", "timing"):
+        for item, value in (report.get(part) or {}).items():
+            figures = ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) if isinstance(value, dict) else _figure(value)
+            table.add_row(part.replace("_", "-"), item, escape(figures))
+    return table
 
 
 @app.command()
@@ -290,7 +311,7 @@ def pipeline(
     and noise), teacher-forced and free-running, streaming schedules, timing; gated like a component.
     Writes pipeline.json beside the manifest and a `pipeline` block into it. Exit 0 pass, 1 fail, 2 bad input."""
     try:
-        with native_output_quiet():
+        with native_output_quiet() as stderr:
             quiet_libraries()
             from .in_situ import run_pipeline
             from .verify import find_manifest, load_manifest
@@ -298,14 +319,15 @@ def pipeline(
             recorded = load_manifest(find_manifest(directory))["model"]
             if recorded != model:
                 raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
+            lines = Console(file=stderr, width=err.width)
             report = run_pipeline(directory, _split(placement), frames, threads,
-                                  progress=lambda m: err.print(m, highlight=False), stream_frames=stream_frames)
+                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        out.print_json(json.dumps({k: v for k, v in report.items() if k not in ("artifacts",)}))
+        out.print(_pipeline_table(report))
         out.print("artifacts: " + ", ".join(f"{a['component']}.{a['precision']}.{a['format']} ({a['files'][0]['sha256'][:12]})"
                                              for a in report["artifacts"]), highlight=False)
         colour = "green" if report["verdict"] == "pass" else "red"

@@ -309,6 +309,7 @@ def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) 
     dec = models.decoder
     cfg, context = dec.config, receptive_field_frames(dec)
     codes = utt.codes
+    codes = torch.nn.functional.pad(codes, (0, -codes.shape[-1] % CHUNK))  # whole chunks (the cost does not depend on the codes)
     state = torch.zeros(1, cfg.codebook_dim, 2)
     key = torch.zeros(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim)
     value, latents = torch.zeros_like(key), torch.zeros(1, cfg.latent_dim, context)
