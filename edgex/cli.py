@@ -249,7 +249,7 @@ def sweep(
     from .recipes.base import parse_settings
 
     try:
-        from .sweep.run import run_sweep, sweep_jobs
+        from .sweep.plan import sweep_jobs
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
@@ -259,6 +259,7 @@ def sweep(
             quiet_libraries()
             from .sweep.plot import plot
             from .sweep.report import write
+            from .sweep.run import run_sweep
 
             lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
             data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False))

@@ -93,7 +93,7 @@ def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str,
     roles = sorted(set(recipe.components.values()))
     for key, placement in overrides.items():
         if key not in roles and key not in recipe.components:
-            raise EdgexError(f"no role or component {key!r} in {recipe.name} (roles: {', '.join(roles)}; components: "
+            raise EdgexError(f"no role {key!r} in {recipe.name} (roles: {', '.join(roles)}; or a component: "
                              f"{', '.join(recipe.components)})")
         precision = placement.precisions[0]
         get_precision(precision)

@@ -125,3 +125,15 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     assert good["teacher_forced"]["decode"]["logits_db_min_position"] > 60
     bad = recipe.in_situ(loaded, stages(1.0), settings, lambda _m: None)
     assert any(f.startswith("teacher-forced decode") for f in bad["failures"])
+
+
+@pytest.mark.benchmark
+def test_benchmark_0_6b_runner_on_cpu(tmp_path):
+    """The host runner's TTFA / RTF table at full size (heavy: the 0.6b ONNX exports need ~10+ GB and
+    many minutes; excluded from the suite). Prints the pipeline report's timing block."""
+    export = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "0.6b", "-f", "onnx", "-p", "fp32", "-c",
+                     "talker_prefill,talker_decode,code_predictor,code2latent,latent2wav", "--out", str(tmp_path), "--json")
+    assert export.returncode == 0, export.stderr[-2000:]
+    proc = run_cli("pipeline", "qwen3-tts", str(tmp_path / "qwen3-tts" / "cpu"), "--placement", PLACE, "--frames", "50", "--json")
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    print(json.dumps(json.loads(proc.stdout)["timing"], indent=2))

@@ -15,7 +15,8 @@ from conftest import run_cli
 from edgex.build.cache import Cache
 from edgex.errors import EdgexError
 from edgex.plan import make_plan, read_placements
-from edgex.sweep.run import run_sweep, sweep_jobs
+from edgex.sweep.plan import sweep_jobs
+from edgex.sweep.run import run_sweep
 
 pytestmark = pytest.mark.xdist_group("sweep")
 
@@ -96,9 +97,14 @@ def test_placement_files_name_components_and_calibration(tmp_path):
     assert (jobs["talker_decode"].precision, dict(jobs["talker_decode"].options)["calibration_size"]) == ("w8a16", 16)
     assert dict(jobs["talker_decode"].placement)["device"] == "Hexagon v79 HTP", "the target's device facts are kept"
     assert jobs["talker_prefill"].precision == "fp16", "a component's placement does not move its role's other components"
-    for bad, fragment in (("talker_decode=qnn:fp16:16", "not calibrated"), ("nosuch=qnn:fp16", "no role or component"),
+    for bad, fragment in (("talker_decode=qnn:fp16:16", "not calibrated"), ("nosuch=qnn:fp16", "no role 'nosuch'"),
                           ("talker_decode=qnn", "expected ROLE=EXPORTER:PRECISION")):
         with pytest.raises(EdgexError, match=fragment):
             make_plan("qwen3-tts", "s25-htp", tmp_path, placements=[bad])
     with pytest.raises(EdgexError, match="cannot read placement file"):
         read_placements([f"@{tmp_path / 'missing'}"])
+
+
+def test_bad_sweep_input_is_one_line(tmp_path):
+    proc = run_cli("sweep", "qwen3-tts", "--calibration", "8,x", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "bad --calibration 'x'" in proc.stderr and "Traceback" not in proc.stderr

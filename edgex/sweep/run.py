@@ -1,5 +1,5 @@
-"""The sweep's jobs (precisions x calibration sizes x components, through the build planner), their
-run through the build cache, and one row per artifact read back from the published manifests."""
+"""The sweep's run through the build cache, and one row per artifact read back from the published
+manifests (figures as the gates reported them, bytes, export seconds, latency here)."""
 
 from __future__ import annotations
 
@@ -12,36 +12,10 @@ from ..artifacts.lock import output_lock
 from ..build.cache import Cache
 from ..build.publish import publish
 from ..build.publish import sweep as sweep_staging
-from ..build.run import DEFAULT_CACHE, _run_jobs
-from ..build.spec import BuildJob, entry_jobs
-from ..plan import read_placements
+from ..build.run import DEFAULT_CACHE, run_jobs
+from ..build.spec import BuildJob
 
 LATENCY_RUNS = 5
-
-
-def sweep_jobs(model: str, target: str, *, preset: str | None = None, checkpoint: Path | None = None, seed: int = 0,
-               components: list[str] | None = None, formats: list[str] | None = None,
-               precisions: list[str] | None = None, calibrations: list[int] | None = None,
-               placements: list[str] | None = None, min_db: dict[str, float] | None = None,
-               settings: dict[str, str] | None = None, threads: int | None = None) -> list[BuildJob]:
-    """One build job per point. A calibration size only multiplies the calibrated schemes: an
-    uncalibrated artifact (fp16) is one point, in the first calibration's folder. Each calibration
-    size gets its own output folder (`<model>-cal<N>`): one folder holds one artifact per name."""
-    jobs, seen = [], set()
-    for size in calibrations or [None]:
-        entry = {"model": model, "targets": [target], "seed": seed, "name": model if size is None else f"{model}-cal{size}"}
-        entry |= {"checkpoint": str(Path(checkpoint).resolve())} if checkpoint else {"preset": preset} if preset else {}
-        for key, value in (("components", components), ("formats", formats), ("precisions", precisions),
-                           ("placements", read_placements(placements)), ("min_db", min_db), ("set", settings),
-                           ("calibration", size), ("threads", threads)):
-            if value:
-                entry[key] = value
-        for job in entry_jobs(0, entry, {}, Path.cwd(), "sweep"):
-            point = (job.component, job.exporter, job.precision, job.exporter_options)
-            if point not in seen:
-                seen.add(point)
-                jobs.append(job)
-    return jobs
 
 
 def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
@@ -54,7 +28,7 @@ def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, th
         cache = Cache(cache_dir or out / DEFAULT_CACHE)
         cache.sweep()
         sweep_staging(out)
-        outcomes = _run_jobs(jobs, cache, progress)
+        outcomes = run_jobs(jobs, cache, progress)
         build = {"file": None, "jobs": len(jobs), "allow_unverified": True, "shard": None, "cache": str(cache.root)}
         data = publish(out, outcomes, build, started)
     progress("timing the artifacts this machine runs")
