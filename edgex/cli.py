@@ -301,7 +301,7 @@ def _pipeline_table(report: dict) -> Table:
 @app.command()
 def pipeline(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
-    directory: Path = typer.Argument(..., help="folder holding the target's manifest.json (edgex export / sweep / build output)"),
+    directories: List[Path] = typer.Argument(..., help="folder(s) holding manifest.json (edgex export / sweep / build output); a stage is taken from the first that has it"),
     placement: Optional[List[str]] = typer.Option(None, "--placement", help="which artifact serves a stage: KEY=EXPORTER:PRECISION or @FILE (default: the target's)"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (TTS) or decode steps (LLM) to generate (default: as many as the tiny graphs hold, at most 40 / 48)"),
     stream_frames: Optional[int] = typer.Option(None, "--stream-frames", help="eager frames for the streaming-schedule comparison (default 122: past the 72-frame left context)"),
@@ -317,11 +317,12 @@ def pipeline(
             from .in_situ import run_pipeline
             from .verify import find_manifest, load_manifest
 
-            recorded = load_manifest(find_manifest(directory))["model"]
-            if recorded != model:
-                raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
+            for directory in directories:
+                recorded = load_manifest(find_manifest(directory))["model"]
+                if recorded != model:
+                    raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
             lines = Console(file=stderr, width=err.width)
-            report = run_pipeline(directory, _split(placement), frames, threads,
+            report = run_pipeline(directories, _split(placement), frames, threads,
                                   progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames)
     except EdgexError as exc:
         _fail(exc)

@@ -44,6 +44,7 @@ class Stage:
     entry: dict
     session: Session
     gate_db: float
+    folder: Path | None = None  # where the entry's files are (the manifest's folder)
     times_ms: list = field(default_factory=list)
 
     def __call__(self, inputs) -> list[np.ndarray]:
@@ -56,15 +57,16 @@ class Stage:
         return [np.asarray(o, np.float32) if np.issubdtype(np.asarray(o).dtype, np.floating) else np.asarray(o) for o in outputs]
 
     def record(self) -> dict:
-        return {"component": self.component, "format": self.entry["format"], "exporter": self.entry["exporter"],
+        return {"component": self.component, "folder": str(self.folder) if self.folder else None, "format": self.entry["format"], "exporter": self.entry["exporter"],
                 "precision": self.entry["precision"], "gate_db": self.gate_db,
                 "method": (self.entry.get("parity") or {}).get("method"),
                 "files": [{"path": f["path"], "sha256": f["sha256"]} for f in self.entry["files"]]}
 
 
-def _choose(manifest: dict, recipe, names: list[str], placements: list[str]) -> dict[str, dict]:
-    """The manifest entry serving each needed component: the placement's exporter and precision."""
-    target = get_target(manifest["target"])
+def _choose(manifests: list[tuple[Path, dict]], recipe, names: list[str], placements: list[str]) -> dict[str, tuple[Path, dict]]:
+    """The (folder, manifest entry) serving each needed component: the placement's exporter and
+    precision (the first folder's target's, or `placements`), looked up in the folders in order."""
+    target = get_target(manifests[0][1]["target"])
     if placements:
         target = target.with_overrides(placement_overrides(recipe, placements), recipe.components)
     chosen = {}
@@ -73,12 +75,13 @@ def _choose(manifest: dict, recipe, names: list[str], placements: list[str]) -> 
         if not placed:
             raise EdgexError(f"target {target.name} places no artifact for {name}, which the {recipe.name} pipeline needs")
         exporter, precision = placed[0].exporter, placed[0].precisions[0]
-        entry = next((e for e in manifest["artifacts"] if e["component"] == name and e["exporter"] == exporter
-                      and e["precision"] == precision and "sidecar_of" not in e and e.get("files")), None)
-        if entry is None:
-            raise EdgexError(f"{name}: no {exporter} {precision} artifact in the manifest (the pipeline needs "
+        found = next(((root, e) for root, manifest in manifests for e in manifest["artifacts"]
+                      if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
+                      and "sidecar_of" not in e and e.get("files")), None)
+        if found is None:
+            raise EdgexError(f"{name}: no {exporter} {precision} artifact in the manifest(s) (the pipeline needs "
                              f"{', '.join(names)}; export them, or pick others with --placement {name}=EXPORTER:PRECISION)")
-        chosen[name] = entry
+        chosen[name] = found
     return chosen
 
 
@@ -92,24 +95,30 @@ def _stage(name: str, entry: dict, root: Path, threads: int, overrides: dict) ->
     if reason:
         raise EdgexError(f"{name}: {entry['format']} artifacts cannot run here: {reason}")
     session = runtime.load([root / r["path"] for r in entry["files"]], threads)
-    return Stage(name, entry, session, threshold_db(entry["role"], entry["precision"], overrides))
+    return Stage(name, entry, session, threshold_db(entry["role"], entry["precision"], overrides), root)
 
 
-def run_pipeline(directory: Path, placements: list[str] | None = None, frames: int | None = None, threads: int = 2,
+def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int = 2,
                  progress=None, stream_frames: int | None = None) -> dict:
-    """Compose, run, score and gate; writes pipeline.json and the manifest's `pipeline` block."""
+    """Compose, run, score and gate; writes pipeline.json and the `pipeline` block into the first
+    folder's manifest. Several folders (of one model source) compose a placement across targets,
+    e.g. a talker GGUF from llama-cpp with the predictor and decoder from another folder."""
     import torch
 
     progress = progress or (lambda _m: None)
-    path = find_manifest(directory)
-    manifest = load_manifest(path)
+    paths = [find_manifest(d) for d in directories]
+    manifests = [(p.parent, load_manifest(p)) for p in paths]
+    path, manifest = paths[0], manifests[0][1]
+    for other, m in manifests[1:]:
+        if (m["model"], m["source"], m.get("settings") or {}) != (manifest["model"], manifest["source"], manifest.get("settings") or {}):
+            raise EdgexError(f"{other} holds artifacts of another model, weights or --set options than {path.parent}")
     recipe = RECIPES.get(manifest["model"])
     names = list(recipe.in_situ_components)
     if not names:
         raise EdgexError(f"{recipe.name} has no in-situ pipeline yet")
     overrides = manifest.get("gate_overrides") or {}
-    chosen = _choose(manifest, recipe.facts, names, read_placements(placements))
-    stages = {n: _stage(n, e, path.parent, threads, overrides) for n, e in chosen.items()}
+    chosen = _choose(manifests, recipe.facts, names, read_placements(placements))
+    stages = {n: _stage(n, e, root, threads, overrides) for n, (root, e) in chosen.items()}
     source = manifest["source"]
     checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
     torch.set_num_threads(threads)
