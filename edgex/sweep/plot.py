@@ -54,9 +54,9 @@ def plot(path: Path, title: str, rows: list[dict], fronts: dict[str, list[int]])
                 ax.scatter(x, y, s=80, color="red", marker="x", linewidths=2.5, zorder=3)
                 label += f" ({r['verdict']})"
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
-            if r["gate_db"] is not None:
-                gates.setdefault((_db(r["gate_db"]), colour[scheme]), []).append(r["precision"])
-        for (gate, c), names in gates.items():
+            if r["gate_db"] is not None:  # one line per gate value, in the colour of its first scheme
+                gates.setdefault(_db(r["gate_db"]), (colour[scheme], []))[1].append(r["precision"])
+        for gate, (c, names) in gates.items():
             ax.axhline(gate, color=c, linestyle="--", linewidth=1)
             ax.annotate(f"gate {'/'.join(dict.fromkeys(names))} {gate:g} dB", (0.01, gate), xycoords=("axes fraction", "data"),
                         textcoords="offset points", xytext=(0, 2), fontsize=7, color=c)
