@@ -128,6 +128,10 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     started = time.perf_counter()
     report = recipe.in_situ(loaded, stages, {"frames": frames, "stream_frames": stream_frames}, progress)
     failures = report.pop("failures")
+    simulated = [n for n, s in stages.items() if (s.entry.get("parity") or {}).get("method") == "simulated"]
+    if simulated and "timing" in report:  # a simulator's milliseconds are no device's
+        report["timing"]["simulated_stages"] = {"stages": simulated, "note": "these ran in a simulator on this host: "
+                                                "their times (and the TTFA / RTF / gaps built on them) are not device times"}
     report = {"model": recipe.name, "target": manifest["target"], "manifest": str(path), "threads": threads,
               "artifacts": [s.record() for s in stages.values()], **report, "failures": failures,
               "verdict": "fail" if failures else "pass", "seconds": round(time.perf_counter() - started, 3)}
