@@ -125,7 +125,7 @@ def export(
     fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter names)"),
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
-    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role elsewhere: ROLE=EXPORTER:PRECISION, e.g. decoder=qnn:fp16"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role or component elsewhere: KEY=EXPORTER:PRECISION[:CALIBRATION], e.g. decoder=qnn:fp16, or @FILE (edgex sweep's recommended.placement)"),
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
@@ -154,8 +154,10 @@ def export(
     try:
         overrides = parse_overrides(min_db)
         recipe_settings = parse_settings(settings)
+        from .plan import read_placements
+
         selection = dict(preset=preset, checkpoint=checkpoint, components=_split(component), formats=_split(fmt),
-                         precisions=_split(precision), placements=_split(placement), calibration_size=calibration,
+                         precisions=_split(precision), placements=read_placements(_split(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
         if dry_run:
@@ -210,6 +212,131 @@ def _print_plan(checked, as_json: bool) -> None:
     known = [c for c in map(costs.get, checked.jobs) if c is not None]
     out.print(f"{len(checked.jobs)} job(s); failing artifacts would land under {checked.out_dir / 'failed'}"
               + (f"; recorded cost of {len(known)} of them: {clock(sum(known))} on one worker" if known else ""), highlight=False)
+
+
+def _sizes(values: Optional[List[str]]) -> Optional[List[int]]:
+    sizes = []
+    for text in _split(values) or []:
+        if not text.isdigit() or int(text) < 1:
+            raise EdgexError(f"bad --calibration {text!r}: expected positive integers, e.g. 8,16,32")
+        sizes.append(int(text))
+    return sizes or None
+
+
+@app.command()
+def sweep(
+    model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
+    target: str = typer.Option("cpu", "--target", "-t", help="device profile"),
+    precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions to sweep, e.g. fp16,w8a16,w8a8,w4a16"),
+    calibration: Optional[List[str]] = typer.Option(None, "--calibration", help="calibration sizes for the calibrated schemes, e.g. 8,16,32"),
+    component: Optional[List[str]] = typer.Option(None, "--component", "-c", help="only these components"),
+    fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter names)"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help="KEY=EXPORTER:PRECISION[:CAL] or @FILE, as export"),
+    preset: Optional[str] = typer.Option(None, help="seeded random weights of a named config (default: tiny)"),
+    checkpoint: Optional[Path] = typer.Option(None, help="local checkpoint folder or cached hub id"),
+    seed: int = typer.Option(0, help="seed for preset weights and the eager pipeline"),
+    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override, as export"),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE"),
+    out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
+    threads: int = typer.Option(2, help="threads for the latency runs"),
+    as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
+):
+    """Export MODEL for TARGET over precisions and calibration sizes (reusing cached artifacts), gate
+    each point as export does, and write a table, JSON, CSV, a plot and the recommended placement.
+    Exit 0 when every component has a passing point, 1 when one has none, 2 on bad input."""
+    from .parity.gates import parse_overrides
+    from .recipes.base import parse_settings
+
+    try:
+        from .sweep.plan import sweep_jobs
+
+        jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
+                          formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
+                          placements=_split(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings))
+        err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
+        with native_output_quiet() as stderr:
+            quiet_libraries()
+            from .sweep.plot import plot
+            from .sweep.report import write
+            from .sweep.run import run_sweep
+
+            lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
+            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False))
+            summary = write(out_dir, model, target, data, plot)
+    except EdgexError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        out.print((out_dir / "sweep.md").read_text(), highlight=False, markup=False)
+        for component, line in summary["recommendation"].items():
+            out.print(f"recommended {component}: {line or 'nothing passed'}", highlight=False)
+        out.print(f"{len(summary['rows'])} point(s), {summary['reused']} reused; files: "
+                  + ", ".join(summary["files"].values()), highlight=False)
+    if any(line is None for line in summary["recommendation"].values()):
+        raise typer.Exit(1)
+
+
+def _figure(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _pipeline_table(report: dict) -> Table:
+    """One row per figure group of the pipeline report (pipeline.json has them all)."""
+    table = Table(title=f"pipeline {report['model']} -> {report['target']}  ({report['verdict'].upper()})")
+    for col in ("part", "stage / schedule", "figures"):
+        table.add_column(col)
+    for part in ("teacher_forced", "free_running", "streaming", "timing"):
+        for item, value in (report.get(part) or {}).items():
+            figures = ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) if isinstance(value, dict) else _figure(value)
+            table.add_row(part.replace("_", "-"), item, escape(figures))
+    return table
+
+
+@app.command()
+def pipeline(
+    model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
+    directories: List[Path] = typer.Argument(..., help="folder(s) holding manifest.json (edgex export / sweep / build output); a stage is taken from the first that has it"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help="which artifact serves a stage: KEY=EXPORTER:PRECISION or @FILE (default: the target's)"),
+    frames: Optional[int] = typer.Option(None, "--frames", help="frames (TTS) or decode steps (LLM) to generate (default: as many as the tiny graphs hold, at most 40 / 48)"),
+    stream_frames: Optional[int] = typer.Option(None, "--stream-frames", help="eager frames for the streaming-schedule comparison (default 122: past the 72-frame left context)"),
+    threads: int = typer.Option(2, help="threads for the artifacts' runtimes and the eager model"),
+    as_json: bool = typer.Option(False, "--json", help="print the pipeline report as JSON"),
+):
+    """In-situ parity: DIR's artifacts composed into MODEL's pipeline against the eager pipeline (same seed
+    and noise), teacher-forced and free-running, streaming schedules, timing; gated like a component.
+    Writes pipeline.json beside the manifest and a `pipeline` block into it. Exit 0 pass, 1 fail, 2 bad input."""
+    try:
+        with native_output_quiet() as stderr:
+            quiet_libraries()
+            from .in_situ import run_pipeline
+            from .verify import find_manifest, load_manifest
+
+            for directory in directories:
+                recorded = load_manifest(find_manifest(directory))["model"]
+                if recorded != model:
+                    raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
+            lines = Console(file=stderr, width=err.width)
+            report = run_pipeline(directories, _split(placement), frames, threads,
+                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames)
+    except EdgexError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        out.print(_pipeline_table(report))
+        out.print("artifacts: " + ", ".join(f"{a['component']}.{a['precision']}.{a['format']} ({a['files'][0]['sha256'][:12]})"
+                                             for a in report["artifacts"]), highlight=False)
+        colour = "green" if report["verdict"] == "pass" else "red"
+        out.print(f"pipeline: [{colour}]{report['verdict']}[/{colour}]; report {Path(report['manifest']).parent / 'pipeline.json'}")
+    if report["verdict"] != "pass":
+        err.print(f"[red]edgex:[/red] pipeline failed: {escape('; '.join(report['failures']))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -32,6 +32,7 @@ class Job:
 
 def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
     options = dict(target.exporter_options.get(placement.exporter, {}))
+    calibration_size = placement.calibration or calibration_size
     if get_precision(precision).calibration and calibration_size:
         options["calibration_size"] = calibration_size
     return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
@@ -50,7 +51,7 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     roles = recipe.components
     jobs = []
     for name in components or list(roles):
-        for placement in target.placements_for(roles[name]):
+        for placement in target.placements_for(roles[name], name):
             if formats and placement.exporter not in formats:
                 continue
             exporter = EXPORTERS.get(placement.exporter)
@@ -69,14 +70,36 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     return jobs
 
 
+def read_placements(values: list[str] | None) -> list[str]:
+    """`--placement` values with each `@FILE` replaced by the file's lines (one KEY=EXPORTER:PRECISION
+    a line; blank lines and `#` comments skipped): the form `edgex sweep` writes its recommendation in."""
+    texts = []
+    for value in values or []:
+        if not value.startswith("@"):
+            texts.append(value)
+            continue
+        path = Path(value[1:]).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EdgexError(f"cannot read placement file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        texts += [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+    return texts
+
+
 def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str, Placement]:
+    """Placements keyed by role or by component name (a component's wins over its role's)."""
     overrides = dict(parse_placement(p) for p in placements)
     roles = sorted(set(recipe.components.values()))
-    for role, placement in overrides.items():
-        if role not in roles:
-            raise EdgexError(f"no role {role!r} in {recipe.name} (roles: {', '.join(roles)})")
-        get_precision(placement.precisions[0])
-        EXPORTERS.get(placement.exporter).check(placement.precisions[0])
+    for key, placement in overrides.items():
+        if key not in roles and key not in recipe.components:
+            raise EdgexError(f"no role {key!r} in {recipe.name} (roles: {', '.join(roles)}; or a component: "
+                             f"{', '.join(recipe.components)})")
+        precision = placement.precisions[0]
+        get_precision(precision)
+        EXPORTERS.get(placement.exporter).check(precision)
+        if placement.calibration and not get_precision(precision).calibration:
+            raise EdgexError(f"--placement {key}: {precision} is not calibrated, a calibration size means nothing there")
     return overrides
 
 
@@ -125,8 +148,9 @@ def make_plan(
     """Check every name and value, then list the jobs. Raises one-line EdgexErrors; writes nothing."""
     recipe = RECIPES.facts(model)
     tgt = get_target(target)
+    placements = read_placements(placements)
     if placements:
-        tgt = tgt.with_overrides(placement_overrides(recipe, placements))
+        tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.components)
     if preset and checkpoint:
         raise EdgexError("give either --preset or --checkpoint, not both")
     recipe.check_preset(preset)

@@ -15,9 +15,12 @@ class Placement:
     # here, and what local parity therefore does not cover. Both go into the manifest.
     device: str | None = None
     unverified: str | None = None
+    # Calibration input sets for a calibrated scheme placed here (`ROLE=EXPORTER:PRECISION:N`, what
+    # `edgex sweep` recommends); None: the command's --calibration, else the component's own default.
+    calibration: int | None = None
 
     def to_json(self) -> dict:
-        return {k: v for k, v in (("device", self.device), ("unverified", self.unverified)) if v}
+        return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration)) if v}
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,22 @@ class Target:
     # exporter name -> keyword options the target passes to that exporter (e.g. the SoC to build for)
     exporter_options: dict[str, dict] = field(default_factory=dict)
 
-    def placements_for(self, role: str) -> tuple[Placement, ...]:
+    def placements_for(self, role: str, component: str | None = None) -> tuple[Placement, ...]:
+        """A component's own placement (`--placement talker_decode=...`), else its role's, else "*"."""
+        if component is not None and component in self.placements:
+            return self.placements[component]
         return self.placements.get(role, self.placements.get("*", ()))
 
-    def with_overrides(self, overrides: dict[str, Placement]) -> "Target":
-        """This target with some roles placed elsewhere (`--placement role=exporter:precision`)."""
-        return replace(self, placements={**self.placements, **{r: (p,) for r, p in overrides.items()}})
+    def with_overrides(self, overrides: dict[str, Placement], roles: dict[str, str] | None = None) -> "Target":
+        """This target with some roles or components placed elsewhere (`--placement KEY=EXPORTER:PRECISION`).
+        An override on an exporter the target already places there keeps that placement's device facts
+        (where it runs, what parity here misses); `roles` maps component names to their roles."""
+        placed = {}
+        for key, new in overrides.items():
+            role = (roles or {}).get(key, key)
+            same = next((p for p in self.placements_for(role) if p.exporter == new.exporter), None)
+            placed[key] = (replace(same, precisions=new.precisions, calibration=new.calibration) if same else new,)
+        return replace(self, placements={**self.placements, **placed})
 
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
@@ -119,9 +132,14 @@ def get_target(name: str) -> Target:
 
 
 def parse_placement(text: str) -> tuple[str, Placement]:
-    """`role=exporter:precision` -> (role, Placement); names are checked by the planner."""
-    role, sep, rest = text.partition("=")
-    exporter, sep2, precision = rest.partition(":")
-    if not (sep and sep2 and role and exporter and precision):
-        raise EdgexError(f"bad --placement {text!r}: expected ROLE=EXPORTER:PRECISION, e.g. decoder=qnn:fp16")
-    return role, Placement(exporter, (precision,))
+    """`KEY=exporter:precision[:calibration]` -> (KEY, Placement), KEY a role or a component; names
+    are checked by the planner."""
+    key, sep, rest = text.partition("=")
+    parts = rest.split(":")
+    calibration = None
+    if len(parts) == 3 and parts[2].isdigit() and int(parts[2]) > 0:
+        calibration = int(parts.pop())
+    if not (sep and key and len(parts) == 2 and all(parts)):
+        raise EdgexError(f"bad --placement {text!r}: expected ROLE=EXPORTER:PRECISION[:CALIBRATION] (ROLE may be a "
+                         "component), e.g. decoder=qnn:fp16 or talker_decode=qnn:w8a16:16")
+    return key.strip(), Placement(parts[0].strip(), (parts[1].strip(),), calibration=calibration)

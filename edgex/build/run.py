@@ -60,7 +60,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
             cache = Cache(cache_dir or out / DEFAULT_CACHE)
             cache.sweep()
             sweep(out)
-            outcomes = _run_jobs(mine, cache, progress)
+            outcomes = run_jobs(mine, cache, progress)
             build = {"edgex_version": __version__, "file": str(plan.file), "file_sha256": plan.file_sha256,
                      "plan_sha256": plan.digest, "plan_ids": [j.id for j in plan.jobs], "jobs": len(mine),
                      "allow_unverified": plan.allow_unverified,
@@ -73,7 +73,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
         raise
 
 
-def _run_jobs(jobs: list[BuildJob], cache: Cache, progress) -> list[Outcome]:
+def run_jobs(jobs: list[BuildJob], cache: Cache, progress) -> list[Outcome]:
     checkpoints = {c: tree_sha256(Path(c)) for c in dict.fromkeys(j.checkpoint for j in jobs if j.checkpoint)}
     last_use = {j.checkpoint: i for i, j in enumerate(jobs) if j.checkpoint}
     fresh: dict[str, list[str]] = {}

@@ -159,7 +159,7 @@ def load_plan(path: Path) -> BuildPlan:
         if unknown:
             raise EdgexError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_ENTRY_KEYS))})")
         try:
-            jobs.extend(_entry_jobs(index, entry, defaults, path.parent, where))
+            jobs.extend(entry_jobs(index, entry, defaults, path.parent, where))
         except EdgexError as exc:
             raise EdgexError(f"{where}: {exc}") from None
     seen: dict[str, int] = {}
@@ -174,7 +174,7 @@ def load_plan(path: Path) -> BuildPlan:
     return BuildPlan(path, hashlib.sha256(path.read_bytes()).hexdigest(), jobs, allow)
 
 
-def _entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) -> list[BuildJob]:
+def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) -> list[BuildJob]:
     if "model" not in entry or "targets" not in entry:
         raise EdgexError("needs model and targets")
     recipe = RECIPES.facts(entry["model"])
@@ -207,7 +207,7 @@ def _entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str)
     for target in _strings(entry["targets"], "targets", where):
         tgt = get_target(target)
         if placements:
-            tgt = tgt.with_overrides(placement_overrides(recipe, placements))
+            tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.components)
         for job in plan(recipe, tgt, components, formats, precisions, calibration):
             jobs.append(BuildJob(
                 index, name, recipe.name, preset, str(checkpoint) if checkpoint else None, seed,

@@ -129,6 +129,17 @@ class Recipe(ABC):
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         """The deployable graphs (all, or those named), each with samples from the eager pipeline."""
 
+    # The components the model's own pipeline composes (`edgex pipeline`); empty: none yet.
+    in_situ_components: tuple[str, ...] = ()
+
+    def in_situ(self, loaded: LoadedModel, stages: dict, settings: dict, progress) -> dict:
+        """Run `stages` (artifacts as float32 numpy callables, `edgex.in_situ.Stage`) composed as the
+        model's pipeline beside the eager pipeline, same seed and noise; return the figures and
+        `failures` (one line each; none means the pipeline passes). `settings`: `frames` (frames or
+        decode steps), `stream_frames` (frames of the streaming-schedule comparison), each None for
+        the recipe's default."""
+        raise EdgexError(f"{self.name} has no in-situ pipeline yet")
+
 
 def read_config_json(path: Path) -> dict:
     """A checkpoint's JSON config; missing or malformed -> one-line error."""

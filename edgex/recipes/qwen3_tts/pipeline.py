@@ -71,18 +71,23 @@ class Utterance:
         frames = [self.frame(f) for f in range(self._length)]
         return torch.stack([torch.cat((f["code0"], f["codes"]), dim=1)[0] for f in frames], dim=1)[None]
 
+    def text_embed(self, frame: int) -> torch.Tensor:
+        """The text part of the talker input after frame `frame`: the next trailing text embedding, or
+        the tts pad embedding once the text is used up (a runner adds it to the frame's code embeds)."""
+        return self._trailing[:, frame : frame + 1] if frame < self._trailing.shape[1] else self._pad_embed
+
     @torch.no_grad()
     def _step(self) -> None:
         talker, gen, temperature = self._talker, self._gen, self._temperature
         f, hidden = len(self._frames), self._hidden
         logits = talker.codec_head(hidden)
-        code0 = torch.argmax(logits[..., :AUDIO_CODES] + _gumbel((1, 1, AUDIO_CODES), gen, temperature), dim=-1)
+        code0_noise = _gumbel((1, 1, AUDIO_CODES), gen, temperature)
+        code0 = torch.argmax(logits[..., :AUDIO_CODES] + code0_noise, dim=-1)
         noise = _gumbel((1, 15, AUDIO_CODES), gen, temperature)
         codes, _, codec_sum = frame_reference(talker, hidden, code0, noise)
-        text_part = self._trailing[:, f : f + 1] if f < self._trailing.shape[1] else self._pad_embed
-        embeds = codec_sum + text_part
-        self._frames.append(dict(talker_hidden=hidden, code0=code0, noise=noise, codes=codes, next_embeds=embeds,
-                                 position=self._position))
+        embeds = codec_sum + self.text_embed(f)
+        self._frames.append(dict(talker_hidden=hidden, code0=code0, code0_noise=code0_noise, noise=noise, codes=codes,
+                                 next_embeds=embeds, position=self._position))
         out = talker.model(inputs_embeds=embeds, past_key_values=self._cache, use_cache=True,
                            cache_position=torch.tensor([self._position]))
         self._hidden = out.last_hidden_state

@@ -17,6 +17,7 @@ from .. import RECIPES
 from ..base import LoadedModel, Recipe
 from .facts import FACTS, ROLES
 from . import code2wav, predictor, talker
+from . import in_situ as situ
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
@@ -39,6 +40,10 @@ def _spec(name, tensor, kind=SIGNAL, sampled_from=None) -> TensorSpec:
 @RECIPES.register(FACTS.name)
 class Qwen3TTSRecipe(Recipe):
     facts = FACTS
+    in_situ_components = situ.COMPONENTS
+
+    def in_situ(self, loaded, stages, settings, progress) -> dict:
+        return situ.in_situ(loaded, stages, settings, progress)
 
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         if checkpoint is not None:

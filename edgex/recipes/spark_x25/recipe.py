@@ -24,6 +24,7 @@ from ..base import LoadedModel, Recipe
 from .checkpoint import load_checkpoint
 from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, get_preset
 from .facts import FACTS, FLOAT_ONLY, ROLES
+from . import in_situ as situ
 from .gguf import spark_layout
 from .graphs import SparkDecode, SparkPrefill
 from .model import SparkCache, build
@@ -50,6 +51,10 @@ _CALIBRATION_PER_PROMPT = 4
 @RECIPES.register(FACTS.name)
 class SparkRecipe(Recipe):
     facts = FACTS
+    in_situ_components = situ.COMPONENTS
+
+    def in_situ(self, loaded, stages, settings, progress) -> dict:
+        return situ.in_situ(loaded, stages, settings, progress)
 
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         if checkpoint is not None:

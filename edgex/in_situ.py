@@ -1,0 +1,143 @@
+"""`edgex pipeline MODEL DIR`: in-situ parity. A target's exported artifacts, taken from the
+manifest in DIR, composed into the model's own pipeline and run against the eager pipeline with the
+same seed and the same sampling noise.
+
+A separate command rather than a step of `edgex export`: it needs one artifact of every stage at
+once (an export may write only some, or several precisions of each), it runs minutes where one
+component's parity runs seconds, and it must be re-runnable on a folder `edgex sweep` or `edgex
+build` wrote. Which artifact serves a stage follows the target's placement (its first exporter and
+precision for the role), or `--placement` / `@FILE` as for export (a sweep's recommendation).
+
+Every artifact used is re-hashed against the manifest first; the report (`pipeline.json` beside
+the manifest) names each with its sha256, and the manifest gets a `pipeline` block with the
+report's sha256 and the verdict. What is composed and scored is the recipe's (`Recipe.in_situ`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .artifacts.files import sha256, strict_json, write_json_atomic
+from .errors import EdgexError
+from .exporters import EXPORTERS
+from .parity.gates import threshold_db
+from .parity.runtimes import RUNTIMES
+from .parity.runtimes.base import Session
+from .plan import placement_overrides, read_placements
+from .recipes import RECIPES
+from .targets import get_target
+from .verify import find_manifest, load_manifest
+
+REPORT = "pipeline.json"
+
+
+@dataclass
+class Stage:
+    """One artifact as a pipeline stage: float32 numpy in and out whatever the artifact's I/O dtype,
+    every call timed."""
+
+    component: str
+    entry: dict
+    session: Session
+    gate_db: float
+    folder: Path | None = None  # where the entry's files are (the manifest's folder)
+    times_ms: list = field(default_factory=list)
+
+    def __call__(self, inputs) -> list[np.ndarray]:
+        dtype = self.entry.get("io_float_dtype") or "float32"
+        arrays = [np.ascontiguousarray(x, dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.ascontiguousarray(x)
+                  for x in inputs]
+        start = time.perf_counter()
+        outputs = self.session.run(arrays)
+        self.times_ms.append((time.perf_counter() - start) * 1000)
+        return [np.asarray(o, np.float32) if np.issubdtype(np.asarray(o).dtype, np.floating) else np.asarray(o) for o in outputs]
+
+    def record(self) -> dict:
+        return {"component": self.component, "folder": str(self.folder) if self.folder else None, "format": self.entry["format"], "exporter": self.entry["exporter"],
+                "precision": self.entry["precision"], "gate_db": self.gate_db,
+                "method": (self.entry.get("parity") or {}).get("method"),
+                "files": [{"path": f["path"], "sha256": f["sha256"]} for f in self.entry["files"]]}
+
+
+def _choose(manifests: list[tuple[Path, dict]], recipe, names: list[str], placements: list[str]) -> dict[str, tuple[Path, dict]]:
+    """The (folder, manifest entry) serving each needed component: the placement's exporter and
+    precision (the first folder's target's, or `placements`), looked up in the folders in order."""
+    target = get_target(manifests[0][1]["target"])
+    if placements:
+        target = target.with_overrides(placement_overrides(recipe, placements), recipe.components)
+    chosen = {}
+    for name in names:
+        placed = target.placements_for(recipe.components[name], name)
+        if not placed:
+            raise EdgexError(f"target {target.name} places no artifact for {name}, which the {recipe.name} pipeline needs")
+        exporter, precision = placed[0].exporter, placed[0].precisions[0]
+        found = next(((root, e) for root, manifest in manifests for e in manifest["artifacts"]
+                      if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
+                      and "sidecar_of" not in e and e.get("files")), None)
+        if found is None:
+            raise EdgexError(f"{name}: no {exporter} {precision} artifact in the manifest(s) (the pipeline needs "
+                             f"{', '.join(names)}; export them, or pick others with --placement {name}=EXPORTER:PRECISION)")
+        chosen[name] = found
+    return chosen
+
+
+def _stage(name: str, entry: dict, root: Path, threads: int, overrides: dict) -> Stage:
+    for record in entry["files"]:
+        path = root / record["path"]
+        if not path.is_file() or sha256(path) != record["sha256"]:
+            raise EdgexError(f"{name}: {path} is missing or differs from the manifest's sha256: re-export it or run edgex verify")
+    runtime = RUNTIMES.get(EXPORTERS.get(entry["exporter"]).runtime)
+    reason = runtime.unavailable_reason()
+    if reason:
+        raise EdgexError(f"{name}: {entry['format']} artifacts cannot run here: {reason}")
+    session = runtime.load([root / r["path"] for r in entry["files"]], threads)
+    return Stage(name, entry, session, threshold_db(entry["role"], entry["precision"], overrides), root)
+
+
+def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int = 2,
+                 progress=None, stream_frames: int | None = None) -> dict:
+    """Compose, run, score and gate; writes pipeline.json and the `pipeline` block into the first
+    folder's manifest. Several folders (of one model source) compose a placement across targets,
+    e.g. a talker GGUF from llama-cpp with the predictor and decoder from another folder."""
+    import torch
+
+    progress = progress or (lambda _m: None)
+    paths = [find_manifest(d) for d in directories]
+    manifests = [(p.parent, load_manifest(p)) for p in paths]
+    path, manifest = paths[0], manifests[0][1]
+    for other, m in manifests[1:]:
+        if (m["model"], m["source"], m.get("settings") or {}) != (manifest["model"], manifest["source"], manifest.get("settings") or {}):
+            raise EdgexError(f"{other} holds artifacts of another model, weights or --set options than {path.parent}")
+    recipe = RECIPES.get(manifest["model"])
+    names = list(recipe.in_situ_components)
+    if not names:
+        raise EdgexError(f"{recipe.name} has no in-situ pipeline yet")
+    overrides = manifest.get("gate_overrides") or {}
+    chosen = _choose(manifests, recipe.facts, names, read_placements(placements))
+    stages = {n: _stage(n, e, root, threads, overrides) for n, (root, e) in chosen.items()}
+    source = manifest["source"]
+    checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
+    torch.set_num_threads(threads)
+    progress("building the eager model")
+    loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), recipe.parse_options(manifest.get("settings")))
+    progress("running the eager and the artifact pipelines")
+    started = time.perf_counter()
+    report = recipe.in_situ(loaded, stages, {"frames": frames, "stream_frames": stream_frames}, progress)
+    failures = report.pop("failures")
+    simulated = [n for n, s in stages.items() if (s.entry.get("parity") or {}).get("method") == "simulated"]
+    if simulated and "timing" in report:  # a simulator's milliseconds are no device's
+        report["timing"]["simulated_stages"] = {"stages": simulated, "note": "these ran in a simulator on this host: "
+                                                "their times (and the TTFA / RTF / gaps built on them) are not device times"}
+    report = {"model": recipe.name, "target": manifest["target"], "manifest": str(path), "threads": threads,
+              "artifacts": [s.record() for s in stages.values()], **report, "failures": failures,
+              "verdict": "fail" if failures else "pass", "seconds": round(time.perf_counter() - started, 3)}
+    report = strict_json(report)
+    write_json_atomic(path.parent / REPORT, report)
+    manifest["pipeline"] = {"report": REPORT, "sha256": sha256(path.parent / REPORT), "verdict": report["verdict"],
+                            "artifacts": [f"{a['component']}.{a['precision']}.{a['format']}" for a in report["artifacts"]]}
+    write_json_atomic(path, manifest)
+    return report

@@ -1,0 +1,324 @@
+"""In-situ parity for Qwen3-TTS: the exported talker, code predictor and streaming decoder composed
+the way a device runs them, against the eager pipeline (`pipeline.Utterance`: the unmodified HF
+talker and code predictor, sampling with Gumbel noise) on the same seed and the same noise.
+
+- teacher-forced: the artifacts' own state (the talker's KV cache grows from the artifacts' K/V),
+  tokens forced to the eager ones; each stage scored against the eager pipeline at the same point;
+- free-running: the artifacts sample their own codes from the same noise; token agreement, the first
+  divergence with the eager reference's margin there, and the final audio against the eager audio;
+- streaming: chunk schedules as servers run them (the eager decoder over 72 frames of left context
+  plus the chunk, kept new samples) and the exact artifact pair in 25-frame chunks, against the
+  offline decode, with the playback gap each schedule leaves at this machine's measured speeds.
+
+Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import torch
+
+from ...parity.check import tie_margin
+from ...parity.metrics import snr_db
+from . import predictor, talker
+from .code2wav import receptive_field_frames
+from .pipeline import AUDIO_CODES, Utterance, padded_cache
+
+COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor", "code2latent", "latent2wav")
+FRAME_SECONDS = 0.08
+SAMPLES_PER_FRAME = 1920
+LEFT_CONTEXT = 72  # frames of codes a streaming server decodes before each chunk
+CHUNK = 25
+SCHEDULES = {"1 then 25": (1,), "ramp 2/4/8/16 then 25": (2, 4, 8, 16), "25": ()}
+SEED_OFFSET = 500  # the pipeline's utterance: neither a parity sample (seed, seed + 1) nor calibration (seed + 1000 + i)
+
+
+def chunks(schedule: tuple[int, ...], frames: int) -> list[tuple[int, int]]:
+    """[start, end) of each chunk: the schedule's first sizes, then CHUNK frames, cut at `frames`."""
+    out, start, sizes = [], 0, list(schedule)
+    while start < frames:
+        end = min(frames, start + (sizes.pop(0) if sizes else CHUNK))
+        out.append((start, end))
+        start = end
+    return out
+
+
+class _Streamer:
+    """The exact streaming pair as a device runs it: code2latent over 25-frame chunks (rolling KV
+    and conv state fed back), latent2wav over the receptive field plus the chunk. A short last
+    chunk is padded with code 0 and cut: both graphs are causal."""
+
+    def __init__(self, decoder, code2latent, latent2wav):
+        cfg = decoder.config
+        self.code2latent, self.latent2wav, self.context = code2latent, latent2wav, receptive_field_frames(decoder)
+        self.state = [np.zeros((1, cfg.codebook_dim, 2), np.float32),
+                      np.zeros((cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim), np.float32)]
+        self.state.append(np.zeros_like(self.state[1]))
+        self.latents = np.zeros((1, cfg.latent_dim, self.context), np.float32)
+
+    def __call__(self, codes: np.ndarray) -> np.ndarray:
+        frames = codes.shape[-1]
+        wavs = []
+        for start in range(0, frames, CHUNK):
+            chunk = np.zeros((1, codes.shape[1], CHUNK), np.int64)
+            real = min(CHUNK, frames - start)
+            chunk[..., :real] = codes[..., start : start + real]
+            latent, *self.state = self.code2latent([chunk, np.array([start], np.int64), *self.state])
+            self.latents = np.concatenate((self.latents, latent), axis=-1)[..., -(self.context + CHUNK):]
+            wav = self.latent2wav([self.latents, np.array([min(start, self.context)], np.int64)])[0]
+            wavs.append(wav[..., : real * SAMPLES_PER_FRAME])
+        return np.concatenate(wavs, axis=-1)
+
+
+def _median(values) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+class _Runner:
+    """The artifacts' talker + predictor loop; `forced` frames make it teacher-forced."""
+
+    def __init__(self, stages, utt: Utterance, slots: int):
+        self.stages, self.utt, self.slots = stages, utt, slots
+
+    def run(self, frames: int, forced: list[dict] | None) -> dict:
+        prefill, decode, frame_graph = (self.stages[n] for n in COMPONENTS[:3])
+        logits, hidden, key, value = prefill([self.utt.prefill_embeds.numpy()])
+        length = key.shape[3]
+        past_key = padded_cache(torch.from_numpy(key), self.slots).numpy()
+        past_value = padded_cache(torch.from_numpy(value), self.slots).numpy()
+        logits, hidden = logits[:, -1:], hidden[:, -1:]
+        record = {"prefill": (logits, hidden), "frames": []}
+        for f in range(frames):
+            rec = self.utt.frame(f)
+            scores = logits[..., :AUDIO_CODES] + rec["code0_noise"].numpy()
+            code0 = forced[f]["code0"].numpy() if forced else np.argmax(scores, axis=-1).astype(np.int64)
+            codes, frame_logits, codec_embeds = frame_graph([hidden, code0, rec["noise"].numpy()])
+            embeds = forced[f]["next_embeds"].numpy() if forced else codec_embeds + self.utt.text_embed(f).numpy()
+            record["frames"].append(dict(talker_logits=logits, talker_hidden=hidden, code0=code0, codes=codes,
+                                         predictor_logits=frame_logits))
+            position = length + f
+            logits, hidden, new_key, new_value = decode([embeds, np.array([position], np.int64), past_key, past_value])
+            past_key[:, :, :, position : position + 1] = new_key
+            past_value[:, :, :, position : position + 1] = new_value
+        record["codes"] = np.concatenate([np.concatenate((r["code0"], r["codes"]), axis=1)[0][:, None] for r in record["frames"]],
+                                         axis=1)[None]
+        return record
+
+
+def _first_divergence(models, utt: Utterance, run: dict, gates: dict) -> dict | None:
+    """Where the artifacts' sampled codes first differ from the eager ones, and the eager reference's
+    margin there: its own sampling score of its choice minus that of the artifacts' choice, with the
+    tie margin the stage's gate allows (`edgex.parity.check.tie_margin`)."""
+    for f, got in enumerate(run["frames"]):
+        rec = utt.frame(f)
+        want = torch.cat((rec["code0"], rec["codes"]), dim=1)[0].numpy()
+        have = np.concatenate((got["code0"], got["codes"]), axis=1)[0]
+        differ = np.nonzero(want != have)[0]
+        if not len(differ):
+            continue
+        k = int(differ[0])
+        with torch.no_grad():
+            if k == 0:
+                logits = models.talker.codec_head(rec["talker_hidden"])[0, 0, :AUDIO_CODES].numpy()
+                noise, stage = rec["code0_noise"][0, 0].numpy(), "talker_decode"
+            else:
+                logits = predictor.frame_reference(models.talker, rec["talker_hidden"], rec["code0"], rec["noise"])[1][0, k - 1].numpy()
+                noise, stage = rec["noise"][0, k - 1].numpy(), "code_predictor"
+        scores = logits.astype(np.float64) + noise
+        margin = float(scores[want[k]] - scores[have[k]])
+        allowed = tie_margin(gates[stage], logits)
+        return {"frame": f, "codebook": k, "stage": stage, "reference": int(want[k]), "artifact": int(have[k]),
+                "margin": margin, "tie_margin": allowed, "tie": margin <= allowed}
+    return None
+
+
+def _gap(schedule: list[tuple[int, int]], start_s: float, frame_s: float, decode_s: list[float]) -> dict:
+    """One compute stream generating frames and decoding each chunk as soon as it is complete; playback
+    starts with the first chunk and stalls whenever the next one is not ready."""
+    t, playing_until, gaps, first = start_s, None, [], None
+    for (start, end), decode in zip(schedule, decode_s):
+        t += (end - start) * frame_s + decode
+        if playing_until is None:
+            first, playing_until = t, t
+        else:
+            gaps.append(max(0.0, t - playing_until))
+            playing_until = max(t, playing_until)
+        playing_until += (end - start) * FRAME_SECONDS
+    return {"ttfa_ms": round(first * 1000, 1), "gap_after_first_chunk_ms": round(gaps[0] * 1000, 1) if gaps else 0.0,
+            "total_gap_ms": round(sum(gaps) * 1000, 1), "worst_gap_ms": round(max(gaps, default=0.0) * 1000, 1)}
+
+
+def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
+    import time
+
+    models, options = loaded.models, loaded.options
+    slots, prefill_len = options["max_context"], options["prefill_len"]
+    frames = settings.get("frames") or min(slots - prefill_len, 40)
+    # The schedules need more frames than the left context to show what it truncates: the eager
+    # utterance goes on past the artifacts' frames (it is generated lazily, frame by frame, so its
+    # first frames are the same however long it is).
+    stream_frames = max(settings.get("stream_frames") or 2 * CHUNK + LEFT_CONTEXT, frames)
+    if not 0 < frames <= slots - prefill_len:
+        from ...errors import EdgexError
+
+        raise EdgexError(f"--frames must be 1..{slots - prefill_len} (the talker graph's {slots} KV slots minus the "
+                         f"{prefill_len}-position prompt)")
+    gates = {n: s.gate_db for n, s in stages.items()}
+    failures = []
+    utt = Utterance(models.talker, prefill_len, stream_frames, options["seed"] + SEED_OFFSET)
+    eager_frames = [utt.frame(f) for f in range(frames)]
+    eager_codes = np.stack([torch.cat((r["code0"], r["codes"]), dim=1)[0].numpy() for r in eager_frames], axis=-1)[None]
+    with torch.no_grad():
+        eager_wav = models.decoder(torch.from_numpy(eager_codes)).numpy()
+    runner = _Runner(stages, utt, slots)
+
+    # (a) teacher-forced: tokens forced, state the artifacts' own
+    progress("teacher-forced pass")
+    forced = runner.run(frames, eager_frames)
+    with torch.no_grad():
+        ref_prefill = talker.prefill_reference(models.talker, utt.prefill_embeds)
+    tf = {"talker_prefill": {"logits_db": snr_db(ref_prefill[0][:, -1:].numpy(), forced["prefill"][0]),
+                             "hidden_db": snr_db(ref_prefill[1][:, -1:].numpy(), forced["prefill"][1])}}
+    hidden_db, logits_db, pred_db, agree = [], [], [], []
+    for f in range(1, frames):  # frame f's talker input is the decode output after frame f - 1
+        want = eager_frames[f]["talker_hidden"]
+        hidden_db.append(snr_db(want.numpy(), forced["frames"][f]["talker_hidden"]))
+        with torch.no_grad():
+            logits_db.append(snr_db(models.talker.codec_head(want).numpy(), forced["frames"][f]["talker_logits"]))
+    eager_predictor_ms = []
+    for f in range(frames):
+        rec, got = eager_frames[f], forced["frames"][f]
+        start = time.perf_counter()
+        with torch.no_grad():
+            ref = predictor.frame_reference(models.talker, rec["talker_hidden"], rec["code0"], rec["noise"],
+                                            forced_codes=torch.from_numpy(got["codes"].astype(np.int64)))
+        eager_predictor_ms.append((time.perf_counter() - start) * 1000)
+        pred_db.append(snr_db(ref[1].numpy(), got["predictor_logits"]))
+        agree.append(float(np.mean(rec["codes"].numpy() == got["codes"])))
+    tf["talker_decode"] = {"hidden_db_min": min(hidden_db, default=None), "logits_db_min": min(logits_db, default=None),
+                           "hidden_db_median": _median(hidden_db)}
+    tf["code_predictor"] = {"logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree))}
+    streamed = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(eager_codes)
+    decoder_gate = max(gates["code2latent"], gates["latent2wav"])
+    tf["decoder"] = {"wav_db": snr_db(eager_wav, streamed), "gate_db": decoder_gate}
+    for stage, figure, gate in (("talker_prefill", tf["talker_prefill"]["logits_db"], gates["talker_prefill"]),
+                                ("talker_decode", tf["talker_decode"]["logits_db_min"], gates["talker_decode"]),
+                                ("code_predictor", tf["code_predictor"]["logits_db_min"], gates["code_predictor"]),
+                                ("decoder (code2latent + latent2wav)", tf["decoder"]["wav_db"], decoder_gate)):
+        if figure is not None and not figure >= gate:
+            failures.append(f"teacher-forced {stage}: {figure:.1f} dB below its {gate:.1f} dB gate")
+
+    # (b) free-running: the artifacts sample their own codes from the same noise
+    progress("free-running pass")
+    for s in stages.values():
+        s.times_ms.clear()
+    started = time.perf_counter()
+    free = runner.run(frames, None)
+    wav = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(free["codes"])
+    artifact_s = time.perf_counter() - started
+    divergence = _first_divergence(models, utt, free, gates)
+    agreed = frames if divergence is None else divergence["frame"]
+    prefix = agreed * SAMPLES_PER_FRAME
+    fr = {"frames": frames, "code0_agreement": float(np.mean(free["codes"][0, 0] == eager_codes[0, 0])),
+          "codes_agreement": float(np.mean(free["codes"] == eager_codes)), "first_divergence": divergence,
+          "audio_db": snr_db(eager_wav, wav), "agreed_frames": agreed,
+          "audio_db_agreed_frames": snr_db(eager_wav[..., :prefix], wav[..., :prefix]) if agreed else None}
+    if divergence is not None and not divergence["tie"]:
+        failures.append(f"free-running: frame {divergence['frame']} codebook {divergence['codebook']} ({divergence['stage']}) "
+                        f"sampled {divergence['artifact']} where the eager pipeline sampled {divergence['reference']}, "
+                        f"margin {divergence['margin']:.4g} > tie margin {divergence['tie_margin']:.4g}")
+    if agreed and not fr["audio_db_agreed_frames"] >= decoder_gate:
+        failures.append(f"free-running audio over the {agreed} agreed frames: {fr['audio_db_agreed_frames']:.1f} dB below "
+                        f"the decoder's {decoder_gate:.1f} dB gate")
+
+    # timing: the artifacts of the free-running pass, the eager model on the same work
+    ms = {n: _median(stages[n].times_ms) for n in COMPONENTS}
+    frame_ms = ms["talker_decode"] + ms["code_predictor"]
+    decode_chunks = math.ceil(frames / CHUNK)
+    eager = _eager_times(models, utt, eager_frames, frames, slots)
+    eager["code_predictor"] = _median(eager_predictor_ms)
+    eager_frame_ms = eager["talker_decode"] + eager["code_predictor"]
+    timing = {"artifact_ms": ms, "eager_ms": eager, "eager_over_artifact": {n: round(eager[n] / ms[n], 2) for n in ms if ms[n]},
+              "per_frame_ms": {"artifact": round(frame_ms + (ms["code2latent"] + ms["latent2wav"]) / CHUNK, 3),
+                               "eager": round(eager_frame_ms + (eager["code2latent"] + eager["latent2wav"]) / CHUNK, 3)},
+              "free_running_wall_s": round(artifact_s, 3)}
+    for who, per, table in (("artifact", frame_ms, ms), ("eager", eager_frame_ms, eager)):
+        total = table["talker_prefill"] + frames * per + decode_chunks * (table["code2latent"] + table["latent2wav"])
+        timing[f"{who}_rtf"] = round(total / 1000 / (frames * FRAME_SECONDS), 3)
+        timing[f"{who}_ttfa_ms"] = round(table["talker_prefill"] + min(frames, CHUNK) * per + table["code2latent"] + table["latent2wav"], 1)
+
+    # (c) streaming schedules against the offline decode, and their playback gaps here
+    progress(f"streaming schedules over {stream_frames} eager frames")
+    all_codes = utt.codes
+    with torch.no_grad():
+        offline = models.decoder(all_codes).numpy()
+    for s in (stages["code2latent"], stages["latent2wav"]):
+        s.times_ms.clear()
+    exact = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(all_codes.numpy())
+    pair_s = (_median(stages["code2latent"].times_ms) + _median(stages["latent2wav"].times_ms)) / 1000
+    whole = chunks((), stream_frames)
+    streaming = {"exact pair in 25-frame chunks (artifacts)": {
+        "chunks": [e - s for s, e in whole], "db": snr_db(offline, exact),
+        **_gap(whole, ms["talker_prefill"] / 1000, frame_ms / 1000, [pair_s] * len(whole))}}
+    for name, schedule in SCHEDULES.items():
+        plan = chunks(schedule, stream_frames)
+        pieces, seconds = [], []
+        for start, end in plan:
+            left = max(0, start - LEFT_CONTEXT)
+            began = time.perf_counter()
+            with torch.no_grad():
+                out = models.decoder(all_codes[..., left:end]).numpy()
+            seconds.append(time.perf_counter() - began)
+            pieces.append(out[..., (start - left) * SAMPLES_PER_FRAME :])
+        streaming[f"{name}, {LEFT_CONTEXT} frames left context (eager decoder)"] = {
+            "chunks": [e - s for s, e in plan], "db": snr_db(offline, np.concatenate(pieces, axis=-1)),
+            **_gap(plan, ms["talker_prefill"] / 1000, frame_ms / 1000, seconds)}
+    streaming["note"] = (f"dB: each schedule's audio against the offline decode of the same {stream_frames} eager frames; "
+                         "gaps: one compute stream generating frames at the artifacts' measured talker + predictor ms and "
+                         "decoding each chunk when complete (the artifacts' pair, or the eager decoder's measured time for "
+                         "that chunk), playback from the first chunk on")
+    return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
+            "streaming": streaming, "timing": timing, "failures": failures}
+
+
+def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) -> dict:
+    """Median ms of the eager model on the stages' work: the prompt, talker steps over the eager
+    cache, and the exact streaming pair's chunks (the unmodified HF modules, as the references run)."""
+    import time
+
+    from .recipe import code2latent_reference, latent2wav_reference
+
+    def timed(call, *args, warm=False):
+        if warm:  # first-call allocations are not the stage's cost
+            timed(call, *args)
+        start = time.perf_counter()
+        with torch.no_grad():
+            result = call(*args)
+        return (time.perf_counter() - start) * 1000, result
+
+    out = {"talker_prefill": timed(talker.prefill_reference, models.talker, utt.prefill_embeds, warm=True)[0]}
+    steps = []
+    for f in range(0, frames, max(1, frames // 8)):
+        rec = eager_frames[f]
+        key, value = utt.cache(rec["position"])
+        steps.append(timed(talker.decode_reference, models.talker, rec["next_embeds"], torch.tensor([rec["position"]]),
+                           padded_cache(key, slots), padded_cache(value, slots))[0])
+    out["talker_decode"] = _median(steps)
+    dec = models.decoder
+    cfg, context = dec.config, receptive_field_frames(dec)
+    codes = utt.codes
+    codes = torch.nn.functional.pad(codes, (0, -codes.shape[-1] % CHUNK))  # whole chunks (the cost does not depend on the codes)
+    state = torch.zeros(1, cfg.codebook_dim, 2)
+    key = torch.zeros(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim)
+    value, latents = torch.zeros_like(key), torch.zeros(1, cfg.latent_dim, context)
+    c2l, l2w = [], []
+    for start in range(0, codes.shape[-1] - CHUNK + 1, CHUNK):
+        ms, (latent, state, key, value) = timed(code2latent_reference, dec, codes[..., start : start + CHUNK], torch.tensor([start]),
+                                                state, key, value, warm=start == 0)
+        c2l.append(ms)
+        latents = torch.cat((latents, latent), dim=-1)[..., -(context + CHUNK):]
+        l2w.append(timed(latent2wav_reference, dec, context, latents, torch.tensor([min(start, context)]), warm=start == 0)[0])
+    out["code2latent"], out["latent2wav"] = _median(c2l), _median(l2w)
+    return {k: round(v, 3) if v is not None else None for k, v in out.items()}

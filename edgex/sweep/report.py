@@ -1,0 +1,113 @@
+"""The sweep's outputs: a table per component, JSON, CSV, the Pareto front, and the recommendation
+as a placement file that `edgex export --placement @FILE` reads."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from ..artifacts.files import strict_json, write_bytes_atomic, write_json_atomic
+
+COLUMNS = ("component", "format", "precision", "calibration", "min_snr_db", "gate_db", "scheme_db", "scheme_gate_db",
+           "lowering_db", "lowering_gate_db", "verdict", "bytes", "export_s", "reused", "latency_ms", "latency_note")
+PLACEMENT_FILE = "recommended.placement"
+
+
+def _number(value) -> float | None:
+    """Figures as strict JSON stores them ("inf") back to floats; None stays None."""
+    return None if value is None else float(value)
+
+
+def pareto(rows: list[dict]) -> list[dict]:
+    """The passing points no other passing point beats on both size and dB (smaller and at least as
+    good, or as small and better), smallest first: the only ones worth choosing between."""
+    points = [r for r in rows if r["verdict"] == "pass" and r["min_snr_db"] is not None]
+    front = []
+    for r in sorted(points, key=lambda r: (r["bytes"], -_number(r["min_snr_db"]))):
+        if not front or _number(r["min_snr_db"]) > _number(front[-1]["min_snr_db"]):
+            front.append(r)
+    return front
+
+
+def recommend(rows: list[dict]) -> dict[str, dict | None]:
+    """Per component the smallest artifact that passed its gate (ties: the higher dB), or None."""
+    chosen: dict[str, dict | None] = {}
+    for row in rows:
+        chosen.setdefault(row["component"], None)
+        best = chosen[row["component"]]
+        if row["verdict"] == "pass" and (best is None or (row["bytes"], -_number(row["min_snr_db"])) <
+                                         (best["bytes"], -_number(best["min_snr_db"]))):
+            chosen[row["component"]] = row
+    return chosen
+
+
+def placement_line(row: dict) -> str:
+    """`component=exporter:precision[:calibration]`, the calibration only where the sweep set it."""
+    suffix = f":{row['calibration']}" if row["explicit_calibration"] else ""
+    return f"{row['component']}={row['exporter']}:{row['precision']}{suffix}"
+
+
+def placement_text(model: str, target: str, chosen: dict[str, dict | None]) -> str:
+    lines = [f"# edgex sweep {model} --target {target}: per component the smallest artifact that passed its gate",
+             f"# use: edgex export {model} --target {target} --placement @{PLACEMENT_FILE}"]
+    for component, row in chosen.items():
+        if row is None:
+            lines.append(f"# {component}: no swept artifact passed its gate; the target's default placement applies")
+        else:
+            lines.append(f"{placement_line(row)}  # {_cell(row['min_snr_db'])} dB, {row['bytes']} bytes")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) or value in ("inf", "-inf", "nan"):
+        number = float(value)
+        return str(value) if math.isinf(number) or math.isnan(number) else (f"{number:.1f}" if isinstance(value, float) else str(value))
+    return str(value)
+
+
+def markdown(rows: list[dict], chosen: dict[str, dict | None]) -> str:
+    """One table per component; the recommended row marked, failed rows with their first reason."""
+    heads = ("scheme", "calibration", "dB vs fp32 (gate)", "scheme dB (gate)", "lowering dB (gate)", "verdict", "bytes",
+             "export s", "latency ms")
+    parts = []
+    for component in dict.fromkeys(r["component"] for r in rows):
+        parts += [f"### {component}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        for r in (r for r in rows if r["component"] == component):
+            mark = " **recommended**" if chosen.get(component) is r else ""
+            verdict = r["verdict"] + mark + (f" ({r['failures'][0]})" if r["verdict"] != "pass" and r["failures"] else "")
+            pair = lambda a, b: "-" if r[a] is None else f"{_cell(r[a])} ({_cell(r[b])})"
+            latency = _cell(r["latency_ms"]) if r["latency_ms"] is not None else f"- ({r['latency_note']})"
+            parts.append("| " + " | ".join((f"{r['format']} {r['precision']}", _cell(r["calibration"]), pair("min_snr_db", "gate_db"),
+                                            pair("scheme_db", "scheme_gate_db"), pair("lowering_db", "lowering_gate_db"),
+                                            verdict, str(r["bytes"]), f"{r['export_s']:.1f}" + (" (reused)" if r["reused"] else ""),
+                                            latency)) + " |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def write(out: Path, model: str, target: str, data: dict, plot) -> dict:
+    """sweep.json, sweep.csv, sweep.md, recommended.placement and sweep.png into `out`."""
+    rows = data["rows"]
+    chosen = recommend(rows)
+    fronts = {c: [rows.index(r) for r in pareto([r for r in rows if r["component"] == c])] for c in chosen}
+    paths = {name: out / name for name in ("sweep.json", "sweep.csv", "sweep.md", PLACEMENT_FILE, "sweep.png")}
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(strict_json(rows))
+    write_bytes_atomic(paths["sweep.csv"], buffer.getvalue().encode())
+    write_bytes_atomic(paths["sweep.md"], markdown(rows, chosen).encode())
+    write_bytes_atomic(paths[PLACEMENT_FILE], placement_text(model, target, chosen).encode())
+    summary = {"model": model, "target": target, "status": data["status"], "seconds": data["build"]["seconds"],
+               "reused": sum(1 for r in rows if r["reused"]), "rows": rows, "pareto": fronts,
+               "recommendation": {c: (placement_line(r) if r else None) for c, r in chosen.items()},
+               "files": {k: str(v) for k, v in paths.items()}}
+    write_json_atomic(paths["sweep.json"], strict_json(summary))
+    plot(paths["sweep.png"], f"edgex sweep {model} -> {target}", rows, fronts)  # last: the figures are on disk whatever happens
+    return strict_json(summary)

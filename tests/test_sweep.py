@@ -1,0 +1,110 @@
+"""`edgex sweep`: points planned through the build planner, run through the build cache (reused
+after a re-hash), one table / JSON / CSV / PNG, and a recommendation that `edgex export` accepts.
+
+One small sweep (Spark-X2.5's decode step, ONNX fp32 + fp16, the fp16 gate set out of reach on
+purpose so a failed point must show) is run once through the CLI and once more from the cache."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import run_cli
+from edgex.build.cache import Cache
+from edgex.errors import EdgexError
+from edgex.plan import make_plan, read_placements
+from edgex.sweep.plan import sweep_jobs
+from edgex.sweep.run import run_sweep
+
+pytestmark = pytest.mark.xdist_group("sweep")
+
+ARGS = ("spark-x2.5", "--target", "cpu", "-c", "decode", "-f", "onnx", "-p", "fp32,fp16", "--min-db", "fp16=200")
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    proc = run_cli("sweep", *ARGS, "--out", str(out), "--json")
+    return out, proc
+
+
+def test_sweep_writes_table_json_csv_png_and_keeps_failed_points(swept):
+    out, proc = swept
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    rows = {r["precision"]: r for r in summary["rows"]}
+    assert set(rows) == {"fp32", "fp16"}
+    assert rows["fp32"]["verdict"] == "pass" and float(rows["fp32"]["min_snr_db"]) > 60
+    assert rows["fp16"]["verdict"] == "fail", "a 200 dB gate cannot be met: the point stays, marked failed"
+    assert float(rows["fp16"]["scheme_db"]) > 30 and float(rows["fp16"]["lowering_db"]) > 30, "split figures as the gate reports them"
+    assert all(r["bytes"] > 0 and r["export_s"] > 0 and r["latency_ms"] > 0 for r in rows.values())
+    with open(out / "sweep.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["verdict"] for r in table] == ["pass", "fail"]
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| onnx fp16 |" in (out / "sweep.md").read_text()
+    assert summary["pareto"]["decode"] == [summary["rows"].index(rows["fp32"])], "only passing points are on the front"
+    assert summary["recommendation"] == {"decode": "decode=onnx:fp32"}, "the smallest *passing* artifact"
+    assert (out / "spark-x2.5" / "cpu" / "manifest.json").is_file(), "published as a build: verify and pipeline read it"
+
+
+def test_a_second_sweep_reuses_every_point_after_rehashing(swept):
+    out, proc = swept
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = sweep_jobs("spark-x2.5", "cpu", components=["decode"], formats=["onnx"], precisions=["fp32", "fp16"],
+                      min_db={"fp16": 200.0})
+    again = run_sweep(jobs, out)
+    assert [r["reused"] for r in again["rows"]] == [True, True]
+    cache = Cache(out / ".edgex-cache")
+    key = again["artifacts"][0]["build"]["key"]
+    artifact = next((cache.path(key)).glob("*/*/decode.fp32.onnx*"))
+    with open(artifact, "r+b") as f:  # same size, other bytes: only the hash sees it
+        f.seek(100)
+        f.write(b"\x00" * 8)
+    assert cache.lookup(key) is None, "a damaged entry is not trusted (and removed)"
+
+
+def test_the_recommended_placement_is_accepted_by_export(swept):
+    out, proc = swept
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    placed = run_cli("export", "spark-x2.5", "--target", "cpu", "--placement", f"@{out / 'recommended.placement'}",
+                     "--dry-run", "--json", "--out", str(out / "follow"))
+    assert placed.returncode == 0, placed.stderr
+    jobs = json.loads(placed.stdout)["jobs"]
+    assert {(j["component"], j["format"], j["precision"]) for j in jobs if j["component"] == "decode"} == {("decode", "onnx", "fp32")}
+    assert {(j["format"], j["precision"]) for j in jobs if j["component"] == "prefill"} == {
+        ("executorch", "fp32"), ("executorch", "fp16"), ("onnx", "fp32"), ("onnx", "fp16")}, "other components keep the target's placement"
+
+
+def test_calibration_sizes_are_points_of_the_calibrated_schemes_only():
+    jobs = sweep_jobs("qwen3-tts", "s25-htp", components=["talker_decode"], precisions=["fp16", "w8a16"], calibrations=[8, 16])
+    assert [(j.precision, dict(j.exporter_options).get("calibration_size"), j.name) for j in jobs] == [
+        ("fp16", None, "qwen3-tts-cal8"), ("w8a16", 8, "qwen3-tts-cal8"), ("w8a16", 16, "qwen3-tts-cal16")]
+    cache = Cache.__new__(Cache)
+    cache.environment = {}
+    keys = {Cache.key(cache.key_inputs(j, None)) for j in jobs}
+    assert len(keys) == 3, "the calibration size is part of the artifact's cache key"
+
+
+def test_placement_files_name_components_and_calibration(tmp_path):
+    path = tmp_path / "p.placement"
+    path.write_text("# comment\ntalker_decode=qnn:w8a16:16  # 12 dB\n\npredictor=qnn:fp16\n")
+    assert read_placements([f"@{path}"]) == ["talker_decode=qnn:w8a16:16", "predictor=qnn:fp16"]
+    plan = make_plan("qwen3-tts", "s25-htp", tmp_path, placements=[f"@{path}"], components=["talker_prefill", "talker_decode"])
+    jobs = {j.component: j for j in plan.jobs}
+    assert (jobs["talker_decode"].precision, dict(jobs["talker_decode"].options)["calibration_size"]) == ("w8a16", 16)
+    assert dict(jobs["talker_decode"].placement)["device"] == "Hexagon v79 HTP", "the target's device facts are kept"
+    assert jobs["talker_prefill"].precision == "fp16", "a component's placement does not move its role's other components"
+    for bad, fragment in (("talker_decode=qnn:fp16:16", "not calibrated"), ("nosuch=qnn:fp16", "no role 'nosuch'"),
+                          ("talker_decode=qnn", "expected ROLE=EXPORTER:PRECISION")):
+        with pytest.raises(EdgexError, match=fragment):
+            make_plan("qwen3-tts", "s25-htp", tmp_path, placements=[bad])
+    with pytest.raises(EdgexError, match="cannot read placement file"):
+        read_placements([f"@{tmp_path / 'missing'}"])
+
+
+def test_bad_sweep_input_is_one_line(tmp_path):
+    proc = run_cli("sweep", "qwen3-tts", "--calibration", "8,x", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "bad --calibration 'x'" in proc.stderr and "Traceback" not in proc.stderr
