@@ -103,7 +103,7 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
     sidecar = "sidecar_of" in entry
     runtime = entry["runtime"] if sidecar else exporter.runtime
     try:
-        scheme = None if sidecar else partial(exporter.stored_scheme, component, entry["precision"], files,
+        scheme = None if sidecar else partial(exporter.scheme_reference, component, entry["precision"], files,
                                               **(entry.get("export_options") or {}))
         report = parity_in(runtime, entry["parity"].get("reason"), component, files, entry["io_float_dtype"],
                            entry["precision"], overrides, threads, scheme)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
-    from ..parity.scheme import StoredScheme
+    from ..parity.scheme import Reference, StoredScheme
     import numpy as np
     import torch
 
@@ -90,6 +90,16 @@ class Exporter(ABC):
         from ..parity.scheme import rounded_to_fp16
 
         return rounded_to_fp16(component) if precision == "fp16" else None
+
+    def scheme_reference(self, component: Component, precision: str, files: list[Path], **options) -> "Reference | None":
+        """The reference an artifact's lowering is gated against (`edgex.parity.scheme`): by default
+        the eager model with what `stored_scheme` reads back swapped in. A format whose scheme is a
+        graph that runs exactly elsewhere (QNN's QDQ ONNX on ONNX Runtime CPU) returns that instead.
+        None for fp32."""
+        from ..parity.scheme import build
+
+        scheme = self.stored_scheme(component, precision, files, **options)
+        return None if scheme is None else build(component, scheme)
 
     def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
         """Every tensor the written file stores, read back from it, for formats whose file holds
