@@ -69,7 +69,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         result = exporter.export(component, job.precision, dest, **dict(job.options))
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
     gate = threshold_db(component.role, job.precision, overrides)
-    tensors = tensor_parity(exporter, component, result.files, gate)
+    tensors = tensor_parity(exporter, component, result.files, gate, job.precision, dict(job.options))
     if tensors is not None:
         entry["tensor_parity"] = tensors
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
@@ -79,7 +79,11 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
-                "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details}
+                "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details,
+                "export_options": dict(job.options)}
+        side_tensors = tensor_parity(exporter, component, sidecar.files, gate, job.precision, dict(job.options))
+        if side_tensors is not None:
+            side["tensor_parity"] = side_tensors
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
                                        overrides, threads, hub, stage, allow_unverified))
     return entries

@@ -101,11 +101,12 @@ class Exporter(ABC):
         scheme = self.stored_scheme(component, precision, files, **options)
         return None if scheme is None else build(component, scheme)
 
-    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
-        """Every tensor the written file stores, read back from it, for formats whose file holds
-        weights that no parity run need read (a GGUF's token embedding table, when the graph is fed
-        embeddings): export and `edgex verify` both score them (`edgex.parity.tensors`). None: the
-        format's weights are covered by its parity run alone."""
+    def stored_tensors(self, component: Component, files: list[Path], precision: str, **options) -> dict[str, StoredTensor] | None:
+        """Every tensor the written files store, read back from them, for files that hold weights no
+        parity run reads (a GGUF's token embedding table, when the graph is fed embeddings; a sidecar
+        nothing here runs, such as QNN's `.dlc`): export and `edgex verify` both score them
+        (`edgex.parity.tensors`). `files` are one manifest entry's (an artifact's or a sidecar's);
+        `options` those it was exported with. None: the parity run covers the files' weights."""
         return None
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
-from .base import ExportResult, Exporter, Sidecar
+from .base import ExportResult, Exporter, Sidecar, StoredTensor
 from .onnx import OnnxExporter, nodes_from_modules
 
 if TYPE_CHECKING:
@@ -80,6 +80,26 @@ def _qdq_graph(component: Component, precision: str, tmp: Path, calibration_size
     quantized = tmp / f"{component.name}.qdq.onnx"
     details = quantize_qdq(graph, quantized, component, precision, calibration_size or component.calibration_size)
     return quantized, details
+
+
+def dlc_members(path: Path) -> dict[str, bytes]:
+    """The members of a `.dlc`, a zip archive of stored (uncompressed) entries: the graph
+    (`model`), its tensor index (`model.params`) and the tensor data (`model.params.bin`). QAIRT
+    writes every member's CRC-32 as 0, so zipfile refuses to read them: each member is read raw
+    from behind its local header."""
+    import struct
+    import zipfile
+
+    members = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"{path.name}: member {info.filename} is compressed, expected stored")
+            f.seek(info.header_offset)
+            name_length, extra_length = struct.unpack("<HH", f.read(30)[26:30])
+            f.seek(info.header_offset + 30 + name_length + extra_length)
+            members[info.filename] = f.read(info.compress_size)
+    return members
 
 
 def _metadata(model_path: Path) -> dict[str, str]:
@@ -163,6 +183,42 @@ class QnnExporter(Exporter):
                                f"from ({QDQ_DIGEST} {str(recorded)[:12]})")
         return GraphReference(component, model, "QDQ ONNX on ONNX Runtime CPU (the graph the context binary was compiled from)",
                               {"quantization": details})
+
+    def stored_tensors(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
+                       **_target) -> dict[str, StoredTensor] | None:
+        """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
+        (the fp32 graph for fp16, made again; the QDQ graph for the quantized schemes, made again as
+        for the scheme reference) must be in the .dlc's tensor data byte for byte, as stored or
+        transposed (QAIRT keeps MatMul weights [out, in]). A changed byte in a weight makes that
+        weight missing: its figure is -inf dB and the entry fails. The context binary's weights are
+        covered by its parity run instead (None)."""
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
+        if files[0].suffix != ".dlc":
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            if precision in _SCHEMES:
+                graph, _ = _qdq_graph(component, precision, Path(tmp), calibration_size)
+            else:
+                graph = Path(tmp) / f"{component.name}.onnx"
+                OnnxExporter().export(component, "fp32", graph)
+            model = onnx.load(str(graph))
+        data = dlc_members(files[0])["model.params.bin"]
+        quantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        scales = {i for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") for i in n.input[1:]}
+        found = {}
+        for init in model.graph.initializer:
+            array = numpy_helper.to_array(init)
+            weight = init.name in quantized or (array.dtype.kind == "f" and init.name not in scales)
+            if not weight or array.size < 2:
+                continue
+            layouts = [array] + ([array.T] if array.ndim == 2 else [])
+            stored = any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
+            values = array.astype(np.float32)
+            found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
+        return found
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:
