@@ -42,7 +42,7 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 # graphs in general 0-6 dB. 30 dB sits under the noisiest faithful lowering of those.
 # Static QDQ (w8a16 / w8a8 / w4a16): the reference is the QDQ graph itself on ONNX Runtime CPU,
 # so only the HTP's lowering differs. Faithful HTP binaries score 16-44 dB against it (w8a16 /
-# w8a8: talker_prefill 44 / 29, code_predictor_step 31 / 27, Spark-X2.5 prefill 22; the lowest,
+# w8a8: talker_prefill 44 / 29, code_predictor_step 31 / 27, Spark-X2.5 prefill 22 / 17, decode 30 / 17; the lowest,
 # talker_decode 16 dB, is one sample's value cache where the activation leaves its calibrated
 # range: ONNX Runtime's QuantizeLinear saturates it there, the HTP does not). Broken ones: a binary
 # compiled with one wrong weight scale -6 dB, the HTP's int4-weight (w4a16) lowering 4-6 dB against
