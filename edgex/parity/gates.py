@@ -28,8 +28,8 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
               # GGUF (llama.cpp computes in fp32 on F16 / block-quantized weights, F16 KV cache)
               "f16": 30.0, "q8_0": 25.0, "q4_0": 8.0,
               # HTP static QDQ, calibrated: a policy on the QDQ graph itself (ONNX Runtime CPU) vs
-              # fp32. Tiny presets: w8a16 16-32 dB, w8a8 5-21 dB (the predictor step's 4.9 dB fails),
-              # w4a16 12-14 dB (docs/models.md: uncalibrated w4a16 -1.6 dB on a real model)
+              # fp32. Tiny presets: w8a16 14-32 dB, w8a8 -1-21 dB (the predictor step and Spark-X2.5
+              # fail), w4a16 12-14 dB on qwen3-tts, 3-4 dB on Spark-X2.5 (fails) (docs/models.md: uncalibrated w4a16 -1.6 dB on a real model)
               "w8a16": 10.0, "w8a8": 8.0, "w4a16": 8.0}
 
 
@@ -46,7 +46,7 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 # talker_decode 16 dB, is one sample's value cache where the activation leaves its calibrated
 # range: ONNX Runtime's QuantizeLinear saturates it there, the HTP does not). Broken ones: a binary
 # compiled with one wrong weight scale -6 dB, the HTP's int4-weight (w4a16) lowering 4-6 dB against
-# its own QDQ graph (which scores 12-14 dB against fp32). 12 dB: 4 dB under the saturation case,
+# its own QDQ graph (which scores 12-14 dB against fp32 on qwen3-tts). 12 dB: 4 dB under the saturation case,
 # 6 dB above the worst broken lowering measured.
 LOWERING_DB = {p: 30.0 for p in ("fp16", "8da8w", "8da4w", "w8", "w4", "f16", "q8_0", "q4_0")}
 LOWERING_DB |= {p: 12.0 for p in ("w8a16", "w8a8", "w4a16")}
