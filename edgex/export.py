@@ -27,9 +27,7 @@ from .parity.check import ParityReport, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
-from .parity.scheme import StoredScheme
-from .parity.scheme import build as build_scheme
-from .parity.scheme import measure_split
+from .parity.scheme import Reference, measure_split
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
@@ -71,28 +69,32 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         result = exporter.export(component, job.precision, dest, **dict(job.options))
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
     gate = threshold_db(component.role, job.precision, overrides)
-    tensors = tensor_parity(exporter, component, result.files, gate)
+    tensors = tensor_parity(exporter, component, result.files, gate, job.precision, dict(job.options))
     if tensors is not None:
         entry["tensor_parity"] = tensors
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
-    scheme = partial(exporter.stored_scheme, component, job.precision, result.files, **dict(job.options))
+    scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
     entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
                                allow_unverified, scheme)]
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
-                "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details}
+                "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details,
+                "export_options": dict(job.options)}
+        side_tensors = tensor_parity(exporter, component, sidecar.files, gate, job.precision, dict(job.options))
+        if side_tensors is not None:
+            side["tensor_parity"] = side_tensors
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
                                        overrides, threads, hub, stage, allow_unverified))
     return entries
 
 
 def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
-                    allow_unverified: bool, stored_scheme=None) -> dict:
+                    allow_unverified: bool, scheme_reference=None) -> dict:
     """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
     device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
     entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
-                                stored_scheme).to_json()
+                                scheme_reference).to_json()
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
     verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
@@ -197,16 +199,16 @@ def run_parity(component, exporter, files, io_float_dtype, precision, overrides,
     """Parity of an exporter's artifact, run in the exporter's runtime, with its stored scheme
     (`options`: those it was exported with)."""
     return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads,
-                     partial(exporter.stored_scheme, component, precision, files, **(options or {})))
+                     partial(exporter.scheme_reference, component, precision, files, **(options or {})))
 
 
 def parity_in(runtime_name: str | None, reason: str | None, component, files, io_float_dtype, precision, overrides,
-              threads, stored_scheme: Callable[[], "StoredScheme | None"] | None = None) -> ParityReport:
+              threads, scheme_reference: Callable[[], "Reference | None"] | None = None) -> ParityReport:
     """Parity of `files` run in the runtime adapter `runtime_name`; None: nothing here runs them,
-    method `none` with `reason`. With `stored_scheme` (the exporter's read-back of what the files
-    store, `Exporter.stored_scheme`), a quantized or fp16 artifact is gated twice: its scheme
-    against fp32 eager (policy gate) and its lowering against the eager model running that scheme
-    (tight gate); see `edgex.parity.scheme`."""
+    method `none` with `reason`. With `scheme_reference` (the exporter's model of what the files
+    compute, `Exporter.scheme_reference`), a quantized or fp16 artifact is gated twice: its scheme
+    against fp32 eager (policy gate) and its lowering against that scheme reference (tight gate);
+    see `edgex.parity.scheme`."""
     gate = threshold_db(component.role, precision, overrides)
     if runtime_name is None:
         return ParityReport("none", None, reason=reason, threshold_db=gate)
@@ -216,11 +218,11 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
         return ParityReport("none", runtime.name, reason=reason, threshold_db=gate)
     try:
         session = runtime.load(files, threads)
-        scheme = stored_scheme() if stored_scheme is not None else None
-        if scheme is None:
+        reference = scheme_reference() if scheme_reference is not None else None
+        if reference is None:
             return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
         return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
-                             build_scheme(component, scheme), runtime.method, runtime.simulator)
+                             reference, runtime.method, runtime.simulator)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 

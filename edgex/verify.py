@@ -97,13 +97,13 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
 
 def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, problems: list[str]) -> dict:
     """Parity again for one entry whose files match the manifest, under the gate this code gives it
-    with the recorded user overrides; stored tensors too for formats that declare them (never for a sidecar: they belong to
-    the artifact's files). Failures are appended to `problems`."""
+    with the recorded user overrides; stored tensors too for files that declare them (a sidecar's
+    own: QNN's `.dlc`). Failures are appended to `problems`."""
     exporter = EXPORTERS.get(entry["exporter"])
     sidecar = "sidecar_of" in entry
     runtime = entry["runtime"] if sidecar else exporter.runtime
     try:
-        scheme = None if sidecar else partial(exporter.stored_scheme, component, entry["precision"], files,
+        scheme = None if sidecar else partial(exporter.scheme_reference, component, entry["precision"], files,
                                               **(entry.get("export_options") or {}))
         report = parity_in(runtime, entry["parity"].get("reason"), component, files, entry["io_float_dtype"],
                            entry["precision"], overrides, threads, scheme)
@@ -122,16 +122,17 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         problems.extend(report.failures or ["parity failed"])  # words, never a figure that may be absent
     if report.method == "none":
         row["reason"] = report.reason
-    tensors = None if sidecar else _tensor_rerun(exporter, component, files, report.threshold_db, problems)
+    tensors = _tensor_rerun(exporter, component, files, report.threshold_db, entry["precision"], entry.get("export_options"), problems)
     if tensors is not None:
         row["tensor_min_snr_db"] = tensors["min_snr_db"]
     row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"])
     return row
 
 
-def _tensor_rerun(exporter, component, files: list[Path], gate: float, problems: list[str]) -> dict | None:
+def _tensor_rerun(exporter, component, files: list[Path], gate: float, precision: str, options: dict | None,
+                  problems: list[str]) -> dict | None:
     try:
-        tensors = tensor_parity(exporter, component, files, gate)
+        tensors = tensor_parity(exporter, component, files, gate, precision, options)
     except Exception as exc:  # noqa: BLE001 - a file its own reader cannot parse is a failed check, not a crash
         problems.append(f"stored tensors unreadable: {_one_line(exc)}")
         return {"min_snr_db": None, "verdict": "fail"}

@@ -196,20 +196,23 @@ def test_corrupted_mnn_weights_fail_verify(exported, codec_head, tmp_path):
     _assert_parity_caught(manifest, report, "mnn", "fp32")
 
 
-def test_corrupted_qnn_context_binary_fails_verify_and_the_dlc_stays_unverified(exported, codec_head, tmp_path):
-    """The HTP binary keeps pairs of fp16 weights together (its own tiling): found by pairs. The .dlc
-    is corrupted too: it has its own entry, which nothing here runs, so it is unverified (method
-    `none`, with the reason), never passed on the context binary's strength."""
+def test_corrupted_qnn_context_binary_and_dlc_fail_verify(exported, codec_head, tmp_path):
+    """The HTP binary keeps pairs of fp16 weights together (its own tiling): found by pairs; its
+    parity run fails. The .dlc, which nothing here runs (its entry stays method `none`), fails on
+    its stored tensors: every weight of the graph it was written from must be in it byte for byte."""
     def corrupt(folder):
         (binary,) = folder.glob(f"{COMPONENT}.fp16*.bin")
         _corrupt_located(binary, codec_head, np.float16, needle=2)
         _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", codec_head, np.float32)  # kept apart
 
     manifest, report, proc = _tamper_and_verify(exported, "qnn", corrupt, tmp_path)
-    assert proc.returncode == 1  # the binary's failure; the unverified .dlc alone would be "incomplete"
+    assert proc.returncode == 1 and "verification failed: 2 problem(s)" in proc.stderr
     _assert_parity_caught(manifest, report, "qnn-context", "fp16")
+    before = _entry(manifest, "qnn-dlc", "fp16")
+    assert before["verdict"] == "unverified" and before["tensor_parity"]["verdict"] == "pass", before
     dlc = _row(report, "qnn-dlc", "fp16")
-    assert dlc["verdict"] == "unverified" and dlc["method"] == "none" and "qnn-net-run" in dlc["reason"], dlc
+    assert dlc["verdict"] == "fail" and dlc["method"] == "none" and "qnn-net-run" in dlc["reason"], dlc
+    assert "stored tensor" in dlc["problem"] and _db(dlc["tensor_min_snr_db"]) == -math.inf, dlc
 
 
 def test_corrupted_mlpackage_weights_fail_verify(exported, codec_head, tmp_path):

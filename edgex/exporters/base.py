@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
-    from ..parity.scheme import StoredScheme
+    from ..parity.scheme import Reference, StoredScheme
     import numpy as np
     import torch
 
@@ -91,11 +91,22 @@ class Exporter(ABC):
 
         return rounded_to_fp16(component) if precision == "fp16" else None
 
-    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor] | None:
-        """Every tensor the written file stores, read back from it, for formats whose file holds
-        weights that no parity run need read (a GGUF's token embedding table, when the graph is fed
-        embeddings): export and `edgex verify` both score them (`edgex.parity.tensors`). None: the
-        format's weights are covered by its parity run alone."""
+    def scheme_reference(self, component: Component, precision: str, files: list[Path], **options) -> "Reference | None":
+        """The reference an artifact's lowering is gated against (`edgex.parity.scheme`): by default
+        the eager model with what `stored_scheme` reads back swapped in. A format whose scheme is a
+        graph that runs exactly elsewhere (QNN's QDQ ONNX on ONNX Runtime CPU) returns that instead.
+        None for fp32."""
+        from ..parity.scheme import build
+
+        scheme = self.stored_scheme(component, precision, files, **options)
+        return None if scheme is None else build(component, scheme)
+
+    def stored_tensors(self, component: Component, files: list[Path], precision: str, **options) -> dict[str, StoredTensor] | None:
+        """Every tensor the written files store, read back from them, for files that hold weights no
+        parity run reads (a GGUF's token embedding table, when the graph is fed embeddings; a sidecar
+        nothing here runs, such as QNN's `.dlc`): export and `edgex verify` both score them
+        (`edgex.parity.tensors`). `files` are one manifest entry's (an artifact's or a sidecar's);
+        `options` those it was exported with. None: the parity run covers the files' weights."""
         return None
 
 

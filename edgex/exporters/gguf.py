@@ -131,7 +131,7 @@ class GgufExporter(Exporter):
         writer.close()
         return ExportResult([dest], "float32", {"architecture": layout.architecture, "types": sorted(types)})
 
-    def stored_tensors(self, component: Component, files: list[Path]) -> dict[str, StoredTensor]:
+    def stored_tensors(self, component: Component, files: list[Path], precision: str, **_options) -> dict[str, StoredTensor]:
         """Every tensor in the file, dequantized by gguf's reference code, beside the layout's weight."""
         import numpy as np
         from gguf import GGUFReader, quants

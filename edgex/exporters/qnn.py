@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
-from .base import ExportResult, Exporter, Sidecar
+from .base import ExportResult, Exporter, Sidecar, StoredTensor
 from .onnx import OnnxExporter, nodes_from_modules
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8
 # weights and runs only in QAIRT's tools, so the context binary's parity does not speak for it.
 DLC_UNRUN = ("the .dlc is a separate QAIRT IR build with its own weights; QAIRT's runners (qnn-net-run, SNPE) "
              "are not installable here, so nothing on this machine runs it (--hub runs it on a device)")
+
+QDQ_DIGEST = "edgex.qdq_graph_sha256"  # EPContext metadata: the QDQ graph the context binary was compiled from
 
 
 def quantize_qdq(source: Path, dest: Path, component: Component, precision: str, size: int) -> dict:
@@ -70,59 +72,53 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
             "float_only": {"patterns": list(component.float_only), "nodes": float_only}, "fp16_nodes": len(htp_fp16)}
 
 
-def read_qdq(fp32: Path, qdq: Path, signed_activations: bool = False):
-    """The weights a QDQ graph stores (each DequantizeLinear of an initializer, dequantized, paired
-    with the fp32 graph's initializer it replaced) and the static quantization of each MatMul /
-    Gemm's activation input, keyed by the module the node came from (torch.onnx's name scopes in
-    the fp32 graph)."""
-    import ast
+def _qdq_graph(component: Component, precision: str, tmp: Path, calibration_size: int | None) -> tuple[Path, dict]:
+    """The component's fp32 ONNX graph quantized to static QDQ in `tmp`: what export compiles and
+    the scheme reference runs."""
+    graph = tmp / f"{component.name}.onnx"
+    OnnxExporter().export(component, "fp32", graph)
+    quantized = tmp / f"{component.name}.qdq.onnx"
+    details = quantize_qdq(graph, quantized, component, precision, calibration_size or component.calibration_size)
+    return quantized, details
 
-    import numpy as np
+
+def dlc_members(path: Path) -> dict[str, bytes]:
+    """The members of a `.dlc`, a zip archive of stored (uncompressed) entries: the graph
+    (`model`), its tensor index (`model.params`) and the tensor data (`model.params.bin`). QAIRT
+    writes every member's CRC-32 as 0, so zipfile refuses to read them: each member is read raw
+    from behind its local header."""
+    import struct
+    import zipfile
+
+    members = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"{path.name}: member {info.filename} is compressed, expected stored")
+            f.seek(info.header_offset)
+            name_length, extra_length = struct.unpack("<HH", f.read(30)[26:30])
+            f.seek(info.header_offset + 30 + name_length + extra_length)
+            members[info.filename] = f.read(info.compress_size)
+    return members
+
+
+def _metadata(model_path: Path) -> dict[str, str]:
     import onnx
-    import torch
-    from onnx import numpy_helper
 
-    from ..parity.scheme import STATIC, ActivationQuant, StoredWeight
+    return {p.key: p.value for p in onnx.load(str(model_path), load_external_data=False).metadata_props}
 
-    source = onnx.load(str(fp32)).graph
-    originals = {t.name: t for t in source.initializer}
-    scopes_of = {n.name: next((ast.literal_eval(p.value) for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
-                 for n in source.node}  # the quantizer keeps node names but drops their metadata
-    graph = onnx.load(str(qdq)).graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
 
-    def dequantize(node) -> np.ndarray:
-        x = numpy_helper.to_array(inits[node.input[0]]).astype(np.float64)
-        scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
-        zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64) if len(node.input) > 2 and node.input[2] else 0.0
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        if np.ndim(scale) == 1 and x.ndim > 1:
-            shape = [1] * x.ndim
-            shape[axis] = -1
-            scale, zero = scale.reshape(shape), np.reshape(zero, shape) if np.ndim(zero) else zero
-        return np.asarray((x - zero) * scale)
+def _record_digest(ctx: Path, qdq: Path) -> str:
+    """Write the QDQ graph's digest into the EPContext model (hashed with it in the manifest)."""
+    import onnx
 
-    weights, activations = {}, {}
-    for node in graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
-            name = node.input[0].removesuffix("_quantized")
-            if name in originals:
-                original = numpy_helper.to_array(originals[name]).astype(np.float32)
-                weights[name] = StoredWeight(torch.from_numpy(original.copy()),
-                                             torch.from_numpy(dequantize(node).astype(np.float32)))
-        elif node.op_type in ("MatMul", "Gemm"):
-            source = producer.get(node.input[0])
-            quant = producer.get(source.input[0]) if source is not None and source.op_type == "DequantizeLinear" else None
-            scopes = scopes_of.get(node.name, [])
-            if quant is None or quant.op_type != "QuantizeLinear" or len(scopes) < 3:
-                continue  # scopes: root, module path(s), op; a bare op is no module's
-            zero = inits[quant.input[2]]
-            bits = 16 if zero.data_type in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16) else 8
-            signed = zero.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT16)
-            activations[scopes[-2]] = ActivationQuant(STATIC, bits, signed, float(numpy_helper.to_array(inits[quant.input[1]])),
-                                                      int(numpy_helper.to_array(zero)))
-    return weights, activations
+    from ..parity.graph_reference import graph_digest
+
+    digest = graph_digest(onnx.load(str(qdq)))
+    model = onnx.load(str(ctx), load_external_data=False)
+    onnx.helper.set_model_props(model, {**_metadata(ctx), QDQ_DIGEST: digest})
+    onnx.save(model, str(ctx))
+    return digest
 
 
 def _fp16_on_htp(source: Path) -> list[str]:
@@ -164,31 +160,65 @@ class QnnExporter(Exporter):
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
-    def stored_scheme(self, component: Component, precision: str, files: list[Path], *, calibration_size: int | None = None,
-                      **_target):
-        """QDQ ONNX, quantized again with the same config: the context binary holds the weights in
-        QNN's own format, but it is compiled from the QDQ graph `quantize_qdq` writes, which is
-        deterministic (same graph, same calibration sets). Its DequantizeLinear weights are read
-        back, and each MatMul's activation quantizer (static, calibrated) is applied on the input
-        of the module the MatMul came from. Activation quantizers elsewhere (every other tensor
-        of a QDQ graph) are not modelled: their error counts as lowering."""
-        from ..parity.scheme import StoredScheme
+    def scheme_reference(self, component: Component, precision: str, files: list[Path], *,
+                         calibration_size: int | None = None, **_target):
+        """QDQ schemes: the QDQ ONNX graph the context binary was compiled from, run on ONNX Runtime
+        CPU, which executes every QuantizeLinear / DequantizeLinear exactly: the HTP's lowering is
+        then all that separates the artifact from it. The graph is made again with the same
+        quantizer config and calibration sets (deterministic) and must have the digest the export
+        recorded in the EPContext model (`QDQ_DIGEST`), so it is the graph that was compiled."""
+        import onnx
+
+        from ..parity.graph_reference import GraphReference, graph_digest
 
         if precision not in _SCHEMES:
-            return super().stored_scheme(component, precision, files)
+            return super().scheme_reference(component, precision, files)
         with tempfile.TemporaryDirectory() as tmp:
-            graph = Path(tmp) / f"{component.name}.onnx"
-            OnnxExporter().export(component, "fp32", graph)
-            quantized = Path(tmp) / f"{component.name}.qdq.onnx"
-            quantize_qdq(graph, quantized, component, precision, calibration_size or component.calibration_size)
-            weights, activations = read_qdq(graph, quantized)
-        modules = dict(component.module.named_modules())
-        skipped = sorted(n for n in activations if n not in modules)
-        notes = ["static activation quantization modelled on MatMul/Gemm inputs only"]
-        if skipped:
-            notes.append(f"activation quantizers of unknown modules not applied: {', '.join(skipped)}")
-        return StoredScheme("QDQ ONNX (same quantizer config, re-run)", weights,
-                            {n: q for n, q in activations.items() if n in modules}, notes)
+            graph, details = _qdq_graph(component, precision, Path(tmp), calibration_size)
+            model = onnx.load(str(graph))
+        recorded = _metadata(files[0]).get(QDQ_DIGEST)
+        digest = graph_digest(model)
+        if recorded != digest:
+            raise RuntimeError(f"the QDQ graph made again (sha256 {digest[:12]}) is not the one the context binary was compiled "
+                               f"from ({QDQ_DIGEST} {str(recorded)[:12]})")
+        return GraphReference(component, model, "QDQ ONNX on ONNX Runtime CPU (the graph the context binary was compiled from)",
+                              {"quantization": details})
+
+    def stored_tensors(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
+                       **_target) -> dict[str, StoredTensor] | None:
+        """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
+        (the fp32 graph for fp16, made again; the QDQ graph for the quantized schemes, made again as
+        for the scheme reference) must be in the .dlc's tensor data byte for byte, as stored or
+        transposed (QAIRT keeps MatMul weights [out, in]). A changed byte in a weight makes that
+        weight missing: its figure is -inf dB and the entry fails. The context binary's weights are
+        covered by its parity run instead (None)."""
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
+        if files[0].suffix != ".dlc":
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            if precision in _SCHEMES:
+                graph, _ = _qdq_graph(component, precision, Path(tmp), calibration_size)
+            else:
+                graph = Path(tmp) / f"{component.name}.onnx"
+                OnnxExporter().export(component, "fp32", graph)
+            model = onnx.load(str(graph))
+        data = dlc_members(files[0])["model.params.bin"]
+        quantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        scales = {i for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") for i in n.input[1:]}
+        found = {}
+        for init in model.graph.initializer:
+            array = numpy_helper.to_array(init)
+            weight = init.name in quantized or (array.dtype.kind == "f" and init.name not in scales)
+            if not weight or array.size < 2:
+                continue
+            layouts = [array] + ([array.T] if array.ndim == 2 else [])
+            stored = any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
+            values = array.astype(np.float32)
+            found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
+        return found
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:
@@ -197,14 +227,15 @@ class QnnExporter(Exporter):
         stem = dest.name.removesuffix(self.extension)
         dlc = dest.with_name(f"{stem}.dlc")
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            graph = Path(tmp) / f"{component.name}.onnx"
-            OnnxExporter().export(component, "fp32", graph)
             if precision in _SCHEMES:
-                quantized = Path(tmp) / f"{component.name}.qdq.onnx"
-                details.update(quantize_qdq(graph, quantized, component, precision,
-                                            calibration_size or component.calibration_size))
-                graph = quantized
+                graph, quantization = _qdq_graph(component, precision, Path(tmp), calibration_size)
+                details.update(quantization)
+            else:
+                graph = Path(tmp) / f"{component.name}.onnx"
+                OnnxExporter().export(component, "fp32", graph)
             htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, context_out=dest)
+            if precision in _SCHEMES:
+                details["qdq_graph_sha256"] = _record_digest(dest, graph)
             dumps = Path(tmp) / "dlc"
             dumps.mkdir()
             htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, dlc_dir=dumps)

@@ -39,6 +39,7 @@ class ParityReport:
     threshold_db: float | None = None
     min_snr_db: float | None = None
     min_token_agreement: float | None = None
+    min_top1_agreement: float | None = None  # logits outputs: the lowest top-1 agreement (reported, judged by the tie rule)
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
     divergences: list = field(default_factory=list)  # every token / top-1 flip, tie-break or not
     failures: list = field(default_factory=list)  # why the verdict is "fail", one line each
@@ -187,7 +188,7 @@ def measure(
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
-    snrs, agreements, failures = [], [], []
+    snrs, agreements, top1, failures = [], [], [], []
     for sample, inputs in component.samples.items():
         result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db)
         report.samples[sample] = result.scores
@@ -195,8 +196,10 @@ def measure(
         failures += [f"{sample}: {f}" for f in result.failures]
         snrs += [s[k] for s in result.scores.values() for k in ("snr_db", "copied_snr_db") if k in s]
         agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
+        top1 += [s["top1_agreement"] for s in result.scores.values() if "top1_agreement" in s]
     report.min_snr_db = min(snrs) if snrs else None
     report.min_token_agreement = min(agreements) if agreements else None
+    report.min_top1_agreement = min(top1) if top1 else None
     if not component.samples:
         failures.append(f"{component.name} has no samples: nothing was run")
     elif not snrs and not agreements:

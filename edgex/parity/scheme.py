@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -85,6 +85,17 @@ class StoredScheme:
     weights: dict[str, StoredWeight]
     activations: dict[str, ActivationQuant] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what the reference does not model
+
+
+class Reference(Protocol):
+    """What `measure_split` needs of a scheme reference: outputs for inputs (teacher-forced on
+    given tokens), a label and a JSON description for the manifest."""
+
+    label: str
+
+    def __call__(self, inputs, forced_tokens: dict | None = None) -> tuple: ...
+
+    def to_json(self) -> dict: ...
 
 
 @dataclass
@@ -241,11 +252,11 @@ class _Eager(Session):
         return [t.detach().cpu().numpy() for t in self._reference(tuple(torch.from_numpy(np.asarray(x)) for x in inputs))]
 
 
-_FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "samples", "divergences", "failures", "verdict")
+_FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "min_top1_agreement", "samples", "divergences", "failures", "verdict")
 
 
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
-                  lowering_db: float, reference: SchemeReference, method: str = "runtime",
+                  lowering_db: float, reference: Reference, method: str = "runtime",
                   simulator: str | None = None) -> ParityReport:
     """Three figures on the same samples, the artifact run once:
 

@@ -2,8 +2,9 @@
 the eager weight it stands for.
 
 Model parity covers only the weights its runs read. A GGUF talker fed input embeddings never reads
-its token embedding table (most of the file), so a corrupted table would pass; scoring every stored
-tensor at export, and again in `edgex verify`, covers what no run reads. The gate is the artifact's
+its token embedding table (most of the file), so a corrupted table would pass; QNN's `.dlc` is run
+by nothing here at all. Scoring every stored tensor at export, and again in `edgex verify`, covers
+what no run reads. The gate is the artifact's
 own: no stored weight may score below the dB its outputs must reach.
 """
 
@@ -16,9 +17,10 @@ from ..component import Component
 from . import metrics
 
 
-def tensor_parity(exporter, component: Component, files: list[Path], threshold_db: float) -> dict | None:
-    """The manifest's `tensor_parity` block, or None for formats whose weights their parity run covers."""
-    stored = exporter.stored_tensors(component, files)
+def tensor_parity(exporter, component: Component, files: list[Path], threshold_db: float, precision: str,
+                  options: dict | None = None) -> dict | None:
+    """The manifest's `tensor_parity` block, or None for files whose weights their parity run covers."""
+    stored = exporter.stored_tensors(component, files, precision, **(options or {}))
     if stored is None:
         return None
     tensors = {}
