@@ -1,0 +1,137 @@
+"""Recipe `minicpm-o`: MiniCPM-o 4.5's speech output, TTS head + Token2wav vocoder.
+
+The components and their roles are declared in `facts.py` (read without importing this module).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, TensorSpec
+from ...errors import EdgexError
+from .. import RECIPES
+from ..base import LoadedModel, Recipe
+from . import tts
+from .facts import FACTS, ROLES
+from .models import build_from_preset
+from .pipeline import HeadUtterance
+from .presets import get_preset
+
+# (prefill chunk, KV slots) of the head graphs per preset; checkpoints get the real sizes.
+_HEAD_SIZES = {"tiny": (16, 64)}
+_REAL_HEAD_SIZES = (64, 512)
+DECODE_STEPS = 12  # audio tokens recorded per sample utterance
+DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
+
+
+def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
+    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
+
+
+def _step_slots(inputs) -> tuple:
+    """A decode step writes one slot, at `position`, of the returned key/value [L, 1, KV, 1, D]:
+    the output holds only that entry, so all of it is written."""
+    return (slice(None),)
+
+
+@RECIPES.register(FACTS.name)
+class MiniCPMORecipe(Recipe):
+    facts = FACTS
+
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
+        options = dict(options or {})
+        if checkpoint is not None:
+            from .checkpoint import load_checkpoint
+
+            models, sizes = load_checkpoint(Path(checkpoint)), _REAL_HEAD_SIZES
+        else:
+            name = preset or self.default_preset
+            models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
+        built = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed,
+                 "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES)}
+        return LoadedModel(self.name, models, models.source, built)
+
+    def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
+        names = list(ROLES) if not names else names
+        for n in names:
+            if n not in ROLES:
+                raise EdgexError(f"no such component {n!r} in minicpm-o (known: {', '.join(ROLES)})")
+        builder = _ComponentBuilder(loaded)
+        return [getattr(builder, n)() for n in names]
+
+
+class _ComponentBuilder:
+    """Samples from two eager utterances, A (export example) and B (held out); calibration from
+    further seeds, never a sample's inputs."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.models = loaded.models
+        self.options = loaded.options
+        seed = loaded.options["seed"]
+        self._seeds = {"a": seed, "b": seed + 1}
+        self._calibration_seed = seed + 1000
+        self._heads: dict[str, HeadUtterance] = {}
+
+    def _seed(self, which: str) -> int:
+        return self._seeds.get(which, self._calibration_seed + int(which.removeprefix("cal")) if which.startswith("cal") else 0)
+
+    def head_utt(self, which: str) -> HeadUtterance:
+        if which not in self._heads:
+            o = self.options
+            self._heads[which] = HeadUtterance(self.models.tts, o["prefill_len"], o["max_context"], DECODE_STEPS,
+                                               self._seed(which))
+        return self._heads[which]
+
+    def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
+                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, **metadata) -> Component:
+        first = next(iter(samples.values()))
+        with torch.no_grad():
+            outputs = reference(*first)
+        inputs = [_spec(n, t) for n, t in zip(input_names, first)]
+        outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
+        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
+                         calibration=calibration, calibration_size=calibration_size, written=written or {})
+        for sample in samples.values():
+            comp.check_inputs(sample)
+        return comp
+
+    @staticmethod
+    def _draw(make, per_utterance: int):
+        """`n` calibration sets `make("cal<u>", k)`, spread evenly over the positions of as many
+        calibration utterances as needed."""
+
+        def draw(n: int) -> list:
+            slots = -(-n // per_utterance) * per_utterance
+            return [make(f"cal{s // per_utterance}", s % per_utterance) for s in (i * slots // n for i in range(n))]
+
+        return draw
+
+    # -- TTS head ---------------------------------------------------------------------------
+    def tts_prefill(self) -> Component:
+        head = self.models.tts
+        return self._component(
+            "tts_prefill", tts.TTSPrefill(head), ["inputs_embeds"],
+            [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(tts.prefill_reference, head),
+            {"utterance_a": (self.head_utt("a").prefill_embeds,), "utterance_b": (self.head_utt("b").prefill_embeds,)},
+            self._draw(lambda u, _k: (self.head_utt(u).prefill_embeds,), 1),
+            prefill_len=self.options["prefill_len"],
+        )
+
+    def tts_decode(self) -> Component:
+        head = self.models.tts
+        return self._component(
+            "tts_decode", tts.TTSDecode(head), ["inputs_embeds", "position", "past_key", "past_value"],
+            [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(tts.decode_reference, head),
+            {"utterance_a_step3": self.head_utt("a").steps[3], "utterance_b_step11": self.head_utt("b").steps[11],
+             "utterance_b_step0": self.head_utt("b").steps[0]},
+            self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
+            max_context=self.options["max_context"],
+        )
+
+
+__all__ = ["MiniCPMORecipe"]
