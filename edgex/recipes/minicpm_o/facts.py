@@ -20,7 +20,6 @@ ROLES = {
     "tts_decode": "talker",
     "flow_step": "decoder",
     "flow": "decoder",
-    "hift": "decoder",
 }
 
 FACTS = RecipeFacts(

@@ -9,6 +9,7 @@ embedding, position and the KV cache laid out in the graph's slots.
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 from .presets import LLM_DIM
 from .tts import MiniCPMTTSHead, decode_reference, prefill_reference
@@ -46,3 +47,39 @@ class HeadUtterance:
             self.key[:, :, :, position] = k
             self.value[:, :, :, position] = v
             logits = logits[:, -1]
+
+
+class VocoderUtterance:
+    """A `frames`-long (50 Hz) non-streaming flow call as the official `inference` sets it up: a
+    prompt (its tokens plus its mel as the condition) then new tokens, both random; the speaker
+    embedding normalized and projected; the token embedding through the upsampling conformer and
+    `encoder_proj` (mu). `noise` is the official buffer's slice [0, frames) for the example
+    utterance (what the official call uses) and a fresh seeded draw otherwise; `states` holds the
+    Euler state before each step of the loop (official `solve_euler` over each step's grid)."""
+
+    @torch.no_grad()
+    def __init__(self, flow, frames: int, steps: int, seed: int, official_noise: bool):
+        from .flow import cosine_schedule, step_reference
+
+        gen = torch.Generator().manual_seed(seed)
+        up = int(flow.up_rate)
+        tokens = frames // up
+        prompt = max(1, tokens // 5)
+        ids = torch.randint(0, flow.vocab_size, (1, tokens), generator=gen)
+        self.prompt_mel = torch.randn(1, prompt * up, flow.output_size, generator=gen) * 2.0 - 5.0
+        self.speaker = torch.randn(1, flow.spk_embed_affine_layer.in_features, generator=gen)
+        self.tokens, self.prompt_tokens = ids[:, prompt:], ids[:, :prompt]
+        self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
+        h, _ = flow.encoder(flow.input_embedding(ids), torch.tensor([tokens]))
+        self.mu = flow.encoder_proj(h).transpose(1, 2).contiguous()
+        self.cond = torch.zeros_like(self.mu)
+        self.cond[:, :, : prompt * up] = self.prompt_mel.transpose(1, 2)
+        cfm = flow.decoder
+        shape = (1, flow.output_size, frames)
+        self.noise = cfm.rand_noise[:, :, :frames].clone() if official_noise else torch.randn(shape, generator=gen)
+        self.states, x = [], self.noise
+        for t, dt in cosine_schedule(steps):
+            t, dt = torch.tensor([t]), torch.tensor([dt])
+            self.states.append((x, self.mu, self.spks, self.cond, t, dt))
+            x = step_reference(cfm, x, self.mu, self.spks, self.cond, t, dt)[0]
+        self.mel = x

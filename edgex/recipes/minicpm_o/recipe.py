@@ -14,10 +14,10 @@ from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, Te
 from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
-from . import tts
+from . import flow, tts
 from .facts import FACTS, ROLES
 from .models import build_from_preset
-from .pipeline import HeadUtterance
+from .pipeline import HeadUtterance, VocoderUtterance
 from .presets import get_preset
 
 # (prefill chunk, KV slots) of the head graphs per preset; checkpoints get the real sizes.
@@ -74,6 +74,7 @@ class _ComponentBuilder:
         self._seeds = {"a": seed, "b": seed + 1}
         self._calibration_seed = seed + 1000
         self._heads: dict[str, HeadUtterance] = {}
+        self._vocoder: dict[str, VocoderUtterance] = {}
 
     def _seed(self, which: str) -> int:
         return self._seeds.get(which, self._calibration_seed + int(which.removeprefix("cal")) if which.startswith("cal") else 0)
@@ -84,6 +85,13 @@ class _ComponentBuilder:
             self._heads[which] = HeadUtterance(self.models.tts, o["prefill_len"], o["max_context"], DECODE_STEPS,
                                                self._seed(which))
         return self._heads[which]
+
+    def voc_utt(self, which: str) -> VocoderUtterance:
+        if which not in self._vocoder:
+            o = self.options
+            self._vocoder[which] = VocoderUtterance(self.models.flow, o["frames"], o["steps"], self._seed(which),
+                                                    official_noise=which == "a")
+        return self._vocoder[which]
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
                    calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, **metadata) -> Component:
@@ -131,6 +139,34 @@ class _ComponentBuilder:
              "utterance_b_step0": self.head_utt("b").steps[0]},
             self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
             max_context=self.options["max_context"],
+        )
+
+    # -- Token2wav flow matching ------------------------------------------------------------
+    def flow_step(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+        return self._component(
+            "flow_step", flow.FlowStep(cfm), ["x", "mu", "spks", "cond", "t", "dt"], [("x_next", SIGNAL)],
+            partial(flow.step_reference, cfm),
+            {"utterance_a_step0": self.voc_utt("a").states[0], "utterance_b_step4": self.voc_utt("b").states[4 % steps],
+             "utterance_b_last": self.voc_utt("b").states[-1]},
+            self._draw(lambda u, k: self.voc_utt(u).states[k], steps),
+            calibration_size=steps,
+            frames=self.options["frames"],
+        )
+
+    def flow(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+
+        def sample(which: str):
+            u = self.voc_utt(which)
+            return u.noise, u.mu, u.spks, u.cond
+
+        return self._component(
+            "flow", flow.Flow(cfm, steps), ["noise", "mu", "spks", "cond"], [("mel", SIGNAL)],
+            partial(flow.flow_reference, cfm, steps),
+            {"utterance_a_official_noise": sample("a"), "utterance_b": sample("b")},
+            self._draw(lambda u, _k: sample(u), 1),
+            steps=steps, frames=self.options["frames"],
         )
 
 
