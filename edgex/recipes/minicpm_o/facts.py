@@ -20,6 +20,7 @@ ROLES = {
     "tts_decode": "talker",
     "flow_step": "decoder",
     "flow": "decoder",
+    "hift": "decoder",
 }
 
 FACTS = RecipeFacts(

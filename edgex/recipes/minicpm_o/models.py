@@ -49,7 +49,7 @@ def build_flow(config: dict) -> nn.Module:
     cfm.register_buffer("cnn_cache_buffer", torch.zeros(MAX_STEPS, depth, 2, 2 * hidden, 2), persistent=False)
     cfm.register_buffer("att_cache_buffer", torch.zeros(MAX_STEPS, depth, 2, heads, MAX_CACHE_FRAMES, 2 * hd),
                         persistent=False)
-    top = {k: config[k] for k in ("input_size", "output_size", "spk_embed_dim", "output_type", "vocab_size")}
+    top = {k: v for k, v in config.items() if k not in ("encoder", "decoder")}
     return m.flow.CausalMaskedDiffWithXvec(**top, encoder=encoder, decoder=cfm).eval()
 
 
@@ -83,6 +83,15 @@ def randomize(module: nn.Module, seed: int) -> None:
             w.original0.copy_(w.original1.norm(dim=dims, keepdim=True) if dims else w.original1.abs())
 
 
+@torch.no_grad()
+def _speech_like_hift(hift: nn.Module) -> None:
+    """Random HiFT weights give F0 near 0 Hz (every sample unvoiced: the sine source, the part
+    whose float32 phase accumulation limits parity, would go untested) and magnitudes that pin
+    the wav at the +-0.99 clamp. Offset the F0 head to ~200 Hz and damp conv_post."""
+    hift.f0_predictor.classifier.bias.add_(200.0)
+    hift.conv_post.parametrizations.weight.original0.mul_(0.2)
+
+
 def build_from_preset(preset: MiniCPMOPreset, seed: int) -> MiniCPMOModels:
     torch.manual_seed(seed)
     tts = MiniCPMTTSHead(preset.tts).eval()
@@ -90,4 +99,5 @@ def build_from_preset(preset: MiniCPMOPreset, seed: int) -> MiniCPMOModels:
     hift = build_hift(preset.hift)
     for i, module in enumerate((tts, flow, hift)):
         randomize(module, seed * 3 + i)
+    _speech_like_hift(hift)
     return MiniCPMOModels(tts, flow, hift, {"preset": preset.name, "seed": seed})

@@ -14,11 +14,12 @@ from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, Te
 from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
-from . import flow, tts
+from . import flow, hift, tts
 from .facts import FACTS, ROLES
 from .models import build_from_preset
 from .pipeline import HeadUtterance, VocoderUtterance
 from .presets import get_preset
+from .stepaudio2_import import stepaudio2_modules
 
 # (prefill chunk, KV slots) of the head graphs per preset; checkpoints get the real sizes.
 _HEAD_SIZES = {"tiny": (16, 64)}
@@ -167,6 +168,34 @@ class _ComponentBuilder:
             {"utterance_a_official_noise": sample("a"), "utterance_b": sample("b")},
             self._draw(lambda u, _k: sample(u), 1),
             steps=steps, frames=self.options["frames"],
+        )
+
+    # -- HiFT ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _hift_sample(self, which: str, cached: bool):
+        """The utterance's mel with seeded source noise; `cached`: the streaming state of a chunk
+        that follows another (the source tail of utterance `which` run before it)."""
+        mel = self.voc_utt(which).mel
+        gen = torch.Generator().manual_seed(self._seed(which) + 77)
+        samples = mel.shape[2] * hift.HiFT(self.models.hift, 1).upsample
+        noise = torch.randn(1, samples, hift.HARMONICS, generator=gen)
+        cache = torch.zeros(1, 1, hift.CACHE_FRAMES * samples // mel.shape[2])
+        if cached:
+            layers = stepaudio2_modules().hifigan_layers
+            _, source = hift.hift_reference(self.models.hift, layers, mel.flip(2), noise.flip(1), cache, torch.zeros(1))
+            cache = source[:, :, -cache.shape[2]:].clone()
+        return mel, noise, cache, torch.tensor([1.0 if cached else 0.0])
+
+    def hift(self) -> Component:
+        layers = stepaudio2_modules().hifigan_layers
+        frames = self.options["frames"]
+        return self._component(
+            "hift", hift.HiFT(self.models.hift, frames), ["mel", "noise", "cache_source", "use_cache"],
+            [("wav", SIGNAL), ("source", SIGNAL)],
+            partial(hift.hift_reference, self.models.hift, layers),
+            {"utterance_a_first_chunk": self._hift_sample("a", False), "utterance_b_cached": self._hift_sample("b", True)},
+            self._draw(lambda u, k: self._hift_sample(u, k == 1), 2),
+            frames=frames,
         )
 
 
