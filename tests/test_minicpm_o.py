@@ -171,7 +171,7 @@ def test_hift_initial_phase_never_reaches_the_wav(minicpm):
 def test_cpu_onnx_export_passes(tmp_path):
     out = tmp_path / "o"
     proc = run_cli("export", "minicpm-o", "--target", "cpu", "--preset", "tiny", "-c", "tts_decode", "-c", "flow_step",
-                   "-f", "onnx", "-p", "fp32", "--out", str(out), "--json")
+                   "-f", "onnx", "-p", "fp32", "--out", str(out), "--json")  # the smallest graphs: ~1 min on 2 cores
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "minicpm-o" / "cpu" / "manifest.json").read_text())
     rows = {a["component"]: a for a in manifest["artifacts"]}
@@ -235,10 +235,65 @@ def test_bad_checkpoint_is_refused(minicpm, tmp_path, case, fragment):
         load_checkpoint(_write_checkpoint(tmp_path / "ckpt", minicpm[0].models, **case))
 
 
-def test_checkpoint_shape_mismatch_is_a_one_line_error_exit_2(minicpm, tmp_path):
+def test_checkpoint_shape_mismatch_is_refused(minicpm, tmp_path):
     root = _write_checkpoint(tmp_path / "ckpt", minicpm[0].models)
     state = torch.load(root / "token2wav" / "flow.pt", weights_only=True)
     state["encoder_proj.weight"] = torch.zeros(3, 3)
     torch.save(state, root / "token2wav" / "flow.pt")
+    with pytest.raises(EdgexError, match=r"encoder_proj\.weight has shape \(3, 3\)"):
+        load_checkpoint(root)
+
+
+def test_bad_checkpoint_is_a_one_line_error_exit_2(minicpm, tmp_path):
+    root = _write_checkpoint(tmp_path / "ckpt", minicpm[0].models, skip_file="flow.pt")
     proc = run_cli("export", "minicpm-o", "--checkpoint", str(root), "-c", "flow_step", "--out", str(tmp_path / "o"))
-    assert_one_line_error(proc, "encoder_proj.weight has shape (3, 3)")
+    assert_one_line_error(proc, "missing the vocoder file", "flow.pt")
+
+
+# -- benchmark (not in the suite): `pytest -m benchmark tests/test_minicpm_o.py -s` -----------------
+@pytest.mark.benchmark
+def test_benchmark_4_5_head_and_vocoder_on_cpu(tmp_path):
+    """The `4.5` preset, 2 threads, eager and ONNX Runtime fp32 in the same run: TTS head ms per
+    token (tts_decode) and vocoder ms per second of audio (10 x flow_step + hift over one 50-frame
+    second; the unrolled `flow` graph runs the same DiT calls). Medians of 5 after a warm-up."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgex.exporters.onnx import OnnxExporter
+
+    torch.set_num_threads(2)
+    recipe = RECIPES.get("minicpm-o")
+    loaded = recipe.load("4.5", None, 0)
+    comps = {c.name: c for c in recipe.components(loaded, ["tts_decode", "flow_step", "hift"])}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 2
+
+    def median_ms(fn, repeat=5):
+        fn()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1000)
+        return statistics.median(times)
+
+    rows = {}
+    for name, comp in comps.items():
+        inputs = comp.example_inputs
+        result = OnnxExporter().export(comp, "fp32", tmp_path / f"{name}.onnx")
+        session = ort.InferenceSession(str(result.files[0]), options, providers=["CPUExecutionProvider"])
+        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+        with torch.no_grad():
+            eager = median_ms(lambda: comp.reference(*inputs))
+        rows[name] = (eager, median_ms(lambda: session.run(None, feed)))
+    steps = loaded.options["steps"]
+    seconds = loaded.options["frames"] / 50
+    head = rows["tts_decode"]
+    vocoder = [(steps * rows["flow_step"][i] + rows["hift"][i]) / seconds for i in (0, 1)]
+    print(f"\nminicpm-o 4.5, 2 threads: TTS head {head[1]:.1f} ms/token ONNX fp32 vs {head[0]:.1f} eager "
+          f"({head[0] / head[1]:.2f}x); vocoder {vocoder[1]:.0f} ms per s of audio ONNX fp32 vs {vocoder[0]:.0f} eager "
+          f"({vocoder[0] / vocoder[1]:.2f}x; flow_step {rows['flow_step'][1]:.1f} ms x {steps}, hift {rows['hift'][1]:.1f} ms)")
+    assert all(np.isfinite(v) for pair in rows.values() for v in pair)

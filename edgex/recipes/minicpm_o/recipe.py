@@ -16,6 +16,7 @@ from .. import RECIPES
 from ..base import LoadedModel, Recipe
 from . import flow, hift, tts
 from .facts import FACTS, ROLES
+from .gguf import DECODE_FEED, PREFILL_FEED, head_layout
 from .models import build_from_preset
 from .pipeline import HeadUtterance, VocoderUtterance
 from .presets import get_preset
@@ -30,12 +31,6 @@ DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
 
 def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
     return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
-
-
-def _step_slots(inputs) -> tuple:
-    """A decode step writes one slot, at `position`, of the returned key/value [L, 1, KV, 1, D]:
-    the output holds only that entry, so all of it is written."""
-    return (slice(None),)
 
 
 @RECIPES.register(FACTS.name)
@@ -95,14 +90,15 @@ class _ComponentBuilder:
         return self._vocoder[which]
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, **metadata) -> Component:
+                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
         inputs = [_spec(n, t) for n, t in zip(input_names, first)]
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration, calibration_size=calibration_size, written=written or {})
+                         calibration=calibration, calibration_size=calibration_size, written=written or {},
+                         layouts=layouts or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -127,6 +123,7 @@ class _ComponentBuilder:
             partial(tts.prefill_reference, head),
             {"utterance_a": (self.head_utt("a").prefill_embeds,), "utterance_b": (self.head_utt("b").prefill_embeds,)},
             self._draw(lambda u, _k: (self.head_utt(u).prefill_embeds,), 1),
+            layouts={"gguf": head_layout(head, PREFILL_FEED)},
             prefill_len=self.options["prefill_len"],
         )
 
@@ -139,6 +136,7 @@ class _ComponentBuilder:
             {"utterance_a_step3": self.head_utt("a").steps[3], "utterance_b_step11": self.head_utt("b").steps[11],
              "utterance_b_step0": self.head_utt("b").steps[0]},
             self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
+            layouts={"gguf": head_layout(head, DECODE_FEED)},
             max_context=self.options["max_context"],
         )
 
