@@ -61,7 +61,11 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
         {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, "*": npu},
-        {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)"},
+        {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
+         # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
+         "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
+                              "with it unmeasured: its DiT is 91 % of its CPU cost and HTP fp16 vs GPU timing on a "
+                              "device is still to be done (--placement decoder=qnn:fp16 builds the HTP variant)"},
         {"qnn": {"soc_model": soc_model, "htp_arch": arch}},
     )
 
@@ -99,7 +103,8 @@ TARGETS: dict[str, Target] = {
                                  "edgex's components have no speaker encoder, and libmtmd exposes no predictor "
                                  "logits to measure",
                     "decoder": "llama.cpp's code2wav (libmtmd) hard-codes the real decoder's sizes (8 layers, "
-                               "16 heads) and is not exposed as a graph with the component's inputs",
+                               "16 heads) and is not exposed as a graph with the component's inputs; it has no "
+                               "flow-matching DiT or HiFT graph for MiniCPM-o's Token2wav",
                 },
             },
         ),

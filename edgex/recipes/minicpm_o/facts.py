@@ -1,0 +1,35 @@
+"""What `minicpm-o` declares without importing torch: presets, components and their roles.
+
+Components (role):
+  tts_prefill (talker)   conditioning embeddings (right-padded chunk) -> audio-token logits, KV
+  tts_decode (talker)    one audio token, KV-cached -> logits, its KV
+  flow_step (decoder)    one classifier-free-guided Euler step of the DiT (batch 2 inside)
+  flow (decoder)         the whole N-step cosine-grid Euler loop, CFM noise as an input
+  hift (decoder)         mel -> 24 kHz wav; sine-source phase and noise as inputs, STFT/ISTFT as convs
+
+The model itself is built by `recipe.py`, which the registry imports only once work starts.
+"""
+
+from __future__ import annotations
+
+from ..base import RecipeFacts, RecipeOption
+from .presets import PRESETS
+
+ROLES = {
+    "tts_prefill": "talker",
+    "tts_decode": "talker",
+    "flow_step": "decoder",
+    "flow": "decoder",
+    "hift": "decoder",
+}
+
+FACTS = RecipeFacts(
+    name="minicpm-o",
+    description="MiniCPM-o 4.5 speech output: TTS head (prefill + decode) and Token2wav (flow-matching DiT + HiFT)",
+    presets={name: p.description for name, p in PRESETS.items()},
+    components=ROLES,
+    options={
+        "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
+        "frames": RecipeOption("mel frames (50 Hz) per flow / flow_step / hift call (default 50: one 25-token chunk)"),
+    },
+)

@@ -1,0 +1,166 @@
+"""Token2wav's flow-matching decoder as graphs: one CFG Euler step (`FlowStep`) and the whole loop (`Flow`).
+
+The math is written here from the official `DiT` / `CausalConditionalCFM` (stepaudio2 1.0.5) and
+uses only the official modules' parameters, never their forwards (those are the reference):
+  * timestep: sinusoidal features of 1000 t (cos | sin, 256 wide) through `t_embedder.mlp`;
+  * input: [x | mu | spks repeated over time | cond] (4 x 80 = 320 channels) through `in_proj`;
+  * block (adaLN-zero with 9 modulations): attention (q/k LayerNorm per head, no mask: every frame
+    of a call is valid), then a causal conv block (k=3 conv, LayerNorm, Mish, k=3 conv), then a
+    tanh-GELU MLP, each gated; `final_layer` modulates and projects back to 80 mel bins;
+  * classifier-free guidance as a batch of 2: (x, mu, spks, cond) and (x, 0, 0, 0) at the same t,
+    v = 1.7 v_cond - 0.7 v_uncond (rate 0.7), x += dt v;
+  * schedule: t_span = 1 - cos(pi/2 linspace(0, 1, N + 1)); the loop advances t by dt and takes the
+    next dt against the grid, exactly the official recurrence (float32), so the grid is a constant.
+The noise is an input: the official non-streaming call slices its construction-time
+`rand_noise` [1, 80, 30000] buffer from frame 0 (streaming: from the cached length), so a runner
+that wants the official output passes that slice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+FREQ_DIM = 256  # TimestepEmbedder.frequency_embedding_size
+T_SCALE = 1000.0  # TimestepEmbedder.scale
+
+
+def cosine_schedule(steps: int) -> list[tuple[float, float]]:
+    """(t, dt) of each Euler step, as the official loop computes them in float32."""
+    grid = 1 - torch.cos(torch.linspace(0, 1, steps + 1, dtype=torch.float32) * 0.5 * torch.pi)
+    t, dt, out = grid[0], grid[1] - grid[0], []
+    for step in range(1, steps + 1):
+        out.append((float(t), float(dt)))
+        t = t + dt
+        if step < steps:
+            dt = grid[step + 1] - t
+    return out
+
+
+def _layer_norm(x, norm: nn.Module | None = None, eps: float = 1e-6):
+    mean = x.mean(dim=-1, keepdim=True)
+    centered = x - mean
+    out = centered * torch.rsqrt((centered * centered).mean(dim=-1, keepdim=True) + eps)
+    return out if norm is None else out * norm.weight + norm.bias
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def _mish(x):
+    return x * torch.tanh(F.softplus(x))
+
+
+def _silu(x):
+    return x * torch.sigmoid(x)
+
+
+def _causal_conv(conv: nn.Conv1d, x):
+    """[B, T, C] -> [B, T, C'], left-padded by kernel - 1."""
+    y = F.conv1d(F.pad(x.transpose(1, 2), (conv.kernel_size[0] - 1, 0)), conv.weight, conv.bias)
+    return y.transpose(1, 2)
+
+
+class DiTVelocity(nn.Module):
+    """The DiT estimator: (x, mu, spks, cond) [B, 80, T] / [B, 80], t [B] -> velocity [B, 80, T]."""
+
+    def __init__(self, estimator: nn.Module):
+        super().__init__()
+        self.est = estimator
+        half = FREQ_DIM // 2
+        self.register_buffer("freqs", torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half),
+                             persistent=False)
+
+    def _attention(self, attn, x):
+        b, t, _ = x.shape
+        heads, hd = attn.num_heads, attn.head_dim
+
+        def split(lin, norm):
+            return _layer_norm(lin(x).reshape(b, t, heads, hd).transpose(1, 2), norm, norm.eps)
+
+        q, k, v = split(attn.to_q, attn.q_norm), split(attn.to_k, attn.k_norm), attn.to_v(x).reshape(b, t, heads, hd).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, heads * hd)
+        return attn.proj(out)
+
+    def _conv_block(self, block, x):
+        seq = block.block
+        x = _causal_conv(seq[1], x)
+        x = _mish(_layer_norm(x, seq[3], seq[3].eps))
+        return _causal_conv(seq[6], x)
+
+    def forward(self, x, mu, spks, cond, t):
+        est = self.est
+        args = (t * T_SCALE)[:, None] * self.freqs[None]
+        mlp = est.t_embedder.mlp
+        c = mlp[2](_silu(mlp[0](torch.cat((torch.cos(args), torch.sin(args)), dim=-1))))[:, None]  # [B, 1, H]
+        frames = x.shape[2]
+        h = torch.cat((x, mu, spks[:, :, None].expand(-1, -1, frames), cond), dim=1).transpose(1, 2)
+        h = est.in_proj(h)
+        for blk in est.blocks:
+            mod = blk.adaLN_modulation[1](_silu(c)).chunk(9, dim=-1)
+            shift_a, scale_a, gate_a, shift_m, scale_m, gate_m, shift_c, scale_c, gate_c = mod
+            h = h + gate_a * self._attention(blk.attn, _layer_norm(h) * (1 + scale_a) + shift_a)
+            h = h + gate_c * self._conv_block(blk.conv, _layer_norm(h) * (1 + scale_c) + shift_c)
+            h = h + gate_m * blk.mlp.fc2(_gelu_tanh(blk.mlp.fc1(_layer_norm(h) * (1 + scale_m) + shift_m)))
+        final = est.final_layer
+        shift, scale = final.adaLN_modulation[1](_silu(c)).chunk(2, dim=-1)
+        return final.linear(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
+
+
+class _Guided(nn.Module):
+    def __init__(self, cfm: nn.Module):
+        super().__init__()
+        self.velocity = DiTVelocity(cfm.estimator)
+        self.rate = float(cfm.inference_cfg_rate)
+
+    def step(self, x, mu, spks, cond, t, dt):
+        both = self.velocity(torch.cat((x, x)), torch.cat((mu, torch.zeros_like(mu))),
+                             torch.cat((spks, torch.zeros_like(spks))), torch.cat((cond, torch.zeros_like(cond))),
+                             torch.cat((t, t)))
+        v_cond, v_uncond = both[:1], both[1:]
+        return x + dt * ((1.0 + self.rate) * v_cond - self.rate * v_uncond)
+
+
+class FlowStep(_Guided):
+    """x, mu, cond [1, 80, T], spks [1, 80] (projected speaker), t [1], dt [1] -> next x [1, 80, T]."""
+
+    def forward(self, x, mu, spks, cond, t, dt):
+        return self.step(x, mu, spks, cond, t, dt)
+
+
+class Flow(_Guided):
+    """noise, mu, cond [1, 80, T], spks [1, 80] -> mel [1, 80, T] after `steps` Euler steps."""
+
+    def __init__(self, cfm: nn.Module, steps: int):
+        super().__init__(cfm)
+        self.schedule = cosine_schedule(steps)
+
+    def forward(self, noise, mu, spks, cond):
+        x = noise
+        for t, dt in self.schedule:
+            x = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype))
+        return x
+
+
+@torch.no_grad()
+def step_reference(cfm, x, mu, spks, cond, t, dt):
+    """The official `solve_euler` over the two-point grid [t, t + dt]: one guided step."""
+    frames = x.shape[2]
+    return (cfm.solve_euler(x, torch.cat((t, t + dt)), mu, torch.ones(1, 1, frames), spks, cond),)
+
+
+@torch.no_grad()
+def flow_reference(cfm, steps: int, noise, mu, spks, cond):
+    """The official `CausalConditionalCFM.forward` with its `rand_noise` buffer holding `noise`
+    (it slices frames [0, T) of that buffer: the non-streaming path)."""
+    kept = cfm.rand_noise
+    cfm.rand_noise = noise
+    try:
+        return (cfm.forward(mu, torch.ones(1, 1, mu.shape[2]), spks, cond, n_timesteps=steps),)
+    finally:
+        cfm.rand_noise = kept

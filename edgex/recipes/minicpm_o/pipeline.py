@@ -1,0 +1,85 @@
+"""Eager utterances that the components' samples come from.
+
+`HeadUtterance`: random text ids and LLM hidden states (no LLM is part of this recipe) conditioned
+the official way, prefilled right-padded to the graph's chunk, then audio tokens drawn from the
+reference logits at temperature 0.8 with a seeded generator, recording every decode step's input
+embedding, position and the KV cache laid out in the graph's slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .presets import LLM_DIM
+from .tts import MiniCPMTTSHead, decode_reference, prefill_reference
+
+TEMPERATURE = 0.8  # the official TTSSamplingParams temperature
+# Right padding of the prefill chunk in the samples (the real rows must stay exact). Pad rows repeat
+# the last real row: an all-zero row has RMS 0, and fp16 RMSNorm of it is 0 * inf = NaN.
+PAD_ROWS = 2
+
+
+class HeadUtterance:
+    @torch.no_grad()
+    def __init__(self, head: MiniCPMTTSHead, prefill_len: int, slots: int, steps: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        text = prefill_len - 2 - PAD_ROWS
+        text_ids = torch.randint(0, head.config["num_text_tokens"], (text,), generator=gen)
+        llm_hidden = torch.randn(text, head.config["llm_dim"], generator=gen) * (LLM_DIM ** -0.5) * 8
+        cond = head.condition(text_ids, llm_hidden)
+        self.length = cond.shape[1]
+        self.prefill_embeds = torch.cat((cond, cond[:, -1:].expand(1, PAD_ROWS, cond.shape[2])), dim=1)
+        _, key, value = prefill_reference(head, self.prefill_embeds)
+        self.key = torch.zeros(key.shape[:3] + (slots, key.shape[4]))
+        self.value = torch.zeros_like(self.key)
+        self.key[:, :, :, : self.length] = key[:, :, :, : self.length]
+        self.value[:, :, :, : self.length] = value[:, :, :, : self.length]
+        logits = prefill_reference(head, self.prefill_embeds)[0][:, self.length - 1]
+        self.steps = []  # (inputs_embeds, position, past_key, past_value) per decode step
+        for step in range(steps):
+            probs = torch.softmax(logits.reshape(-1) / TEMPERATURE, dim=-1)
+            token = torch.multinomial(probs, 1, generator=gen).reshape(1, 1)
+            position = torch.tensor([self.length + step])
+            embeds = head.code_embeds(token)
+            self.steps.append((embeds, position, self.key.clone(), self.value.clone()))
+            logits, k, v = decode_reference(head, embeds, position, self.key, self.value)
+            self.key[:, :, :, position] = k
+            self.value[:, :, :, position] = v
+            logits = logits[:, -1]
+
+
+class VocoderUtterance:
+    """A `frames`-long (50 Hz) non-streaming flow call as the official `inference` sets it up: a
+    prompt (its tokens plus its mel as the condition) then new tokens, both random; the speaker
+    embedding normalized and projected; the token embedding through the upsampling conformer and
+    `encoder_proj` (mu). `noise` is the official buffer's slice [0, frames) for the example
+    utterance (what the official call uses) and a fresh seeded draw otherwise; `states` holds the
+    Euler state before each step of the loop (official `solve_euler` over each step's grid)."""
+
+    @torch.no_grad()
+    def __init__(self, flow, frames: int, steps: int, seed: int, official_noise: bool):
+        from .flow import cosine_schedule, step_reference
+
+        gen = torch.Generator().manual_seed(seed)
+        up = int(flow.up_rate)
+        tokens = frames // up
+        prompt = max(1, tokens // 5)
+        ids = torch.randint(0, flow.vocab_size, (1, tokens), generator=gen)
+        self.prompt_mel = torch.randn(1, prompt * up, flow.output_size, generator=gen) * 2.0 - 5.0
+        self.speaker = torch.randn(1, flow.spk_embed_affine_layer.in_features, generator=gen)
+        self.tokens, self.prompt_tokens = ids[:, prompt:], ids[:, :prompt]
+        self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
+        h, _ = flow.encoder(flow.input_embedding(ids), torch.tensor([tokens]))
+        self.mu = flow.encoder_proj(h).transpose(1, 2).contiguous()
+        self.cond = torch.zeros_like(self.mu)
+        self.cond[:, :, : prompt * up] = self.prompt_mel.transpose(1, 2)
+        cfm = flow.decoder
+        shape = (1, flow.output_size, frames)
+        self.noise = cfm.rand_noise[:, :, :frames].clone() if official_noise else torch.randn(shape, generator=gen)
+        self.states, x = [], self.noise
+        for t, dt in cosine_schedule(steps):
+            t, dt = torch.tensor([t]), torch.tensor([dt])
+            self.states.append((x, self.mu, self.spks, self.cond, t, dt))
+            x = step_reference(cfm, x, self.mu, self.spks, self.cond, t, dt)[0]
+        self.mel = x

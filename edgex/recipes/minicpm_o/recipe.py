@@ -1,0 +1,200 @@
+"""Recipe `minicpm-o`: MiniCPM-o 4.5's speech output, TTS head + Token2wav vocoder.
+
+The components and their roles are declared in `facts.py` (read without importing this module).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, TensorSpec
+from ...errors import EdgexError
+from .. import RECIPES
+from ..base import LoadedModel, Recipe
+from . import flow, hift, tts
+from .facts import FACTS, ROLES
+from .gguf import DECODE_FEED, PREFILL_FEED, head_layout
+from .models import build_from_preset
+from .pipeline import HeadUtterance, VocoderUtterance
+from .presets import get_preset
+from .stepaudio2_import import stepaudio2_modules
+
+# (prefill chunk, KV slots) of the head graphs per preset; checkpoints get the real sizes.
+_HEAD_SIZES = {"tiny": (16, 64)}
+_REAL_HEAD_SIZES = (64, 512)
+DECODE_STEPS = 12  # audio tokens recorded per sample utterance
+DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
+
+
+def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
+    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
+
+
+@RECIPES.register(FACTS.name)
+class MiniCPMORecipe(Recipe):
+    facts = FACTS
+
+    def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
+        options = dict(options or {})
+        if checkpoint is not None:
+            from .checkpoint import load_checkpoint
+
+            models, sizes = load_checkpoint(Path(checkpoint)), _REAL_HEAD_SIZES
+        else:
+            name = preset or self.default_preset
+            models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
+        built = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed,
+                 "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES)}
+        return LoadedModel(self.name, models, models.source, built)
+
+    def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
+        names = list(ROLES) if not names else names
+        for n in names:
+            if n not in ROLES:
+                raise EdgexError(f"no such component {n!r} in minicpm-o (known: {', '.join(ROLES)})")
+        builder = _ComponentBuilder(loaded)
+        return [getattr(builder, n)() for n in names]
+
+
+class _ComponentBuilder:
+    """Samples from two eager utterances, A (export example) and B (held out); calibration from
+    further seeds, never a sample's inputs."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.models = loaded.models
+        self.options = loaded.options
+        seed = loaded.options["seed"]
+        self._seeds = {"a": seed, "b": seed + 1}
+        self._calibration_seed = seed + 1000
+        self._heads: dict[str, HeadUtterance] = {}
+        self._vocoder: dict[str, VocoderUtterance] = {}
+
+    def _seed(self, which: str) -> int:
+        return self._seeds.get(which, self._calibration_seed + int(which.removeprefix("cal")) if which.startswith("cal") else 0)
+
+    def head_utt(self, which: str) -> HeadUtterance:
+        if which not in self._heads:
+            o = self.options
+            self._heads[which] = HeadUtterance(self.models.tts, o["prefill_len"], o["max_context"], DECODE_STEPS,
+                                               self._seed(which))
+        return self._heads[which]
+
+    def voc_utt(self, which: str) -> VocoderUtterance:
+        if which not in self._vocoder:
+            o = self.options
+            self._vocoder[which] = VocoderUtterance(self.models.flow, o["frames"], o["steps"], self._seed(which),
+                                                    official_noise=which == "a")
+        return self._vocoder[which]
+
+    def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
+                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, **metadata) -> Component:
+        first = next(iter(samples.values()))
+        with torch.no_grad():
+            outputs = reference(*first)
+        inputs = [_spec(n, t) for n, t in zip(input_names, first)]
+        outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
+        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
+                         calibration=calibration, calibration_size=calibration_size, written=written or {},
+                         layouts=layouts or {})
+        for sample in samples.values():
+            comp.check_inputs(sample)
+        return comp
+
+    @staticmethod
+    def _draw(make, per_utterance: int):
+        """`n` calibration sets `make("cal<u>", k)`, spread evenly over the positions of as many
+        calibration utterances as needed."""
+
+        def draw(n: int) -> list:
+            slots = -(-n // per_utterance) * per_utterance
+            return [make(f"cal{s // per_utterance}", s % per_utterance) for s in (i * slots // n for i in range(n))]
+
+        return draw
+
+    # -- TTS head ---------------------------------------------------------------------------
+    def tts_prefill(self) -> Component:
+        head = self.models.tts
+        return self._component(
+            "tts_prefill", tts.TTSPrefill(head), ["inputs_embeds"],
+            [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(tts.prefill_reference, head),
+            {"utterance_a": (self.head_utt("a").prefill_embeds,), "utterance_b": (self.head_utt("b").prefill_embeds,)},
+            self._draw(lambda u, _k: (self.head_utt(u).prefill_embeds,), 1),
+            layouts={"gguf": head_layout(head, PREFILL_FEED)},
+            prefill_len=self.options["prefill_len"],
+        )
+
+    def tts_decode(self) -> Component:
+        head = self.models.tts
+        return self._component(
+            "tts_decode", tts.TTSDecode(head), ["inputs_embeds", "position", "past_key", "past_value"],
+            [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
+            partial(tts.decode_reference, head),
+            {"utterance_a_step3": self.head_utt("a").steps[3], "utterance_b_step11": self.head_utt("b").steps[11],
+             "utterance_b_step0": self.head_utt("b").steps[0]},
+            self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
+            layouts={"gguf": head_layout(head, DECODE_FEED)},
+            max_context=self.options["max_context"],
+        )
+
+    # -- Token2wav flow matching ------------------------------------------------------------
+    def flow_step(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+        return self._component(
+            "flow_step", flow.FlowStep(cfm), ["x", "mu", "spks", "cond", "t", "dt"], [("x_next", SIGNAL)],
+            partial(flow.step_reference, cfm),
+            {"utterance_a_step0": self.voc_utt("a").states[0], "utterance_b_step4": self.voc_utt("b").states[4 % steps],
+             "utterance_b_last": self.voc_utt("b").states[-1]},
+            self._draw(lambda u, k: self.voc_utt(u).states[k], steps),
+            calibration_size=steps,
+            frames=self.options["frames"],
+        )
+
+    def flow(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+
+        def sample(which: str):
+            u = self.voc_utt(which)
+            return u.noise, u.mu, u.spks, u.cond
+
+        return self._component(
+            "flow", flow.Flow(cfm, steps), ["noise", "mu", "spks", "cond"], [("mel", SIGNAL)],
+            partial(flow.flow_reference, cfm, steps),
+            {"utterance_a_official_noise": sample("a"), "utterance_b": sample("b")},
+            self._draw(lambda u, _k: sample(u), 1),
+            steps=steps, frames=self.options["frames"],
+        )
+
+    # -- HiFT ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _hift_sample(self, which: str, cached: bool):
+        """The utterance's mel with seeded source noise; `cached`: the streaming state of a chunk
+        that follows another (the source tail of utterance `which` run before it)."""
+        mel = self.voc_utt(which).mel
+        gen = torch.Generator().manual_seed(self._seed(which) + 77)
+        samples = mel.shape[2] * hift.HiFT(self.models.hift, 1).upsample
+        noise = torch.randn(1, samples, hift.HARMONICS, generator=gen)
+        cache = torch.zeros(1, 1, hift.CACHE_FRAMES * samples // mel.shape[2])
+        if cached:
+            layers = stepaudio2_modules().hifigan_layers
+            _, source = hift.hift_reference(self.models.hift, layers, mel.flip(2), noise.flip(1), cache, torch.zeros(1))
+            cache = source[:, :, -cache.shape[2]:].clone()
+        return mel, noise, cache, torch.tensor([1.0 if cached else 0.0])
+
+    def hift(self) -> Component:
+        layers = stepaudio2_modules().hifigan_layers
+        frames = self.options["frames"]
+        return self._component(
+            "hift", hift.HiFT(self.models.hift, frames), ["mel", "noise", "cache_source", "use_cache"],
+            [("wav", SIGNAL), ("source", SIGNAL)],
+            partial(hift.hift_reference, self.models.hift, layers),
+            {"utterance_a_first_chunk": self._hift_sample("a", False), "utterance_b_cached": self._hift_sample("b", True)},
+            self._draw(lambda u, k: self._hift_sample(u, k == 1), 2),
+            frames=frames,
+        )
+
+
+__all__ = ["MiniCPMORecipe"]

@@ -1,0 +1,299 @@
+"""Recipe minicpm-o (tiny preset): every graph equals its reference (the official Token2wav code for
+the vocoder, edgex's MiniCPMTTS for the head), the head equals an independent reading of the official
+MiniCPMTTS code on the same weights, the vocoder references are the official entry points (noise
+buffer slice, 10 steps), a CPU ONNX export passes its gates, and bad checkpoints are one-line errors."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from conftest import run_cli
+from edgex.errors import EdgexError
+from edgex.parity.metrics import snr_db
+from edgex.recipes import RECIPES
+from edgex.recipes.minicpm_o import flow as flow_graphs
+from edgex.recipes.minicpm_o import hift as hift_graphs
+from edgex.recipes.minicpm_o import tts as tts_graphs
+from edgex.recipes.minicpm_o.checkpoint import load_checkpoint
+from edgex.recipes.minicpm_o.facts import FACTS, ROLES
+from edgex.recipes.minicpm_o.presets import get_preset
+from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
+from test_cli_errors import assert_one_line_error
+
+pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tiny model and its samples
+
+# fp32 graph vs reference. HiFT's sine source accumulates phase to ~1e4 rad within a second in
+# float32 (as the official code does): one ulp there is ~1e-3 rad, so two float32 evaluations of
+# the same formula agree to ~78 dB, not 100 (unvoiced frames, without the sine, reach 101 dB).
+FLOOR_DB = {"hift": 70.0}
+
+
+@pytest.fixture(scope="module")
+def minicpm():
+    recipe = RECIPES.get("minicpm-o")
+    loaded = recipe.load("tiny", None, 0)
+    return loaded, {c.name: c for c in recipe.components(loaded)}
+
+
+@pytest.mark.parametrize("name", list(ROLES))
+def test_graph_equals_reference(minicpm, name):
+    comp = minicpm[1][name]
+    assert len(comp.samples) >= 2
+    for sample, inputs in comp.samples.items():
+        with torch.no_grad():
+            got = comp.module(*inputs)
+        got = got if isinstance(got, tuple) else (got,)
+        for spec, ref, out in zip(comp.outputs, comp.reference_outputs(sample), got):
+            assert tuple(out.shape) == spec.shape, (sample, spec.name)
+            assert snr_db(ref.numpy(), out.numpy()) >= FLOOR_DB.get(name, 100.0), (sample, spec.name)
+
+
+# -- the TTS head against an independent reading of the official MiniCPMTTS ------------------------
+def _official_reading(state: dict, cfg: dict, text_ids, llm_hidden, tokens) -> torch.Tensor:
+    """Logits of every position of the official non-streaming `generate`, teacher-forced on `tokens`,
+    written from `modeling_minicpmo.py` (MiniCPMTTS + `_generate_speech_non_streaming`) in plain torch
+    on the checkpoint tensors: condition = emb_text(text) + normalize(linear2(relu(linear1(h)))),
+    then emb_text(text_eos), emb_text(audio_bos); then emb_code.0 of each token; a LlamaModel from a
+    LlamaConfig with only the sizes set (RoPE theta 10000, RMSNorm eps 1e-6, SiLU MLP, no biases);
+    head_code.0 under weight norm (g * v / ||v|| per row)."""
+    p = lambda name: state["tts." + name]  # noqa: E731
+    proj = F.relu(llm_hidden @ p("projector_semantic.linear1.weight").T + p("projector_semantic.linear1.bias"))
+    proj = F.normalize(proj @ p("projector_semantic.linear2.weight").T + p("projector_semantic.linear2.bias"), dim=-1)
+    emb_text = p("emb_text.weight")
+    x = torch.cat((emb_text[text_ids] + proj, emb_text[[cfg["text_eos_token_id"], cfg["audio_bos_token_id"]]],
+                   p("emb_code.0.weight")[tokens]))
+    n, hidden = x.shape
+    heads = cfg["num_attention_heads"]
+    hd = hidden // heads
+    inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2).float() / hd)
+    ang = torch.arange(n).float()[:, None] * inv[None]
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+
+    def rms(v, w):
+        return w * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    def rope(v):  # [heads, n, hd], rotate-half pairs
+        return v * cos + torch.cat((-v[..., hd // 2 :], v[..., : hd // 2]), -1) * sin
+
+    causal = torch.full((n, n), float("-inf")).triu(1)
+    for i in range(cfg["num_hidden_layers"]):
+        lp = lambda name: p(f"model.layers.{i}.{name}.weight")  # noqa: E731
+        h = rms(x, lp("input_layernorm"))
+        q, k, v = ((h @ lp(f"self_attn.{m}_proj").T).reshape(n, heads, hd).transpose(0, 1) for m in "qkv")
+        att = torch.softmax(rope(q) @ rope(k).transpose(1, 2) / hd**0.5 + causal, -1) @ v
+        x = x + att.transpose(0, 1).reshape(n, hidden) @ lp("self_attn.o_proj").T
+        h = rms(x, lp("post_attention_layernorm"))
+        x = x + (F.silu(h @ lp("mlp.gate_proj").T) * (h @ lp("mlp.up_proj").T)) @ lp("mlp.down_proj").T
+    g, v = p("head_code.0.parametrizations.weight.original0"), p("head_code.0.parametrizations.weight.original1")
+    return rms(x, p("model.norm.weight")) @ (g * v / v.norm(dim=1, keepdim=True)).T
+
+
+def test_head_equals_an_independent_reading_of_the_official_code(minicpm):
+    loaded, _ = minicpm
+    head = loaded.models.tts
+    state = {"tts." + k: v.detach() for k, v in head.state_dict().items()}
+    gen = torch.Generator().manual_seed(5)
+    text_ids = torch.randint(0, head.config["num_text_tokens"], (9,), generator=gen)
+    llm_hidden = torch.randn(9, head.config["llm_dim"], generator=gen) * 0.1
+    tokens = torch.randint(0, head.config["num_audio_tokens"], (5,), generator=gen)
+    expected = _official_reading(state, head.config, text_ids, llm_hidden, tokens)
+
+    # edgex's side: its conditioning, then the graphs (prefill, then KV-cached decode steps)
+    with torch.no_grad():
+        cond = head.condition(text_ids, llm_hidden)
+        logits, key, value = tts_graphs.TTSPrefill(head)(cond)
+        got = [logits[0]]
+        slots = 32
+        past_k = torch.zeros(key.shape[:3] + (slots, key.shape[4]))
+        past_v = torch.zeros_like(past_k)
+        past_k[:, :, :, : cond.shape[1]], past_v[:, :, :, : cond.shape[1]] = key, value
+        decode = tts_graphs.TTSDecode(head)
+        for i, token in enumerate(tokens[:-1]):
+            pos = cond.shape[1] + i
+            step, k, v = decode(head.code_embeds(token.reshape(1, 1)), torch.tensor([pos]), past_k, past_v)
+            past_k[:, :, :, pos], past_v[:, :, :, pos] = k[:, :, :, 0], v[:, :, :, 0]
+            got.append(step[0])
+    got = torch.cat(got)
+    # the last token is only an input to nothing: the official loop stops after sampling it
+    assert got.shape == expected[:-1].shape
+    assert snr_db(expected[:-1].numpy(), got.numpy()) >= 100.0
+
+
+def test_head_weight_norm_is_folded_into_the_graph(minicpm):
+    head = minicpm[0].models.tts
+    graph = tts_graphs.TTSPrefill(head)
+    assert not any("parametrizations" in name for name, _ in graph.named_parameters())
+    assert torch.allclose(graph.head_weight, head.head_code[0].weight, atol=1e-6)
+
+
+# -- the vocoder references are the official entry points -------------------------------------------
+def test_flow_reference_is_the_official_non_streaming_call(minicpm):
+    """`flow.inference` (what Token2wav's non-streaming call runs, with its hard-coded 10 steps) slices
+    the noise buffer drawn at construction from frame 0: the flow component's example is that slice,
+    and the `flow` graph reproduces the official mel of the new tokens."""
+    loaded, comps = minicpm
+    flow_model = loaded.models.flow
+    assert FACTS.options["steps"] and comps["flow"].metadata["steps"] == 10
+    builder_utt = comps["flow"].samples["utterance_a_official_noise"]
+    noise, mu, spks, cond = builder_utt
+    assert torch.equal(noise, flow_model.decoder.rand_noise[:, :, : noise.shape[2]])
+    # rebuild the official call's inputs from the same seeded draw the recipe used
+    from edgex.recipes.minicpm_o.pipeline import VocoderUtterance
+
+    utt = VocoderUtterance(flow_model, noise.shape[2], 10, 0, official_noise=True)
+    with torch.no_grad():
+        official = flow_model.inference(utt.tokens, torch.tensor([utt.tokens.shape[1]]), utt.prompt_tokens,
+                                        torch.tensor([utt.prompt_tokens.shape[1]]), utt.prompt_mel,
+                                        torch.tensor([utt.prompt_mel.shape[1]]), utt.speaker, 10)
+        graph = comps["flow"].module(noise, mu, spks, cond)
+    prompt_frames = utt.prompt_mel.shape[1]
+    assert snr_db(official.numpy(), graph[:, :, prompt_frames:].numpy()) >= 100.0
+    five = flow_graphs.Flow(flow_model.decoder, 5)(noise, mu, spks, cond)  # the streaming entry points' count
+    assert snr_db(official.numpy(), five[:, :, prompt_frames:].detach().numpy()) < 60.0
+
+
+def test_hift_initial_phase_never_reaches_the_wav(minicpm):
+    loaded, comps = minicpm
+    mel, noise, cache, use = comps["hift"].samples["utterance_a_first_chunk"]
+    layers = stepaudio2_modules().hifigan_layers
+    zero = hift_graphs.hift_reference(loaded.models.hift, layers, mel, noise, cache, use)[0]
+    drawn = hift_graphs.hift_reference(loaded.models.hift, layers, mel, noise, cache, use,
+                                       phase=torch.rand(1, hift_graphs.HARMONICS))[0]
+    assert torch.equal(zero, drawn)
+    other = hift_graphs.hift_reference(loaded.models.hift, layers, mel, torch.randn_like(noise), cache, use)[0]
+    assert not torch.equal(zero, other)  # the source noise is live
+
+
+# -- one CPU export through the CLI ---------------------------------------------------------------
+def test_cpu_onnx_export_passes(tmp_path):
+    out = tmp_path / "o"
+    proc = run_cli("export", "minicpm-o", "--target", "cpu", "--preset", "tiny", "-c", "tts_decode", "-c", "flow_step",
+                   "-f", "onnx", "-p", "fp32", "--out", str(out), "--json")  # the smallest graphs: ~1 min on 2 cores
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "minicpm-o" / "cpu" / "manifest.json").read_text())
+    rows = {a["component"]: a for a in manifest["artifacts"]}
+    assert set(rows) == {"tts_decode", "flow_step"}
+    for row in rows.values():
+        assert row["verdict"] == "pass" and row["parity"]["min_snr_db"] >= 100.0, row
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+def _yaml_flow(config: dict) -> str:
+    """flow.yaml as Token2wav ships it: hyperpyyaml `!new:` tags around each constructor's arguments."""
+    enc, dec = config["encoder"], config["decoder"]
+    top = {k: v for k, v in config.items() if k not in ("encoder", "decoder")}
+    lines = ["flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec"]
+    lines += [f"    {k}: {json.dumps(v)}" for k, v in top.items()]
+    lines += ["    encoder: !new:cosyvoice2.transformer.upsample_encoder_v2.UpsampleConformerEncoderV2"]
+    lines += [f"        {k}: {json.dumps(v)}" for k, v in enc.items()]
+    lines += ["    decoder: !new:cosyvoice2.flow.flow_matching.CausalConditionalCFM",
+              f"        inference_cfg_rate: {dec['inference_cfg_rate']}",
+              "        estimator: !new:cosyvoice2.flow.decoder_dit.DiT"]
+    lines += [f"            {k}: {json.dumps(v)}" for k, v in dec["estimator"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _write_checkpoint(root, models, drop=None, skip_file=None, plain_head=False):
+    preset = get_preset("tiny")
+    voc = root / "token2wav"
+    voc.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"tts_config": preset.tts}))
+    tensors = {"tts." + k: v.detach().clone().contiguous() for k, v in models.tts.state_dict().items()}
+    tensors["llm.lm_head.weight"] = torch.zeros(2, 2)
+    if plain_head:
+        for k in [k for k in tensors if "head_code" in k]:
+            del tensors[k]
+        tensors["tts.head_code.0.weight"] = models.tts.head_code[0].weight.detach().clone()
+    tensors.pop(drop, None)
+    save_file(tensors, str(root / "model.safetensors"))
+    (voc / "flow.yaml").write_text(_yaml_flow(preset.flow))
+    torch.save(models.flow.state_dict(), voc / "flow.pt")
+    torch.save({"generator." + k: v for k, v in models.hift.state_dict().items()}, voc / "hift.pt")
+    if skip_file:
+        (voc / skip_file).unlink()
+    return root
+
+
+def test_checkpoint_loads_the_released_layout(minicpm, tmp_path):
+    models = minicpm[0].models
+    loaded = load_checkpoint(_write_checkpoint(tmp_path / "ckpt", models))
+    for mine, theirs in ((loaded.tts, models.tts), (loaded.flow, models.flow), (loaded.hift, models.hift)):
+        ref = theirs.state_dict()
+        assert all(torch.equal(v, ref[k]) for k, v in mine.state_dict().items())
+
+
+@pytest.mark.parametrize("case, fragment", [
+    (dict(drop="tts.model.layers.1.mlp.up_proj.weight"), "lacks 1 tensors, e.g. tts.model.layers.1.mlp.up_proj.weight"),
+    (dict(plain_head=True), "weight-norm tensors absent"),
+    (dict(skip_file="hift.pt"), "missing the vocoder file"),
+])
+def test_bad_checkpoint_is_refused(minicpm, tmp_path, case, fragment):
+    with pytest.raises(EdgexError, match=fragment.replace(".", r"\.")):
+        load_checkpoint(_write_checkpoint(tmp_path / "ckpt", minicpm[0].models, **case))
+
+
+def test_checkpoint_shape_mismatch_is_refused(minicpm, tmp_path):
+    root = _write_checkpoint(tmp_path / "ckpt", minicpm[0].models)
+    state = torch.load(root / "token2wav" / "flow.pt", weights_only=True)
+    state["encoder_proj.weight"] = torch.zeros(3, 3)
+    torch.save(state, root / "token2wav" / "flow.pt")
+    with pytest.raises(EdgexError, match=r"encoder_proj\.weight has shape \(3, 3\)"):
+        load_checkpoint(root)
+
+
+def test_bad_checkpoint_is_a_one_line_error_exit_2(minicpm, tmp_path):
+    root = _write_checkpoint(tmp_path / "ckpt", minicpm[0].models, skip_file="flow.pt")
+    proc = run_cli("export", "minicpm-o", "--checkpoint", str(root), "-c", "flow_step", "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "missing the vocoder file", "flow.pt")
+
+
+# -- benchmark (not in the suite): `pytest -m benchmark tests/test_minicpm_o.py -s` -----------------
+@pytest.mark.benchmark
+def test_benchmark_4_5_head_and_vocoder_on_cpu(tmp_path):
+    """The `4.5` preset, 2 threads, eager and ONNX Runtime fp32 in the same run: TTS head ms per
+    token (tts_decode) and vocoder ms per second of audio (10 x flow_step + hift over one 50-frame
+    second; the unrolled `flow` graph runs the same DiT calls). Medians of 5 after a warm-up."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgex.exporters.onnx import OnnxExporter
+
+    torch.set_num_threads(2)
+    recipe = RECIPES.get("minicpm-o")
+    loaded = recipe.load("4.5", None, 0)
+    comps = {c.name: c for c in recipe.components(loaded, ["tts_decode", "flow_step", "hift"])}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 2
+
+    def median_ms(fn, repeat=5):
+        fn()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1000)
+        return statistics.median(times)
+
+    rows = {}
+    for name, comp in comps.items():
+        inputs = comp.example_inputs
+        result = OnnxExporter().export(comp, "fp32", tmp_path / f"{name}.onnx")
+        session = ort.InferenceSession(str(result.files[0]), options, providers=["CPUExecutionProvider"])
+        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+        with torch.no_grad():
+            eager = median_ms(lambda: comp.reference(*inputs))
+        rows[name] = (eager, median_ms(lambda: session.run(None, feed)))
+    steps = loaded.options["steps"]
+    seconds = loaded.options["frames"] / 50
+    head = rows["tts_decode"]
+    vocoder = [(steps * rows["flow_step"][i] + rows["hift"][i]) / seconds for i in (0, 1)]
+    print(f"\nminicpm-o 4.5, 2 threads: TTS head {head[1]:.1f} ms/token ONNX fp32 vs {head[0]:.1f} eager "
+          f"({head[0] / head[1]:.2f}x); vocoder {vocoder[1]:.0f} ms per s of audio ONNX fp32 vs {vocoder[0]:.0f} eager "
+          f"({vocoder[0] / vocoder[1]:.2f}x; flow_step {rows['flow_step'][1]:.1f} ms x {steps}, hift {rows['hift'][1]:.1f} ms)")
+    assert all(np.isfinite(v) for pair in rows.values() for v in pair)
