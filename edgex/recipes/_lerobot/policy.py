@@ -104,11 +104,14 @@ def read_config(folder: Path, policy_type: str) -> dict:
 def parse_config(config_class, folder: Path, overrides: dict):
     """LeRobot's config from `config.json` (draccus), with edgex's overrides (no downloads)."""
     import draccus
+    from lerobot.configs.policies import PreTrainedConfig
 
-    try:
-        config = config_class.from_pretrained(str(folder))
+    try:  # the base class resolves `type` to the registered config class, as LeRobot loads it
+        config = PreTrainedConfig.from_pretrained(str(folder))
     except (draccus.utils.ParsingError, ValueError, TypeError, KeyError, FileNotFoundError) as exc:
         raise EdgexError(f"checkpoint {folder}/config.json is not a valid LeRobot config: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, config_class):
+        raise EdgexError(f"checkpoint {folder}/config.json parsed as {type(config).__name__}, not {config_class.__name__}")
     for key, value in overrides.items():
         setattr(config, key, value)
     config.device = "cpu"

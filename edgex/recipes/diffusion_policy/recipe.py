@@ -40,7 +40,8 @@ class DiffusionPolicyRecipe(Recipe):
 
     def load(self, preset: str | None, checkpoint: Path | None, seed: int, options: dict | None = None) -> LoadedModel:
         m = lerobot_modules()
-        steps = (options or {}).get("steps", DEFAULT_STEPS)
+        steps = (options or {}).get("steps", DEFAULT_STEPS if checkpoint is not None else
+                                    PRESETS[preset or self.default_preset].get("steps", DEFAULT_STEPS))
         ddim = {"noise_scheduler_type": "DDIM", "num_inference_steps": steps}
         if checkpoint is not None:
             read_config(checkpoint, "diffusion")
