@@ -201,3 +201,31 @@ def test_act_checkpoint_round_trip_and_bad_checkpoints(tmp_path):
     (folder / "config.json").unlink()
     with pytest.raises(EdgexError, match="no config.json"):
         recipe.load(None, folder, 0)
+
+
+def test_smolvla_graphs_share_no_numerical_code_with_lerobot(monkeypatch):
+    """Bugs others hit exporting SmolVLA (docs/models.md), planted in LeRobot's code: the graphs stay
+    as they are while graph-vs-reference parity falls far below the 100 dB fp32 bar."""
+    from edgex.recipes._lerobot.lerobot_import import lerobot_modules
+
+    recipe = RECIPES.get("smolvla")
+    comps = {c.name: c for c in recipe.components(recipe.load("tiny", None, 0, {}), ["prefix", "action_step"])}
+
+    def worst(name):
+        comp = comps[name]
+        inputs = next(iter(comp.samples.values()))
+        with torch.no_grad():
+            outs, refs = comp.module(*inputs), comp.reference(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return min(snr_db(r.numpy(), o.numpy()) for r, o in zip(refs, outs))
+
+    assert worst("prefix") >= 100.0 and worst("action_step") >= 100.0
+    m = lerobot_modules()
+    rope = m.smolvla_vlm.apply_rope
+    monkeypatch.setattr(m.smolvla_vlm, "apply_rope", lambda x, positions: rope(x, positions, max_wavelength=100_000))
+    assert worst("prefix") < 60.0  # RoPE theta 100000 instead of LeRobot's 10000
+    monkeypatch.setattr(m.smolvla_vlm, "apply_rope", rope)
+    embed = m.smolvla.create_sinusoidal_pos_embedding
+    monkeypatch.setattr(m.smolvla, "create_sinusoidal_pos_embedding",
+                        lambda time, *a, **k: embed(time / (2 * math.pi), *a, **k))  # the missing 2 pi
+    assert worst("action_step") < 60.0
