@@ -38,8 +38,8 @@ def _rope(x, positions):
     """x [1, S, H, D], positions [1, S] float -> rotated (first half / second half pairs)."""
     half = x.shape[-1] // 2
     inv = _ROPE_WAVELENGTH ** (-(2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32))
-    angle = (positions[..., None] * inv)[..., None, :]
-    cos, sin = angle.cos(), angle.sin()
+    angle = (positions[..., None].float() * inv)[..., None, :]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
@@ -170,21 +170,22 @@ class SmolVLAStep(nn.Module):
         half = vwe.expert_hidden_size // 2
         fraction = np.linspace(0.0, 1.0, half)
         scaling = 2 * math.pi / (config.min_period * (config.max_period / config.min_period) ** fraction)
-        self.register_buffer("time_scaling", torch.from_numpy(scaling).float(), persistent=False)
+        # a plain list, not a buffer: an fp16 build would round 2 pi / 0.004 = 1571 to a whole number
+        self.time_scaling = [float(v) for v in scaling]
 
     def time_embedding(self, t):
-        angle = t[:, None] * self.time_scaling[None]
-        return torch.cat([angle.sin(), angle.cos()], -1)
+        angle = t[:, None].float() * torch.tensor(self.time_scaling)[None]  # float32 even in fp16 graphs
+        return torch.cat([angle.sin(), angle.cos()], -1).to(t.dtype)
 
     def velocity(self, x_t, time_emb, keys, values, valid):
         m = self.model
         a = m.action_in_proj(x_t)
-        h = m.action_time_mlp_out(F.silu(m.action_time_mlp_in(torch.cat([a, time_emb[:, None].expand_as(a)], -1))))
+        h = m.action_time_mlp_out(F.silu(m.action_time_mlp_in(torch.cat([a, time_emb[:, None].repeat(1, a.shape[1], 1)], -1))))
         chunk = h.shape[1]
         local = torch.arange(chunk, dtype=valid.dtype)[None]
         absolute = valid.sum(1, keepdim=True) + local
         causal = torch.ones(chunk, chunk).tril().bool()[None]
-        prefix_ok = (valid > 0)[:, None, :].expand(1, chunk, valid.shape[1])
+        prefix_ok = (valid > 0)[:, None, :].repeat(1, chunk, 1)  # repeat, not expand: ExecuTorch refuses 0 strides
         for i in range(self.layers):
             if i > 0 and i % self.multiple != 0:
                 continue
@@ -223,7 +224,7 @@ class SmolVLALoop(nn.Module):
         self.step = SmolVLAStep(policy)
         self.dt = -1.0 / steps
         times = torch.tensor([1.0 + s * self.dt for s in range(steps)], dtype=torch.float32).double()
-        fraction = np.linspace(0.0, 1.0, self.step.time_scaling.shape[0])
+        fraction = np.linspace(0.0, 1.0, len(self.step.time_scaling))
         scaling = torch.from_numpy(2 * math.pi / (config.min_period * (config.max_period / config.min_period) ** fraction))
         angle = times[:, None] * scaling[None]
         self.register_buffer("time_emb", torch.cat([angle.sin(), angle.cos()], -1).float(), persistent=False)

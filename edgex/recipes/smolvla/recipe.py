@@ -210,7 +210,7 @@ class Builder:
         dt = -1.0 / self.steps
         x, out = obs["noise"], []
         for step in range(self.steps):
-            t = torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(1)
+            t = torch.full((1,), 1.0 + step * dt, dtype=torch.float32)  # LeRobot expands a 0-d tensor; a 0 stride breaks ExecuTorch
             out.append((x, t))
             x = x + dt * self.velocity(x, t, keys, values, valid)
         return out
@@ -288,7 +288,7 @@ class Builder:
             dt = -1.0 / self.steps
             x = noise
             for step in range(self.steps):
-                x = x + dt * self.velocity(x, torch.tensor(1.0 + step * dt, dtype=torch.float32).expand(1), keys, values, valid)
+                x = x + dt * self.velocity(x, torch.full((1,), 1.0 + step * dt, dtype=torch.float32), keys, values, valid)
             return (self.p.postprocess(x[:, :, : self.config.action_feature.shape[0]]),)
 
         return self._component(
