@@ -66,6 +66,10 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
             offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
             raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
     if not jobs:
+        reasons = target.facts.get("not_placed", {})
+        why = sorted({reasons[r] for r in (roles[n] for n in components or roles) if r in reasons})
+        if why and not formats:
+            raise EdgexError(f"target {target.name} places none of {recipe.name}'s components: {'; '.join(why)}")
         raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
     return jobs
 

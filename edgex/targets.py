@@ -50,6 +50,15 @@ class Target:
         return replace(self, placements={**self.placements, **placed})
 
 
+# Roles of the VLA policy recipes (act, diffusion-policy, smolvla): camera image -> tokens or
+# features (`vision`), image + language + state tokens -> per-layer K/V (`prefix`), and everything
+# that produces actions (`action`: ACT's one-pass policy, a denoise / velocity step, the whole loop).
+# Each target places them by name or says in `not_placed` why not.
+VLA_ROLES = ("vision", "prefix", "action")
+_CPU = (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))
+_MNN = (Placement("mnn", ("fp32", "fp16")),)
+
+
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
     npu = (Placement("qnn", ("fp16",), device=f"Hexagon v{arch} HTP"),)
@@ -57,10 +66,13 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
         "onnx", ("fp32",), device="Adreno GPU (QNN GPU backend)",
         unverified="execution on the Adreno GPU: parity ran this ONNX graph in fp32 on ONNX Runtime CPU, not the GPU kernels",
     ),)
+    # VLA policies (docs/models.md): every graph on the NPU in fp16 and in w8a16 calibrated on
+    # observations from the eager policy; the Euler / DDIM loop too (the HTP has no fp32 path).
+    vla = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
     return Target(
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
-        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, "*": npu},
+        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "*": npu},
         {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
          # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
          "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
@@ -76,13 +88,13 @@ TARGETS: dict[str, Target] = {
         Target(
             "cpu",
             "x86/ARM CPU: ExecuTorch XNNPACK .pte and ONNX Runtime .onnx for every component",
-            {"*": (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))},
+            {**dict.fromkeys(VLA_ROLES, _CPU), "*": _CPU},
             {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"]},
         ),
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
-            {"*": (Placement("mnn", ("fp32", "fp16")),)},
+            {**dict.fromkeys(VLA_ROLES, _MNN), "*": _MNN},
             {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
         ),
         # SoC model numbers and HTP architectures as QAIRT names them.
@@ -105,6 +117,9 @@ TARGETS: dict[str, Target] = {
                     "decoder": "llama.cpp's code2wav (libmtmd) hard-codes the real decoder's sizes (8 layers, "
                                "16 heads) and is not exposed as a graph with the component's inputs; it has no "
                                "flow-matching DiT or HiFT graph for MiniCPM-o's Token2wav",
+                    **dict.fromkeys(VLA_ROLES, "llama.cpp has no robot-policy architecture: no vision encoder "
+                                    "outside libmtmd's LLM projectors, no cross-attending action expert, no "
+                                    "denoising loop; export VLA policies to cpu, mnn, s25-htp or apple"),
                 },
             },
         ),
@@ -114,6 +129,11 @@ TARGETS: dict[str, Target] = {
             {
                 "*": (Placement("coreml", ("fp16", "w8", "w4")),),
                 "decoder": (Placement("coreml", ("fp32", "fp16", "w8", "w4")),),
+                # VLA: vision and prefix fp16 / w8 on the Neural Engine; the action graphs keep an
+                # fp32 build beside fp16 (docs/models.md: an fp16 pi0 denoise loop scored cosine -0.55).
+                "vision": (Placement("coreml", ("fp16", "w8")),),
+                "prefix": (Placement("coreml", ("fp16", "w8")),),
+                "action": (Placement("coreml", ("fp32", "fp16")),),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
@@ -121,7 +141,8 @@ TARGETS: dict[str, Target] = {
                 # The LM graphs run fp16 on the Neural Engine. The decoder's conv stack is the least
                 # fp16-tolerant graph (lowest fp16 dB on every format): it keeps an fp32 build for
                 # the GPU beside the fp16 one, until on-device timing picks between them.
-                "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU"},
+                "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU",
+                                  "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE", "action": "CPU_AND_GPU"},
                 "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
             },
         ),

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import edgex  # noqa: F401  (first: lets torchvision, which transformers imports, load beside CPU torch)
+
 EDGEX = [sys.executable, "-m", "edgex"]
 
 

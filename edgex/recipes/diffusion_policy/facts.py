@@ -1,0 +1,44 @@
+"""What `diffusion-policy` declares without importing torch: presets, components and their roles.
+
+Components (role):
+  vision_encoder (vision)  one camera image (RGB [0, 1]) -> features; run per camera and per
+                           observation step, the runner keeps the last n_obs_steps
+  denoise_step (action)    (x_t, timestep, global conditioning) -> U-Net prediction (normalized space)
+  action_loop (action)     (raw state history, image features, initial noise) -> unnormalized
+                           actions: every DDIM step (eta 0) in one graph, `--set steps=N`
+
+LeRobot's default DDPM sampler adds fresh noise at every step; edgex runs the checkpoint's U-Net
+with DDIM (eta 0), the scheduler LeRobot offers for the same weights, so the loop is deterministic
+given its initial noise. The eager reference is switched to DDIM with the same step count.
+"""
+
+from __future__ import annotations
+
+from ..base import RecipeFacts, RecipeOption
+
+ROLES = {"vision_encoder": "vision", "denoise_step": "action", "action_loop": "action"}
+DEFAULT_STEPS = 10  # published presets and checkpoints; tiny bakes 4 (export time of the unrolled loop)
+
+PRESETS = {
+    "tiny": {
+        "description": "tests and demo: ResNet18 (GroupNorm) at 48x48 cropped to 40x40, U-Net (16, 32), horizon 8, 2-DoF",
+        "cameras": {"observation.image": (3, 48, 48)}, "state_dim": 2, "action_dim": 2,
+        "config": {"crop_shape": (40, 40), "down_dims": (16, 32), "kernel_size": 3, "n_groups": 4,
+                   "diffusion_step_embed_dim": 16, "spatial_softmax_num_keypoints": 8, "horizon": 8,
+                   "n_action_steps": 4, "n_obs_steps": 2},
+        "steps": 4,
+    },
+    "pusht": {
+        "description": "published Diffusion Policy (PushT): ResNet18 at 96x96 cropped to 84x84, U-Net (512, 1024, 2048), horizon 16, 263M",
+        "cameras": {"observation.image": (3, 96, 96)}, "state_dim": 2, "action_dim": 2,
+        "config": {"crop_shape": (84, 84)},
+    },
+}
+
+FACTS = RecipeFacts(
+    name="diffusion-policy",
+    description="Diffusion Policy (LeRobot): ResNet18 vision encoder + conditional 1-D U-Net, DDIM loop in one graph",
+    presets={name: p["description"] for name, p in PRESETS.items()},
+    components=ROLES,
+    options={"steps": RecipeOption(f"DDIM steps baked into action_loop (default {DEFAULT_STEPS}, tiny 4)")},
+)

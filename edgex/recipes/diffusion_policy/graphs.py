@@ -1,0 +1,165 @@
+"""Diffusion Policy graphs: vision encoder, one denoise step, and the whole DDIM loop.
+
+- `DiffusionVision`: one camera image [1, 3, H, W] (RGB in [0, 1]) -> features [1, D]; owns the
+  image normalization and the eval-time center crop.
+- `DiffusionStep`: (x_t [1, horizon, A], timestep [1] float, global_cond [1, C]) -> the U-Net's
+  prediction, in normalized action space (what a runner looping itself calls).
+- `DiffusionLoop`: (state history [1, n_obs, S] raw, image features [1, n_obs, cams * D], initial
+  noise [1, horizon, A]) -> unnormalized actions [1, n_action_steps, A]. Owns the state
+  normalization and the action unnormalization; DDIM with eta 0 and its coefficients baked for the
+  chosen number of steps, so the graph is deterministic given the noise.
+
+The U-Net, spatial softmax and timestep embedding are written here from the policy's weights; the
+ResNet trunk is torchvision's module as the policy holds it. The DDIM schedule is computed here
+(float64) from the config's beta schedule, not read from diffusers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ...errors import EdgexError
+from .._lerobot.graph_ops import Affine, mode_of
+
+
+def alphas_cumprod(config) -> np.ndarray:
+    """Cumulative products of (1 - beta) for the config's beta schedule, in float64."""
+    steps = config.num_train_timesteps
+    if config.beta_schedule == "squaredcos_cap_v2":
+        def bar(t):
+            return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+        betas = np.array([min(1 - bar((i + 1) / steps) / bar(i / steps), 0.999) for i in range(steps)])
+    elif config.beta_schedule == "linear":
+        betas = np.linspace(config.beta_start, config.beta_end, steps)
+    elif config.beta_schedule == "scaled_linear":
+        betas = np.linspace(config.beta_start ** 0.5, config.beta_end ** 0.5, steps) ** 2
+    else:
+        raise EdgexError(f"beta_schedule {config.beta_schedule!r} is not supported by edgex's DDIM loop")
+    # diffusers keeps betas in float32: the same rounding here keeps the loop at >100 dB.
+    return np.cumprod(1.0 - betas.astype(np.float32).astype(np.float64))
+
+
+def ddim_schedule(config, steps: int) -> list[tuple[int, float, float]]:
+    """[(timestep, alpha_bar_t, alpha_bar_prev)] for DDIM's 'leading' spacing, eta 0."""
+    ac = alphas_cumprod(config)
+    ratio = config.num_train_timesteps // steps
+    timesteps = (np.arange(steps) * ratio).round()[::-1].astype(int)
+    return [(int(t), float(ac[t]), float(ac[t - ratio]) if t - ratio >= 0 else 1.0) for t in timesteps]
+
+
+class _Unet(nn.Module):
+    """LeRobot's conditional 1-D U-Net, forward written from its layers."""
+
+    def __init__(self, unet, config):
+        super().__init__()
+        self.unet, self.film = unet, config.use_film_scale_modulation
+        half = config.diffusion_step_embed_dim // 2
+        self.register_buffer("freqs", torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1))).float(),
+                             persistent=False)
+
+    @staticmethod
+    def _conv_block(block, x):
+        conv, norm, _ = block.block
+        return F.mish(norm(conv(x)))
+
+    def _res(self, res, x, cond):
+        out = self._conv_block(res.conv1, x)
+        embed = res.cond_encoder[1](F.mish(cond))[..., None]
+        if self.film:
+            out = embed[:, : res.out_channels] * out + embed[:, res.out_channels:]
+        else:
+            out = out + embed
+        out = self._conv_block(res.conv2, out)
+        return out + res.residual_conv(x)
+
+    def forward(self, x, timestep, global_cond):
+        u = self.unet
+        angle = timestep[:, None] * self.freqs[None]
+        t = torch.cat([angle.sin(), angle.cos()], -1)
+        enc = u.diffusion_step_encoder
+        t = enc[3](F.mish(enc[1](t)))
+        cond = torch.cat([t, global_cond], -1)
+        x = x.transpose(1, 2)
+        skips = []
+        for res1, res2, down in u.down_modules:
+            x = self._res(res2, self._res(res1, x, cond), cond)
+            skips.append(x)
+            x = down(x)
+        for mid in u.mid_modules:
+            x = self._res(mid, x, cond)
+        for res1, res2, up in u.up_modules:
+            x = torch.cat([x, skips.pop()], 1)
+            x = up(self._res(res2, self._res(res1, x, cond), cond))
+        x = u.final_conv[1](self._conv_block(u.final_conv[0], x))
+        return x.transpose(1, 2)
+
+
+class DiffusionVision(nn.Module):
+    def __init__(self, policy, stats: dict, camera: str):
+        super().__init__()
+        config = policy.config
+        if config.resize_shape is not None:
+            raise EdgexError("diffusion-policy with resize_shape is not supported by edgex's vision graph (crop only)")
+        if config.use_separate_rgb_encoder_per_camera:
+            raise EdgexError("diffusion-policy with one RGB encoder per camera is not supported by edgex yet")
+        encoder = policy.diffusion.rgb_encoder
+        shape = config.image_features[camera].shape
+        self.norm = Affine(stats.get(camera, {}), mode_of(config, config.image_features[camera]), (1, shape[0], 1, 1))
+        h, w = config.crop_shape if config.crop_shape is not None else shape[1:]
+        self.top, self.left = int(round((shape[1] - h) / 2.0)), int(round((shape[2] - w) / 2.0))
+        self.size = (h, w)
+        self.backbone, self.keypoints, self.out = encoder.backbone, encoder.pool.nets, encoder.out
+        with torch.no_grad():
+            fh, fw = self.backbone(torch.zeros(1, shape[0], h, w)).shape[2:]
+        gx, gy = np.meshgrid(np.linspace(-1.0, 1.0, fw), np.linspace(-1.0, 1.0, fh))
+        self.register_buffer("grid", torch.from_numpy(np.stack([gx.reshape(-1), gy.reshape(-1)], 1)).float(), persistent=False)
+
+    def forward(self, image):
+        x = self.norm(image)[:, :, self.top:self.top + self.size[0], self.left:self.left + self.size[1]]
+        maps = self.keypoints(self.backbone(x))  # [1, K, h, w]
+        attn = maps.flatten(2).softmax(-1)  # [1, K, h*w]
+        points = attn @ self.grid  # [1, K, 2]
+        return torch.relu(self.out(points.flatten(1)))
+
+
+class DiffusionStep(nn.Module):
+    def __init__(self, policy):
+        super().__init__()
+        self.unet = _Unet(policy.diffusion.unet, policy.config)
+
+    def forward(self, sample, timestep, global_cond):
+        return self.unet(sample, timestep, global_cond)
+
+
+class DiffusionLoop(nn.Module):
+    def __init__(self, policy, stats: dict, steps: int):
+        super().__init__()
+        config = policy.config
+        self.unet = _Unet(policy.diffusion.unet, config)
+        self.state_norm = Affine(stats.get("observation.state", {}), mode_of(config, config.robot_state_feature),
+                                 config.robot_state_feature.shape)
+        self.action_unnorm = Affine(stats.get("action", {}), mode_of(config, config.action_feature),
+                                    config.action_feature.shape, inverse=True)
+        self.schedule = ddim_schedule(config, steps)
+        self.epsilon = config.prediction_type == "epsilon"
+        self.clip = config.clip_sample_range if config.clip_sample else None
+        self.start, self.count = config.n_obs_steps - 1, config.n_action_steps
+
+    def forward(self, state, features, noise):
+        cond = torch.cat([self.state_norm(state), features], -1).flatten(1)
+        x = noise
+        for t, a, a_prev in self.schedule:
+            out = self.unet(x, torch.full((1,), float(t), dtype=x.dtype), cond)
+            if self.epsilon:
+                x0, eps = (x - math.sqrt(1 - a) * out) / math.sqrt(a), out
+            else:
+                x0, eps = out, (x - math.sqrt(a) * out) / math.sqrt(1 - a)
+            if self.clip is not None:
+                x0 = x0.clamp(-self.clip, self.clip)
+            x = math.sqrt(a_prev) * x0 + math.sqrt(1 - a_prev) * eps
+        return self.action_unnorm(x[:, self.start:self.start + self.count])

@@ -1,0 +1,61 @@
+"""What `smolvla` declares without importing torch: presets, components and their roles.
+
+Components (role):
+  vision_encoder (vision)  one camera image (RGB [0, 1], any size) -> image tokens [1, 64, 960]
+                           (resize-with-pad to 512, SigLIP, pixel-shuffle connector, sqrt(d) scale)
+  prefix (prefix)          image tokens of every camera + language tokens / mask + raw state ->
+                           per-layer K/V [layers, 1, P, kv_heads, head_dim] and the prefix mask
+  action_step (action)     (x_t, t, prefix K/V, mask) -> velocity (normalized action space)
+  action_loop (action)     (noise, prefix K/V, mask) -> unnormalized action chunk: every Euler
+                           step (dt = -1/steps) in one graph, `--set steps=N`
+
+The language tokens are an input: the robot tokenizes its task once (SmolVLM's tokenizer), no
+tokenizer runs in a graph. The model is LeRobot's SmolVLAPolicy, built by `recipe.py`.
+"""
+
+from __future__ import annotations
+
+from ..base import RecipeFacts, RecipeOption
+
+ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
+
+# SmolVLM2-500M's configuration (the VLM SmolVLA-450M cuts to its first 16 text layers), written
+# here so building never looks anything up on the hub (docs/models.md).
+SMOLVLM2_500M = {
+    "text": {"hidden_size": 960, "intermediate_size": 2560, "num_attention_heads": 15, "num_key_value_heads": 5,
+             "num_hidden_layers": 32, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+             "vocab_size": 49280, "max_position_embeddings": 8192, "hidden_act": "silu"},
+    "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "patch_size": 16, "image_size": 512, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"},
+    "scale_factor": 4,
+}
+
+PRESETS = {
+    "tiny": {
+        "description": "tests and demo: SigLIP 2 layers at 64 px (48x64 cameras padded), 4 text layers width 64, expert 0.75x, chunk 8, 2 cameras",
+        "cameras": {"observation.images.top": (3, 48, 64), "observation.images.wrist": (3, 48, 64)},
+        "state_dim": 6, "action_dim": 6,
+        "vlm": {"text": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "num_hidden_layers": 4, "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+                         "vocab_size": 256, "max_position_embeddings": 512, "hidden_act": "silu"},
+                "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                           "patch_size": 8, "image_size": 64, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"},
+                "scale_factor": 2},
+        "config": {"chunk_size": 8, "n_action_steps": 8, "max_state_dim": 8, "max_action_dim": 8,
+                   "resize_imgs_with_padding": (64, 64), "tokenizer_max_length": 6, "num_vlm_layers": 4, "num_steps": 4},
+    },
+    "450m": {
+        "description": "published SmolVLA-450M: SigLIP at 512 px, 16 SmolVLM2 layers (960), expert 0.75x, chunk 50, dims 32, 10 steps",
+        "cameras": {"observation.images.top": (3, 480, 640)}, "state_dim": 6, "action_dim": 6,
+        "vlm": SMOLVLM2_500M,
+        "config": {"tokenizer_max_length": 48},
+    },
+}
+
+FACTS = RecipeFacts(
+    name="smolvla",
+    description="SmolVLA (LeRobot): SmolVLM vision + prefix K/V, cross-attending flow-matching action expert",
+    presets={name: p["description"] for name, p in PRESETS.items()},
+    components=ROLES,
+    options={"steps": RecipeOption("Euler steps baked into action_loop (default: the config's num_steps, 10)")},
+)
