@@ -56,10 +56,27 @@ def tiny():
     return loaded, {c.name: c for c in recipe.components(loaded)}
 
 
+# The suite's CPU export is the README demo less the ExecuTorch builds of the 15-step code predictor
+# frame and its ONNX fp16 build: XNNPACK's lowering of the unrolled frame is about 4 CPU-minutes per
+# precision, half of the demo's cost (ONNX fp16 of the frame is gated in test_predictor_gate.py; the
+# whole demo is `test_readme_demo_exports_every_component` in test_export_cpu.py, a benchmark).
+CPU_EXPORT_PLACEMENT = "code_predictor=onnx:fp32"
+
+
+def cpu_export_artifacts(components) -> set[tuple[str, str, str]]:
+    """(component, format, precision) of every artifact the suite's CPU export writes."""
+    full = {(c, f, p) for c in components for f in ("pte", "onnx") for p in ("fp32", "fp16")}
+    return {a for a in full if a[0] != "code_predictor"} | {("code_predictor", "onnx", "fp32")}
+
+
+def export_cpu(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2",
+                   *extra)
+
+
 @pytest.fixture(scope="session")
 def cpu_export(tmp_path_factory):
-    """`edgex export qwen3-tts --target cpu --preset tiny --out D --json`, the README demo, in two
-    worker processes (CI has 2 cores; the artifacts are the same as with one)."""
+    """The README demo (`edgex export qwen3-tts --target cpu --preset tiny`) in two worker processes
+    (CI has 2 cores; the artifacts are the same as with one), less `CPU_EXPORT_PLACEMENT`'s builds."""
     out = tmp_path_factory.mktemp("cpu-export")
-    proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2")
-    return out, proc
+    return out, export_cpu(out, "--placement", CPU_EXPORT_PLACEMENT)

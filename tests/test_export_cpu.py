@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from conftest import cpu_export_artifacts, export_cpu
 from edgex.recipes.qwen3_tts.facts import ROLES
 
 
@@ -20,8 +21,7 @@ def manifest(cpu_export):
 def test_every_component_format_and_precision_passes_in_its_runtime(manifest):
     _, data = manifest
     got = {(a["component"], a["format"], a["precision"]) for a in data["artifacts"]}
-    want = {(c, f, p) for c in ROLES for f in ("pte", "onnx") for p in ("fp32", "fp16")}
-    assert got == want
+    assert got == cpu_export_artifacts(ROLES)
     for a in data["artifacts"]:
         parity = a["parity"]
         assert parity["method"] == "runtime", a
@@ -35,9 +35,9 @@ def test_every_component_format_and_precision_passes_in_its_runtime(manifest):
 def test_fp32_is_near_exact_and_fp16_is_lower(manifest):
     _, data = manifest
     by_key = {(a["component"], a["format"], a["precision"]): a["parity"]["min_snr_db"] for a in data["artifacts"]}
-    for comp in ROLES:
-        for fmt in ("pte", "onnx"):
-            assert by_key[(comp, fmt, "fp32")] > 90.0, (comp, fmt)
+    for comp, fmt, precision in by_key:
+        assert by_key[(comp, fmt, "fp32")] > 90.0, (comp, fmt)
+        if precision == "fp16":
             assert by_key[(comp, fmt, "fp16")] < by_key[(comp, fmt, "fp32")], (comp, fmt)
 
 
@@ -59,12 +59,24 @@ def test_manifest_records_files_versions_and_timings(manifest):
 
 def test_predictor_codes_match_in_fp32_and_every_step_is_scored(manifest):
     _, data = manifest
-    for a in data["artifacts"]:
-        if a["component"] != "code_predictor":
-            continue
+    frames = [a for a in data["artifacts"] if a["component"] == "code_predictor"]
+    assert frames
+    for a in frames:
         parity = a["parity"]
         if a["precision"] == "fp32":
             assert parity["min_token_agreement"] == 1.0, parity
         assert all(d["tie"] for d in parity["divergences"]), parity["divergences"]  # it passed
         for sample in parity["samples"].values():  # every output scored over every step
             assert {"snr_db", "top1_agreement"} <= set(sample["logits"]) and "snr_db" in sample["codec_embeds"]
+
+
+@pytest.mark.benchmark
+def test_readme_demo_exports_every_component(tmp_path):
+    """The README's first command as written (the suite's `cpu_export` leaves out the ExecuTorch
+    builds of the predictor frame): every component in .pte and .onnx, fp32 and fp16, passes."""
+    proc = export_cpu(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    want = {(c, f, p) for c in ROLES for f in ("pte", "onnx") for p in ("fp32", "fp16")}
+    assert {(a["component"], a["format"], a["precision"]) for a in data["artifacts"]} == want
+    assert data["status"] == "pass" and all(a["verdict"] == "pass" for a in data["artifacts"])

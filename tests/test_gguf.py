@@ -46,7 +46,7 @@ def test_llama_cpp_target_runs_every_gguf_in_llama_cpp(gguf_export):
             top1 = scores["logits"]["top1_agreement"]
             assert top1 >= TOP1_AT_LEAST[a["precision"]], (a["component"], a["precision"], sample, top1)
     not_placed = manifest["target_facts"]["not_placed"]
-    assert set(not_placed) == {"predictor", "decoder"} and all(not_placed.values())
+    assert {"predictor", "decoder"} <= set(not_placed) and all(not_placed.values())  # + the VLA roles
 
 
 def test_lower_precision_costs_db_and_bytes(gguf_export):
