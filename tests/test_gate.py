@@ -9,6 +9,7 @@ import copy
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
