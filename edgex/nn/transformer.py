@@ -201,3 +201,16 @@ def causal_valid(queries: int, keys: int, device=None) -> torch.Tensor:
     q = torch.arange(queries, device=device)[:, None] + (keys - queries)
     k = torch.arange(keys, device=device)[None, :]
     return k <= q
+
+
+def decoder_stack(model: nn.Module, embeds, cos, sin, past_key, past_value, mask):
+    """Every decoder layer of `model` (a HF decoder with `.layers` and `.norm`) over `embeds`, with
+    explicit per-layer past K/V ([L, ...] tensors or None): final-normed hidden, stacked new K, V."""
+    hidden, keys, values = embeds, [], []
+    for i, layer in enumerate(model.layers):
+        pk = None if past_key is None else past_key[i]
+        pv = None if past_value is None else past_value[i]
+        hidden, k, v = decoder_layer(layer, hidden, cos, sin, pk, pv, mask)
+        keys.append(k)
+        values.append(v)
+    return rms_norm(model.norm, hidden), torch.stack(keys), torch.stack(values)

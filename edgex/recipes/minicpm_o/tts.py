@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache
 
-from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, mask_from_valid, rms_norm,
+from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_stack, mask_from_valid,
                               rope_cos_sin, rope_inv_freq, step_valid)
 
 
@@ -100,15 +100,8 @@ class _HeadGraph(nn.Module):
 
     def _run(self, embeds, positions, past_key, past_value, mask):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
-        hidden, keys, values = embeds, [], []
-        for i, layer in enumerate(self.model.layers):
-            pk = None if past_key is None else past_key[i]
-            pv = None if past_value is None else past_value[i]
-            hidden, k, v = decoder_layer(layer, hidden, cos, sin, pk, pv, mask)
-            keys.append(k)
-            values.append(v)
-        hidden = rms_norm(self.model.norm, hidden)
-        return torch.matmul(hidden, self.head_weight.t()), torch.stack(keys), torch.stack(values)
+        hidden, keys, values = decoder_stack(self.model, embeds, cos, sin, past_key, past_value, mask)
+        return torch.matmul(hidden, self.head_weight.t()), keys, values
 
 
 class TTSPrefill(_HeadGraph):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
+from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_stack, group_mask, mask_from_valid,
                               rope_cos_sin, rope_inv_freq, step_valid)
 
 
@@ -26,15 +26,8 @@ class _TalkerGraph(nn.Module):
 
     def _run(self, embeds, positions, past_key, past_value, mask):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
-        hidden, keys, values = embeds, [], []
-        for i, layer in enumerate(self.model.layers):
-            pk = None if past_key is None else past_key[i]
-            pv = None if past_value is None else past_value[i]
-            hidden, k, v = decoder_layer(layer, hidden, cos, sin, pk, pv, mask)
-            keys.append(k)
-            values.append(v)
-        hidden = rms_norm(self.model.norm, hidden)
-        return self.codec_head(hidden), hidden, torch.stack(keys), torch.stack(values)
+        hidden, keys, values = decoder_stack(self.model, embeds, cos, sin, past_key, past_value, mask)
+        return self.codec_head(hidden), hidden, keys, values
 
 
 class TalkerPrefill(_TalkerGraph):
