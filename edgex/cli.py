@@ -125,7 +125,7 @@ def export(
     fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter names)"),
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
     min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
-    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role or component elsewhere: KEY=EXPORTER:PRECISION[:CALIBRATION], e.g. decoder=qnn:fp16, or @FILE (edgex sweep's recommended.placement)"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role or component elsewhere: KEY=EXPORTER:PRECISION[:CALIBRATION], e.g. decoder=qnn:fp16 (a key given twice is placed in both), or @FILE (edgex sweep's recommended.placement)"),
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),

@@ -8,7 +8,7 @@ checks through `make_plan`, so library callers get the same errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .checkpoints import resolve_checkpoint
@@ -91,11 +91,14 @@ def read_placements(values: list[str] | None) -> list[str]:
     return texts
 
 
-def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str, Placement]:
-    """Placements keyed by role or by component name (a component's wins over its role's)."""
-    overrides = dict(parse_placement(p) for p in placements)
+def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str, tuple[Placement, ...]]:
+    """Placements keyed by role or by component name (a component's wins over its role's). A key
+    given more than once is placed in each (`decoder=onnx:fp16,decoder=executorch:fp32`); precisions
+    for one exporter under one key join into one placement, so they share its calibration size."""
+    overrides: dict[str, list[Placement]] = {}
     roles = sorted(set(recipe.components.values()))
-    for key, placement in overrides.items():
+    for text in placements:
+        key, placement = parse_placement(text)
         if key not in roles and key not in recipe.components:
             raise EdgexError(f"no role {key!r} in {recipe.name} (roles: {', '.join(roles)}; or a component: "
                              f"{', '.join(recipe.components)})")
@@ -104,7 +107,18 @@ def placement_overrides(recipe: RecipeFacts, placements: list[str]) -> dict[str,
         EXPORTERS.get(placement.exporter).check(precision)
         if placement.calibration and not get_precision(precision).calibration:
             raise EdgexError(f"--placement {key}: {precision} is not calibrated, a calibration size means nothing there")
-    return overrides
+        placed = overrides.setdefault(key, [])
+        same = next((i for i, p in enumerate(placed) if p.exporter == placement.exporter), None)
+        if same is None:
+            placed.append(placement)
+            continue
+        if precision in placed[same].precisions:
+            raise EdgexError(f"--placement {key}={placement.exporter}:{precision} is given twice")
+        if placed[same].calibration != placement.calibration:
+            raise EdgexError(f"--placement {key}: one calibration size per exporter, got {placed[same].calibration} "
+                             f"and {placement.calibration} for {placement.exporter}")
+        placed[same] = replace(placed[same], precisions=placed[same].precisions + (precision,))
+    return {key: tuple(placed) for key, placed in overrides.items()}
 
 
 @dataclass

@@ -38,16 +38,20 @@ class Target:
             return self.placements[component]
         return self.placements.get(role, self.placements.get("*", ()))
 
-    def with_overrides(self, overrides: dict[str, Placement], roles: dict[str, str] | None = None) -> "Target":
-        """This target with some roles or components placed elsewhere (`--placement KEY=EXPORTER:PRECISION`).
-        An override on an exporter the target already places there keeps that placement's device facts
-        (where it runs, what parity here misses); `roles` maps component names to their roles."""
+    def with_overrides(self, overrides: dict[str, tuple[Placement, ...]], roles: dict[str, str] | None = None) -> "Target":
+        """This target with some roles or components placed elsewhere (`--placement KEY=EXPORTER:PRECISION`,
+        one or more per key). An override on an exporter the target already places there keeps that
+        placement's device facts (where it runs, what parity here misses); `roles` maps component
+        names to their roles."""
         placed = {}
-        for key, new in overrides.items():
+        for key, news in overrides.items():
             role = (roles or {}).get(key, key)
-            same = next((p for p in self.placements_for(role) if p.exporter == new.exporter), None)
-            placed[key] = (replace(same, precisions=new.precisions, calibration=new.calibration) if same else new,)
+            placed[key] = tuple(self._keeping_facts(role, new) for new in news)
         return replace(self, placements={**self.placements, **placed})
+
+    def _keeping_facts(self, role: str, new: Placement) -> Placement:
+        same = next((p for p in self.placements_for(role) if p.exporter == new.exporter), None)
+        return replace(same, precisions=new.precisions, calibration=new.calibration) if same else new
 
 
 # Roles of the VLA policy recipes (act, diffusion-policy, smolvla): camera image -> tokens or

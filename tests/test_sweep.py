@@ -105,6 +105,18 @@ def test_placement_files_name_components_and_calibration(tmp_path):
         read_placements([f"@{tmp_path / 'missing'}"])
 
 
+def test_a_key_given_twice_is_placed_in_both(tmp_path):
+    plan = make_plan("qwen3-tts", "s25-htp", tmp_path, components=["code2wav"],
+                     placements=["decoder=onnx:fp32", "decoder=onnx:fp16", "decoder=qnn:fp16"])
+    assert sorted((j.exporter, j.precision) for j in plan.jobs) == [("onnx", "fp16"), ("onnx", "fp32"), ("qnn", "fp16")]
+    onnx = next(j for j in plan.jobs if j.exporter == "onnx")
+    assert dict(onnx.placement)["device"] == "Adreno GPU (QNN GPU backend)", "the target's device facts are kept"
+    for bad, fragment in ((["decoder=onnx:fp16", "decoder=onnx:fp16"], "given twice"),
+                          (["talker=qnn:w8a16:8", "talker=qnn:w8a8:16"], "one calibration size per exporter")):
+        with pytest.raises(EdgexError, match=fragment):
+            make_plan("qwen3-tts", "s25-htp", tmp_path, placements=bad)
+
+
 def test_bad_sweep_input_is_one_line(tmp_path):
     proc = run_cli("sweep", "qwen3-tts", "--calibration", "8,x", "--out", str(tmp_path))
     assert proc.returncode == 2 and "bad --calibration 'x'" in proc.stderr and "Traceback" not in proc.stderr
