@@ -128,30 +128,27 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     assert any(f.startswith("teacher-forced decode") for f in bad["failures"])
 
 
-def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_names(cpu_export):
-    """The README demo holds both predictor graphs: the role's placement serves the frame graph, a
-    placement naming `code_predictor_step` the step graph (the runner loops it), the last named when
-    both are; checked on the manifest without running anything."""
+def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_names(tmp_path):
+    """A manifest with both predictor graphs (as the README demo's): the role's placement serves the
+    frame graph, a placement naming `code_predictor_step` the step graph (the runner loops it), the
+    last named when both are; neither exported: one error naming both."""
+    from edgex.errors import EdgexError
     from edgex.in_situ import _choose
     from edgex.recipes import RECIPES
-    from edgex.verify import load_manifest
 
-    out, proc = cpu_export
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    folder = out / "qwen3-tts" / "cpu"
-    manifests = [(folder, load_manifest(folder / "manifest.json"))]
     recipe = RECIPES.get("qwen3-tts")
+    entries = [{"component": c, "exporter": "onnx", "precision": "fp32", "files": [{"path": f"{c}.fp32.onnx"}]}
+               for c in recipe.facts.components]
+    manifests = [(tmp_path, {"target": "cpu", "artifacts": entries})]
     stages = list(recipe.in_situ_components)
     frame = _choose(manifests, recipe.facts, stages, PLACE.split(","))
     assert "code_predictor" in frame and "code_predictor_step" not in frame
     step = _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp32"])
-    assert step["code_predictor_step"][1]["precision"] == "fp32" and "code_predictor" not in step
+    assert step["code_predictor_step"][1]["component"] == "code_predictor_step" and "code_predictor" not in step
     both = [*PLACE.split(","), "code_predictor_step=onnx:fp32", "code_predictor=onnx:fp32"]
     assert "code_predictor" in _choose(manifests, recipe.facts, stages, both), "the last one named serves"
-    from edgex.errors import EdgexError
-
-    with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):  # the suite's export has neither
-        _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=executorch:8da4w", "code_predictor=executorch:fp32"])
+    with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):
+        _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
 
 
 def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
