@@ -29,7 +29,7 @@ from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
 from .recipes import RECIPES
-from .targets import get_target
+from .targets import get_target, parse_placement
 from .verify import find_manifest, load_manifest
 
 REPORT = "pipeline.json"
@@ -63,25 +63,40 @@ class Stage:
                 "files": [{"path": f["path"], "sha256": f["sha256"]} for f in self.entry["files"]]}
 
 
-def _choose(manifests: list[tuple[Path, dict]], recipe, names: list[str], placements: list[str]) -> dict[str, tuple[Path, dict]]:
-    """The (folder, manifest entry) serving each needed component: the placement's exporter and
-    precision (the first folder's target's, or `placements`), looked up in the folders in order."""
+def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements: list[str]) -> dict[str, tuple[Path, dict]]:
+    """The (folder, manifest entry) serving each stage: the placement's exporter and precision (the
+    first folder's target's, or `placements`), looked up in the folders in order. A stage given as a
+    tuple of alternative components (Qwen3-TTS's predictor: the whole-frame graph or the step graph
+    looped by the runner) is served by the one a placement names by component (the last named, when
+    several are: `--placement @FILE --placement code_predictor_step=...` picks the step graph over a
+    file naming both), else the first one the target places and the folders hold."""
     target = get_target(manifests[0][1]["target"])
-    if placements:
-        target = target.with_overrides(placement_overrides(recipe, placements), recipe.components)
+    overrides = placement_overrides(recipe, placements) if placements else {}
+    named = {parse_placement(p)[0]: i for i, p in enumerate(placements)}  # key -> where it was last named
+    if overrides:
+        target = target.with_overrides(overrides, recipe.components)
     chosen = {}
-    for name in names:
-        placed = target.placements_for(recipe.components[name], name)
-        if not placed:
-            raise EdgexError(f"target {target.name} places no artifact for {name}, which the {recipe.name} pipeline needs")
-        exporter, precision = placed[0].exporter, placed[0].precisions[0]
-        found = next(((root, e) for root, manifest in manifests for e in manifest["artifacts"]
-                      if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
-                      and "sidecar_of" not in e and e.get("files")), None)
-        if found is None:
-            raise EdgexError(f"{name}: no {exporter} {precision} artifact in the manifest(s) (the pipeline needs "
-                             f"{', '.join(names)}; export them, or pick others with --placement {name}=EXPORTER:PRECISION)")
-        chosen[name] = found
+    for stage in stages:
+        options = (stage,) if isinstance(stage, str) else tuple(stage)
+        options = sorted(options, key=lambda n: -named[n] if n in named else 1)  # stable: the others in order
+        missing = []
+        for name in options:
+            placed = target.placements_for(recipe.components[name], name)
+            if not placed:
+                missing.append(f"target {target.name} places no {name}")
+                continue
+            exporter, precision = placed[0].exporter, placed[0].precisions[0]
+            found = next(((root, e) for root, manifest in manifests for e in manifest["artifacts"]
+                          if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
+                          and "sidecar_of" not in e and e.get("files")), None)
+            if found is not None:
+                chosen[name] = found
+                break
+            missing.append(f"no {exporter} {precision} {name} artifact in the manifest(s)")
+        else:
+            either = " or ".join(options)
+            raise EdgexError(f"the {recipe.name} pipeline needs {either}: {'; '.join(missing)} (export it, or pick another "
+                             f"with --placement {options[0]}=EXPORTER:PRECISION)")
     return chosen
 
 
@@ -113,7 +128,7 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
         if (m["model"], m["source"], m.get("settings") or {}) != (manifest["model"], manifest["source"], manifest.get("settings") or {}):
             raise EdgexError(f"{other} holds artifacts of another model, weights or --set options than {path.parent}")
     recipe = RECIPES.get(manifest["model"])
-    names = list(recipe.in_situ_components)
+    names = list(recipe.in_situ_components)  # a tuple inside: alternative components for one stage
     if not names:
         raise EdgexError(f"{recipe.name} has no in-situ pipeline yet")
     overrides = manifest.get("gate_overrides") or {}

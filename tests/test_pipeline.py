@@ -128,6 +128,73 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     assert any(f.startswith("teacher-forced decode") for f in bad["failures"])
 
 
+def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_names(tmp_path):
+    """A manifest with both predictor graphs (as the README demo's): the role's placement serves the
+    frame graph, a placement naming `code_predictor_step` the step graph (the runner loops it), the
+    last named when both are; neither exported: one error naming both."""
+    from edgex.errors import EdgexError
+    from edgex.in_situ import _choose
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    entries = [{"component": c, "exporter": "onnx", "precision": "fp32", "files": [{"path": f"{c}.fp32.onnx"}]}
+               for c in recipe.facts.components]
+    manifests = [(tmp_path, {"target": "cpu", "artifacts": entries})]
+    stages = list(recipe.in_situ_components)
+    frame = _choose(manifests, recipe.facts, stages, PLACE.split(","))
+    assert "code_predictor" in frame and "code_predictor_step" not in frame
+    step = _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp32"])
+    assert step["code_predictor_step"][1]["component"] == "code_predictor_step" and "code_predictor" not in step
+    both = [*PLACE.split(","), "code_predictor_step=onnx:fp32", "code_predictor=onnx:fp32"]
+    assert "code_predictor" in _choose(manifests, recipe.facts, stages, both), "the last one named serves"
+    with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):
+        _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
+
+
+def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
+    """`code_predictor_step` driven 16 calls a frame (`_StepLoop`), the export wrappers standing in
+    for artifacts: the pipeline matches the eager one; with noise on the step graph's logits the
+    teacher-forced predictor stage fails its gate and the free-running codes drift."""
+    import torch
+
+    from edgex.in_situ import Stage
+    from edgex.recipes import RECIPES
+    from edgex.recipes.qwen3_tts import code2wav, predictor, talker
+
+    recipe = RECIPES.get("qwen3-tts")
+    loaded = recipe.load("tiny", None, 0)
+    model, decoder = loaded.models.talker, loaded.models.decoder
+    modules = {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
+               "code_predictor_step": predictor.CodePredictorStep(model), "code2latent": code2wav.Code2Latent(decoder),
+               "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
+    config = model.code_predictor.config
+    past = [config.num_hidden_layers, 1, config.num_key_value_heads, predictor.GROUPS, config.head_dim]  # the manifest's spec
+
+    class Graph:
+        def __init__(self, module, noise=0.0):
+            self.module, self.noise = module.eval(), noise
+
+        def run(self, inputs):
+            with torch.no_grad():
+                outputs = [t.numpy() for t in self.module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])]
+            outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
+            return outputs
+
+    def stages(noise):
+        entry = {"io_float_dtype": "float32", "inputs": [{"name": "past_key", "shape": past}]}
+        return {n: Stage(n, entry, Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
+
+    settings = {"frames": 4, "stream_frames": 4}
+    good = recipe.in_situ(loaded, stages(0.0), settings, lambda _m: None)
+    assert not good["failures"], good["failures"]
+    predicted = good["teacher_forced"]["code_predictor"]
+    assert predicted["component"] == "code_predictor_step" and float(predicted["logits_db_min"]) > 60
+    assert good["free_running"]["codes_agreement"] == 1.0 and good["timing"]["predictor_step_call_ms"] > 0
+    bad = recipe.in_situ(loaded, stages(1.0), settings, lambda _m: None)
+    assert any(f.startswith("teacher-forced code_predictor_step") for f in bad["failures"])
+    assert bad["free_running"]["codes_agreement"] < 1.0
+
+
 @pytest.mark.benchmark
 def test_benchmark_0_6b_runner_on_cpu(tmp_path):
     """The host runner's TTFA / RTF table at full size (heavy: the 0.6b ONNX exports need ~10+ GB and

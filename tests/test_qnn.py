@@ -99,3 +99,49 @@ def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path)
     assert fp16["parity"]["min_snr_db"] > w8["parity"]["min_snr_db"] > 10.0
     kept = w8["details"]["float_only"]
     assert kept["patterns"] == ["*.self_attn.g_proj"] and len(kept["nodes"]) == 4  # one per layer (tiny: 4)
+
+
+def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
+    """The fp32 ONNX graph is exported once per content (a sweep's next scheme of the same component
+    reuses it: the tiny predictor frame's export is minutes); QDQ graphs once per component object
+    (they depend on its calibration sets); nothing is shared across other weights."""
+    import torch
+
+    import edgex.exporters.qnn as qnn
+
+    made = []
+
+    def export(_self, _component, _precision, dest):
+        made.append("onnx")
+        dest.write_bytes(b"graph")
+
+    def quantize(_source, dest, _component, precision, size):
+        made.append((precision, size))
+        dest.write_bytes(b"qdq")
+        return {"calibration_sets": size}
+
+    monkeypatch.setattr(qnn.OnnxExporter, "export", export)
+    monkeypatch.setattr(qnn, "quantize_qdq", quantize)
+
+    class Spec:
+        def to_json(self):
+            return {"name": "x", "shape": [1, 2], "dtype": "float32"}
+
+    class Fake:  # what _Graphs reads of a Component
+        def __init__(self, seed):
+            torch.manual_seed(seed)
+            self.name, self.module, self.inputs, self.outputs, self.calibration_size = "c", torch.nn.Linear(2, 2), [Spec()], [Spec()], 8
+
+    graphs = qnn._Graphs()
+    a = Fake(0)
+    fp32, _ = graphs.get(a, "fp16", None)
+    qdq = graphs.get(a, "w8a16", None)
+    assert graphs.get(a, "w8a16", None) == qdq and made == ["onnx", ("w8a16", 8)]
+    b = Fake(0)  # the next job: the same weights in a new component
+    assert graphs.get(b, "fp16", None)[0] == fp32 and graphs.get(b, "w8a16", 16)[1] == {"calibration_sets": 16}
+    graphs.get(b, "w8a16", None)
+    assert made[2:] == [("w8a16", 16), ("w8a16", 8)], "QDQ graphs are made again for another component"
+    graphs.get(Fake(1), "fp16", None)
+    assert made[-1] == "onnx", "other weights, another fp32 graph"
+    graphs.clear()
+    assert not fp32.parent.exists()

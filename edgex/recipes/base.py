@@ -129,8 +129,9 @@ class Recipe(ABC):
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         """The deployable graphs (all, or those named), each with samples from the eager pipeline."""
 
-    # The components the model's own pipeline composes (`edgex pipeline`); empty: none yet.
-    in_situ_components: tuple[str, ...] = ()
+    # The components the model's own pipeline composes (`edgex pipeline`), one per stage; a tuple of
+    # names is one stage with alternative components (the first placed one serves); empty: none yet.
+    in_situ_components: tuple[str | tuple[str, ...], ...] = ()
 
     def in_situ(self, loaded: LoadedModel, stages: dict, settings: dict, progress) -> dict:
         """Run `stages` (artifacts as float32 numpy callables, `edgex.in_situ.Stage`) composed as the

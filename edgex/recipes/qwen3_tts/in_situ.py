@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,7 +27,14 @@ from . import predictor, talker
 from .code2wav import receptive_field_frames
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
 
-COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor", "code2latent", "latent2wav")
+if TYPE_CHECKING:
+    from ...in_situ import Stage
+
+# The predictor stage is the whole-frame graph, or the step graph looped 16 times a frame by the runner
+# (`_StepLoop`: what a target that places only the step graph deploys).
+PREDICTOR = ("code_predictor", "code_predictor_step")
+COMPONENTS = ("talker_prefill", "talker_decode", PREDICTOR, "code2latent", "latent2wav")
+STAGES = ("talker_prefill", "talker_decode", "code_predictor", "code2latent", "latent2wav")  # report keys
 FRAME_SECONDS = 0.08
 SAMPLES_PER_FRAME = 1920
 LEFT_CONTEXT = 72  # frames of codes a streaming server decodes before each chunk
@@ -76,6 +84,47 @@ def _median(values) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+class _StepLoop:
+    """The code predictor as a device runner drives `code_predictor_step`: per frame, step 0 on the
+    talker hidden, then steps 1..15 each on the code sampled from the previous step's logits (the
+    same Gumbel-max as the frame graph: argmax of logits + noise), the K/V each step returns written
+    into the runner's 15-slot cache. Same inputs and outputs as the frame graph (codes, logits,
+    codec_embeds); the codec embedding sum the talker's next input needs is the runner's table lookup
+    (like the text embedding, the tables sit beside the graphs: the step graph holds no codebook-15
+    table). `times_ms`: one entry per frame, the sum of its 16 calls."""
+
+    def __init__(self, step: Stage, talker):
+        self.step, self.component, self.gate_db = step, step.component, step.gate_db
+        shapes = {spec["name"]: spec["shape"] for spec in step.entry["inputs"]}
+        self.cache_shape = shapes["past_key"]
+        predictor_tables = talker.code_predictor.model.codec_embedding
+        with torch.no_grad():
+            self.tables = [talker.model.codec_embedding.weight.numpy()] + [t.weight.numpy() for t in predictor_tables]
+        self.times_ms: list[float] = []
+
+    def __call__(self, inputs) -> list[np.ndarray]:
+        hidden, code0, noise = inputs
+        key, value = np.zeros(self.cache_shape, np.float32), np.zeros(self.cache_shape, np.float32)
+        slots, code, codes, logits = self.cache_shape[3], np.asarray(code0, np.int64).reshape(1, 1), [], []
+        calls = len(self.step.times_ms)
+        for s in range(predictor.GROUPS + 1):
+            step_logits, new_key, new_value = self.step([hidden, code, np.array([s], np.int64), key, value])
+            if s < slots:
+                key[:, :, :, s : s + 1], value[:, :, :, s : s + 1] = new_key, new_value
+            if s:
+                logits.append(step_logits)
+                code = np.argmax(step_logits + noise[:, s - 1 : s], axis=-1).astype(np.int64)
+                codes.append(code)
+        self.times_ms.append(sum(self.step.times_ms[calls:]))
+        embeds = self.tables[0][code0.reshape(-1)] + sum(t[c.reshape(-1)] for t, c in zip(self.tables[1:], codes))
+        return [np.concatenate(codes, axis=1), np.concatenate(logits, axis=1), embeds[None].astype(np.float32)]
+
+
+def _predictor(stages: dict, talker):
+    """The predictor stage: the frame graph's artifact, or the step graph's driven by `_StepLoop`."""
+    return stages["code_predictor"] if "code_predictor" in stages else _StepLoop(stages["code_predictor_step"], talker)
+
+
 class _Runner:
     """The artifacts' talker + predictor loop; `forced` frames make it teacher-forced."""
 
@@ -83,7 +132,7 @@ class _Runner:
         self.stages, self.utt, self.slots = stages, utt, slots
 
     def run(self, frames: int, forced: list[dict] | None) -> dict:
-        prefill, decode, frame_graph = (self.stages[n] for n in COMPONENTS[:3])
+        prefill, decode, frame_graph = (self.stages[n] for n in STAGES[:3])
         logits, hidden, key, value = prefill([self.utt.prefill_embeds.numpy()])
         length = key.shape[3]
         past_key = padded_cache(torch.from_numpy(key), self.slots).numpy()
@@ -165,6 +214,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
         raise EdgexError(f"--frames must be 1..{slots - prefill_len} (the talker graph's {slots} KV slots minus the "
                          f"{prefill_len}-position prompt)")
+    stages = {**stages, "code_predictor": _predictor(stages, models.talker)}  # a looped step graph stays too: its calls are timed
+    looped = isinstance(stages["code_predictor"], _StepLoop)
     gates = {n: s.gate_db for n, s in stages.items()}
     failures = []
     utt = Utterance(models.talker, prefill_len, stream_frames, options["seed"] + SEED_OFFSET)
@@ -199,13 +250,13 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         agree.append(float(np.mean(rec["codes"].numpy() == got["codes"])))
     tf["talker_decode"] = {"hidden_db_min": min(hidden_db, default=None), "logits_db_min": min(logits_db, default=None),
                            "hidden_db_median": _median(hidden_db)}
-    tf["code_predictor"] = {"logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree))}
+    tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree))}
     streamed = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(eager_codes)
     decoder_gate = max(gates["code2latent"], gates["latent2wav"])
     tf["decoder"] = {"wav_db": snr_db(eager_wav, streamed), "gate_db": decoder_gate}
     for stage, figure, gate in (("talker_prefill", tf["talker_prefill"]["logits_db"], gates["talker_prefill"]),
                                 ("talker_decode", tf["talker_decode"]["logits_db_min"], gates["talker_decode"]),
-                                ("code_predictor", tf["code_predictor"]["logits_db_min"], gates["code_predictor"]),
+                                (stages["code_predictor"].component, tf["code_predictor"]["logits_db_min"], gates["code_predictor"]),
                                 ("decoder (code2latent + latent2wav)", tf["decoder"]["wav_db"], decoder_gate)):
         if figure is not None and not figure >= gate:
             failures.append(f"teacher-forced {stage}: {figure:.1f} dB below its {gate:.1f} dB gate")
@@ -234,7 +285,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                         f"the decoder's {decoder_gate:.1f} dB gate")
 
     # timing: the artifacts of the free-running pass, the eager model on the same work
-    ms = {n: _median(stages[n].times_ms) for n in COMPONENTS}
+    ms = {n: _median(stages[n].times_ms) for n in STAGES}
     frame_ms = ms["talker_decode"] + ms["code_predictor"]
     decode_chunks = math.ceil(frames / CHUNK)
     eager = _eager_times(models, utt, eager_frames, frames, slots)
@@ -244,6 +295,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
               "per_frame_ms": {"artifact": round(frame_ms + (ms["code2latent"] + ms["latent2wav"]) / CHUNK, 3),
                                "eager": round(eager_frame_ms + (eager["code2latent"] + eager["latent2wav"]) / CHUNK, 3)},
               "free_running_wall_s": round(artifact_s, 3)}
+    if looped:  # code_predictor: one frame's 16 calls of the step graph, summed
+        timing["predictor_step_call_ms"] = _median(stages["code_predictor"].step.times_ms)
     for who, per, table in (("artifact", frame_ms, ms), ("eager", eager_frame_ms, eager)):
         total = table["talker_prefill"] + frames * per + decode_chunks * (table["code2latent"] + table["latent2wav"])
         timing[f"{who}_rtf"] = round(total / 1000 / (frames * FRAME_SECONDS), 3)
