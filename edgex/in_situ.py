@@ -71,8 +71,10 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
     several are: `--placement @FILE --placement code_predictor_step=...` picks the step graph over a
     file naming both), else the first one the target places and the folders hold."""
     target = get_target(manifests[0][1]["target"])
-    overrides = placement_overrides(recipe, placements) if placements else {}
     named = {parse_placement(p)[0]: i for i, p in enumerate(placements)}  # key -> where it was last named
+    # One artifact serves a stage: a key's last placement wins (export places a repeated key in each).
+    last = {parse_placement(p)[0]: p for p in placements}
+    overrides = placement_overrides(recipe, list(last.values())) if placements else {}
     if overrides:
         target = target.with_overrides(overrides, recipe.components)
     chosen = {}

@@ -147,6 +147,9 @@ def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_na
     assert step["code_predictor_step"][1]["component"] == "code_predictor_step" and "code_predictor" not in step
     both = [*PLACE.split(","), "code_predictor_step=onnx:fp32", "code_predictor=onnx:fp32"]
     assert "code_predictor" in _choose(manifests, recipe.facts, stages, both), "the last one named serves"
+    again = [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor_step=onnx:fp32"]
+    assert _choose(manifests, recipe.facts, stages, again)["code_predictor_step"][1]["precision"] == "fp32", \
+        "a key placed twice: the last placement serves the stage"
     with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):
         _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
 
