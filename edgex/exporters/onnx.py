@@ -14,7 +14,6 @@ level 4 is what a CPU deployment uses; the scheme reference models its activatio
 from __future__ import annotations
 
 import ast
-import copy
 import fnmatch
 import hashlib
 import logging
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
 
 if TYPE_CHECKING:
     from ..component import Component
@@ -64,11 +63,10 @@ class OnnxExporter(Exporter):
         import torch
 
         dtype = float_dtype(precision)
-        module = copy.deepcopy(component.module).eval().to(dtype)
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        with torch.no_grad():
+        with torch.no_grad(), module_in(component, dtype) as module:
             program = torch.onnx.export(
                 module,
                 inputs,
@@ -78,8 +76,8 @@ class OnnxExporter(Exporter):
                 optimize=False,
                 verbose=False,
             )
-        optimize(program.model)
-        program.save(str(dest), external_data=True)
+            optimize(program.model)  # the program still reads the module's tensors: save before they are restored
+            program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
         opset = program.model_proto.opset_import[0].version
@@ -94,8 +92,6 @@ class OnnxExporter(Exporter):
         if precision not in NBITS:
             return super().stored_scheme(component, precision, files)
         return read_matmul_nbits(component, files[0])
-
-
 
 
 def _linear_of(node, linears: set[str]) -> str | None:
