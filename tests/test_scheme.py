@@ -165,7 +165,10 @@ def test_matmul_nbits_artifact_is_read_back_and_a_broken_one_fails(talker_decode
 
     exporter = EXPORTERS.get("onnx")
     dest = tmp_path / "talker_decode.8da4w.onnx"
+    before = {n: t.clone() for n, t in (*talker_decode.module.named_parameters(), *talker_decode.module.named_buffers())}
     result = exporter.export(talker_decode, "8da4w", dest)
+    after = dict((*talker_decode.module.named_parameters(), *talker_decode.module.named_buffers()))
+    assert all(torch.equal(t, after[n]) and t.dtype == after[n].dtype for n, t in before.items())  # exported in place, restored
     linears = {n for n, m in talker_decode.module.named_modules() if isinstance(m, nn.Linear)}
     assert result.details["quantized_weights"] == len(linears)
     good = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
