@@ -2,6 +2,7 @@
 against the eager model in the same process, at a fixed thread count.
 
     .venv/bin/python benchmarks/bench_cpu.py --preset 0.6b --threads 2 --out /tmp/bench
+    .venv/bin/python benchmarks/bench_cpu.py --frame --preset 0.6b --threads 2 --out /tmp/bench-frame  # bench_frame.py
     .venv/bin/python benchmarks/bench_cpu.py --model spark-x2.5 --preset 1.7b --components decode \
         --formats executorch --precision 8da4w --set context=1024 --threads 2 --out /tmp/bench
 
@@ -62,7 +63,18 @@ def main(argv=None) -> int:
     parser.add_argument("--components", default="")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe build option (repeatable)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    frame = parser.add_argument_group("--frame: the Qwen3-TTS frame benchmark (bench_frame.py)")
+    frame.add_argument("--frame", action="store_true", help="talker step + predictor frame, every engine, one run")
+    frame.add_argument("--context", type=int, default=100, help="talker position of the first frame")
+    frame.add_argument("--frames", type=int, default=24, help="frames timed and compared")
+    frame.add_argument("--onnx", default="fp32,8da8w,8da4w", help="ONNX precisions of both components")
+    frame.add_argument("--gguf", default="q8_0,q4_0", help="GGUF precisions of the talker (empty: none)")
+    frame.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.frame:
+        from bench_frame import main as frame_main
+
+        return frame_main(args)
 
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)

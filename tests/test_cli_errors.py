@@ -26,7 +26,7 @@ def assert_one_line_error(proc, *fragments):
         (["export", "qwen3-tts", "--component", "vocoder"], ["no such component 'vocoder'", "talker_decode"]),
         (["export", "qwen3-tts", "--preset", "huge"], ["no such preset 'huge'", "tiny"]),
         (["export", "qwen3-tts", "--format", "tflite"], ["no such format 'tflite'", "onnx"]),
-        (["export", "qwen3-tts", "--format", "onnx", "--precision", "8da4w"], ["8da4w", "not supported"]),
+        (["export", "qwen3-tts", "--format", "onnx", "--precision", "w8"], ["w8", "not supported"]),
         (["export", "qwen3-tts", "--min-db", "decoder=loud"], ["bad --min-db"]),
         (["export", "qwen3-tts", "--min-db", "decodr:fp16=40"], ["'decodr:fp16' is no role", "decoder"]),
     ],

@@ -77,7 +77,7 @@ def test_calibration_never_uses_the_parity_samples(tiny):
 
 @pytest.mark.parametrize("args, message", [
     (["-t", "s99-htp"], "no such target 's99-htp'"),
-    (["-t", "s25-htp", "-p", "8da4w"], "precision '8da4w' is not supported by onnx, qnn on target s25-htp"),
+    (["-t", "s25-htp", "-p", "w8"], "precision 'w8' is not supported by onnx, qnn on target s25-htp"),
     (["-t", "s25-htp", "--placement", "talker=qnn:fp32"], "exporter qnn does not support precision 'fp32'"),
     (["-t", "s25-htp", "--placement", "vocoder=qnn:fp16"], "no role 'vocoder' in qwen3-tts"),
     (["-t", "s25-htp", "--placement", "talker-qnn"], "bad --placement 'talker-qnn'"),

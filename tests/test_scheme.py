@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from edgex.component import Component, TensorSpec
-from edgex.parity.scheme import DYNAMIC, STATIC, ActivationQuant, StoredScheme, StoredWeight, build
+from edgex.parity.scheme import BLOCKWISE, DYNAMIC, STATIC, ActivationQuant, StoredScheme, StoredWeight, build
 
 
 class _Eager(nn.Module):
@@ -137,3 +137,52 @@ def test_a_broken_lowering_fails_where_the_end_to_end_gate_would_pass(talker_dec
     assert report.scheme["verdict"] == "pass" and abs(report.scheme["min_snr_db"] - good.scheme["min_snr_db"]) < 1e-6
     assert report.lowering["verdict"] == "fail" and report.lowering["min_snr_db"] < LOWERING_DB["q4_0"]
     assert report.verdict == "fail" and all(f.startswith("lowering: ") for f in report.failures)
+
+
+def test_blockwise_int8_is_symmetric_per_block_and_keeps_zero():
+    """MatMulNBits' accuracy_level 4 activations: codes round(x * 127 / absmax) per block."""
+    x = torch.randn(3, 64) * torch.tensor([[0.01], [1.0], [100.0]])
+    x[:, 5] = 0
+    y = ActivationQuant(BLOCKWISE, bits=8, block=32)(x)
+    assert torch.all(y[:, 5] == 0)
+    scale = x.reshape(3, 2, 32).abs().amax(-1, keepdim=True) / 127
+    codes = y.reshape(3, 2, 32) / scale
+    torch.testing.assert_close(codes, torch.round(codes), rtol=0, atol=1e-3)
+    assert codes.abs().max() <= 127 + 1e-3
+    assert torch.all((y - x).reshape(3, 2, 32).abs() <= scale * 0.5 + 1e-6)
+
+
+def test_matmul_nbits_artifact_is_read_back_and_a_broken_one_fails(talker_decode, tmp_path):
+    """ONNX 8da4w (MatMulNBits int4 blocks, int8 activations): the scheme reference built from the
+    file's weights and MLAS's activation quantization reproduces ONNX Runtime to rounding, and a
+    file whose int4 codes are packed in the wrong nibble order (the classic packing bug) fails."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.gates import DEFAULT_DB
+
+    exporter = EXPORTERS.get("onnx")
+    dest = tmp_path / "talker_decode.8da4w.onnx"
+    before = {n: t.clone() for n, t in (*talker_decode.module.named_parameters(), *talker_decode.module.named_buffers())}
+    result = exporter.export(talker_decode, "8da4w", dest)
+    after = dict((*talker_decode.module.named_parameters(), *talker_decode.module.named_buffers()))
+    assert all(torch.equal(t, after[n]) and t.dtype == after[n].dtype for n, t in before.items())  # exported in place, restored
+    linears = {n for n, m in talker_decode.module.named_modules() if isinstance(m, nn.Linear)}
+    assert result.details["quantized_weights"] == len(linears)
+    good = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
+    assert good.verdict == "pass", good.failures
+    assert good.lowering["min_snr_db"] >= 100  # the reference models the kernels, not just the weights
+    assert good.scheme["min_snr_db"] < 40 and good.scheme["coverage"]["unmatched"] == {}
+    assert len(good.scheme["activations"]) == len(linears)
+
+    model = onnx.load(str(dest))
+    head = next(i for i in model.graph.initializer if i.name.startswith("edgex.linear.codec_head_Q4"))
+    packed = numpy_helper.to_array(head)
+    head.CopyFrom(numpy_helper.from_array(((packed & 0x0F) << 4) | (packed >> 4), head.name))
+    (tmp_path / (dest.name + ".data")).unlink()
+    onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
+    broken = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
+    assert broken.verdict == "fail"
+    assert broken.scheme["min_snr_db"] < DEFAULT_DB["8da4w"] < good.scheme["min_snr_db"]

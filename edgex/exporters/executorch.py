@@ -10,12 +10,13 @@ but XNNPACK returns wrong numbers (docs/toolchains.md), and the parity gate is w
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,16 +100,22 @@ class ExecuTorchExporter(Exporter):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-        module, inputs = prepare(component, precision)
-        with torch.no_grad():
-            program = torch.export.export(module, inputs, strict=False)
-        # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
-        # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
-        # which runs the artifact, makes anyway.
-        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
-                                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
-        delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
-        buffer = lowered.to_executorch().buffer
+        dtype = float_dtype(precision)
+        # fp32 / fp16 lower the component's own module (cast in place, restored after) rather than a
+        # deep copy of it; the quantized schemes rewrite their copy's layers.
+        with torch.no_grad(), (module_in(component, dtype) if precision in ("fp32", "fp16") else nullcontext()) as module:
+            if module is None:
+                module, _ = prepare(component, precision)
+            program = torch.export.export(module, cast_inputs(component.example_inputs, dtype), strict=False)
+            del module
+            # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
+            # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
+            # which runs the artifact, makes anyway.
+            lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
+                                                  compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            del program
+            delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
+            buffer = lowered.to_executorch().buffer
         dest.write_bytes(buffer)
         return ExportResult(
             [dest],

@@ -2,22 +2,37 @@
 
 fp16 exports the half-precision module, so the graph computes in fp16 end to end (float inputs
 and outputs are float16), which is what an fp16 ONNX deployment runs.
+
+8da8w / 8da4w rewrite the fp32 graph's linear layers into ONNX Runtime's `MatMulNBits` contrib op
+with its own quantizer (`onnxruntime.quantization.matmul_nbits_quantizer`): int8 / int4 weights in
+symmetric blocks of `NBITS_BLOCK` along the input, and `accuracy_level` 4, the kernels that quantize
+the activations to int8 per block at run time and take integer dot products (MLAS CompInt8). On a
+2-core AVX2 host the fp32-activation kernels (level 0) ran 30-500x slower on a 1-token matmul, so
+level 4 is what a CPU deployment uses; the scheme reference models its activation quantization.
 """
 
 from __future__ import annotations
 
 import ast
-import copy
 import fnmatch
+import hashlib
 import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
 
 if TYPE_CHECKING:
     from ..component import Component
+
+
+# MatMulNBits (8da8w / 8da4w)
+NBITS = {"8da8w": 8, "8da4w": 4}
+NBITS_BLOCK = 32  # weights per block along the input dimension (and the activations' block at level 4)
+ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations, integer dot products
+LINEAR_PREFIX = "edgex.linear."  # a quantized weight's initializer is named after its nn.Linear
 
 
 @EXPORTERS.register("onnx")
@@ -27,22 +42,31 @@ class OnnxExporter(Exporter):
     backend = "onnxruntime-cpu"
     extension = ".onnx"
     runtime = "onnxruntime"
-    precisions = ("fp32", "fp16")
+    precisions = ("fp32", "fp16", "8da8w", "8da4w")
     schemes = {  # what each precision means in this format, one line each (edgex list)
         "fp32": "float32 graph",
         "fp16": "the module cast to float16: fp16 weights and compute end to end, fp16 inputs and outputs",
+        "8da8w": f"MatMulNBits: int8 weights, symmetric blocks of {NBITS_BLOCK} along the input, on the linear layers the "
+                 f"graph calls; activations quantized to int8 per block at run time (accuracy_level 4); the rest fp32",
+        "8da4w": f"MatMulNBits: int4 weights, symmetric blocks of {NBITS_BLOCK} along the input, on the linear layers the "
+                 f"graph calls; activations quantized to int8 per block at run time (accuracy_level 4); the rest fp32",
     }
     requires = ("onnx", "onnxscript")
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        if precision in NBITS:
+            with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+                source = self.export(component, "fp32", Path(tmp) / dest.name).files[0]
+                details = quantize_matmuls(source, dest, component, NBITS[precision])
+            data = dest.with_name(dest.name + ".data")
+            return ExportResult([dest] + ([data] if data.exists() else []), "float32", details)
         import torch
 
         dtype = float_dtype(precision)
-        module = copy.deepcopy(component.module).eval().to(dtype)
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        with torch.no_grad():
+        with torch.no_grad(), module_in(component, dtype) as module:
             program = torch.onnx.export(
                 module,
                 inputs,
@@ -52,12 +76,140 @@ class OnnxExporter(Exporter):
                 optimize=False,
                 verbose=False,
             )
-        optimize(program.model)
-        program.save(str(dest), external_data=True)
+            optimize(program.model)  # the program still reads the module's tensors: save before they are restored
+            program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
         opset = program.model_proto.opset_import[0].version
         return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset})
+
+    def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
+        """Read from the file: every MatMulNBits weight dequantized as the op defines it
+        ((code - zero point) x block scale), paired with the linear layer it was made from (the
+        export names the weight after it, `LINEAR_PREFIX` + module path); with accuracy_level 4 the
+        layer's input is quantized to int8 per block, symmetric, as MLAS does before its integer dot
+        products."""
+        if precision not in NBITS:
+            return super().stored_scheme(component, precision, files)
+        return read_matmul_nbits(component, files[0])
+
+
+def _linear_of(node, linears: set[str]) -> str | None:
+    """The nn.Linear module (of `linears`) whose call emitted this ONNX node, from its name scopes."""
+    scopes = next((ast.literal_eval(p.value) for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), [])
+    return next((s for s in reversed(scopes) if s in linears), None)
+
+
+def quantize_matmuls(source: Path, dest: Path, component: Component, bits: int) -> dict:
+    """Rewrite the fp32 ONNX graph at `source` into `dest` (+ `.data`) with every MatMul that an
+    nn.Linear of the component emitted (not `float_only`, input a multiple of `NBITS_BLOCK`) as a
+    MatMulNBits. The weight initializers are first renamed after their layer, so the file says
+    which layer each quantized tensor stands for; a layer called in several places (the predictor
+    frame runs each layer 15 times) keeps one quantized copy."""
+    import onnx
+
+    from ..parity.scheme import called_modules
+
+    nbits = _import_quantizer()
+    linears = {n for n in called_modules(component) if not any(fnmatch.fnmatch(n, p) for p in component.float_only)}
+    model = onnx.load(str(source))
+    graph = model.graph
+    shapes = {i.name: tuple(i.dims) for i in graph.initializer}
+    renamed, excluded = {}, []
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        layer = _linear_of(node, linears)
+        weight = node.input[1]
+        shape = shapes.get(weight)
+        if layer is None or shape is None or len(shape) != 2 or shape[0] % NBITS_BLOCK:
+            excluded.append(node.name)
+            continue
+        renamed.setdefault(weight, LINEAR_PREFIX + layer)
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    for init in graph.initializer:
+        init.name = renamed.get(init.name, init.name)
+    quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=NBITS_BLOCK, is_symmetric=True,
+                                           accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=excluded)
+    quantizer.node_quantizer.qbits_block_quant = _once_per_weight(quantizer.node_quantizer.qbits_block_quant)
+    quantizer.process()
+    graph = quantizer.model.model.graph
+    unique = {}
+    for init in graph.initializer:  # the quantizer adds a copy per node that uses a weight
+        unique.setdefault(init.name, init)
+    graph.ClearField("initializer")
+    graph.initializer.extend(unique.values())
+    onnx.save(quantizer.model.model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=dest.name + ".data")
+    quantized = sum(n.op_type == "MatMulNBits" for n in graph.node)
+    return {"opset": model.opset_import[0].version, "op": "com.microsoft.MatMulNBits", "bits": bits,
+            "block_size": NBITS_BLOCK, "symmetric": True, "accuracy_level": ACCURACY_LEVEL,
+            "quantized_matmuls": quantized, "quantized_weights": len(renamed), "float_matmuls": len(excluded)}
+
+
+def _import_quantizer():
+    """onnxruntime's matmul_nbits_quantizer calls `logging.basicConfig(level=INFO)` when imported,
+    which would print every later INFO record of any library in the process: undo that."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization import matmul_nbits_quantizer
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger(matmul_nbits_quantizer.__name__).setLevel(logging.WARNING)
+    return matmul_nbits_quantizer
+
+
+def _once_per_weight(quantize):
+    """The quantizer quantizes a weight again for every node that reads it; same bytes, same result."""
+    done = {}
+
+    def once(weight):
+        key = (weight.shape, hashlib.sha256(weight.tobytes()).digest())
+        if key not in done:
+            done[key] = quantize(weight)
+        return done[key]
+
+    return once
+
+
+def read_matmul_nbits(component: Component, path: Path):
+    """The StoredScheme of a MatMulNBits file (see `OnnxExporter.stored_scheme`)."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from ..parity.scheme import BLOCKWISE, ActivationQuant, StoredScheme, StoredWeight
+
+    model = onnx.load(str(path))
+    tensors = {i.name: i for i in model.graph.initializer}
+    modules = dict(component.module.named_modules())
+    weights, activations, notes, seen = {}, {}, [], set()
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or node.input[1] in seen:
+            continue
+        seen.add(node.input[1])
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+        packed = numpy_helper.to_array(tensors[node.input[1]]).reshape(n, -1)
+        codes = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(n, -1) if bits == 4 else packed
+        scales = numpy_helper.to_array(tensors[node.input[2]]).astype(np.float32).reshape(n, -1)
+        if len(node.input) > 3 and node.input[3]:
+            raise ValueError(f"{node.name}: zero points are not read (edgex writes symmetric blocks)")
+        zero = 2 ** (bits - 1)  # the op's default zero point for symmetric blocks
+        blocks = codes.reshape(n, scales.shape[1], block).astype(np.float32) - zero
+        stored = torch.from_numpy((blocks * scales[..., None]).reshape(n, -1)[:, :k].copy())
+        layer = node.input[1].removeprefix(LINEAR_PREFIX).rsplit("_Q", 1)[0]
+        module = modules.get(layer)
+        if not node.input[1].startswith(LINEAR_PREFIX) or module is None:
+            notes.append(f"MatMulNBits weight {node.input[1]} names no layer of the component")
+            continue
+        weights[f"{layer}.weight"] = StoredWeight(module.weight.detach(), stored)
+        if attrs.get("accuracy_level", 0) == ACCURACY_LEVEL:
+            activations[layer] = ActivationQuant(BLOCKWISE, bits=8, block=block)
+    return StoredScheme("read from the file (MatMulNBits weights)", weights, activations, notes)
 
 
 # onnxscript's multi-output rewrite `SlicesSplit` (two Slices of one tensor -> one Split) matches

@@ -37,21 +37,28 @@ from .runtimes.base import Session
 
 DYNAMIC = "dynamic"  # per-token (per row of the last axis) asymmetric, scale from each call's values
 STATIC = "static"  # per-tensor scale / zero point fixed at export (calibrated)
+BLOCKWISE = "blockwise"  # symmetric per block of `block` values along the last axis, scale absmax / qmax, at run time
 
 
 @dataclass(frozen=True)
 class ActivationQuant:
     """Fake quantization of a layer's input: quantize to integers, dequantize back to float."""
 
-    kind: str  # DYNAMIC | STATIC
+    kind: str  # DYNAMIC | STATIC | BLOCKWISE
     bits: int = 8
     signed: bool = True
     scale: float | None = None  # STATIC only
     zero_point: int | None = None  # STATIC only
+    block: int | None = None  # BLOCKWISE only
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         qmin, qmax = (-(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1) if self.signed else (0, 2**self.bits - 1)
         xf = x.float()
+        if self.kind == BLOCKWISE:  # codes round(x * qmax / absmax) in [-qmax, qmax], zero point 0
+            blocks = xf.reshape(*xf.shape[:-1], -1, self.block)
+            scale = blocks.abs().amax(dim=-1, keepdim=True) / qmax
+            inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+            return (torch.round(blocks * inverse) * scale).reshape(xf.shape).to(x.dtype)
         if self.kind == STATIC:
             scale, zero = torch.tensor(self.scale), torch.tensor(float(self.zero_point))
         else:  # the range of each row, widened to include 0 so that 0 stays exact
@@ -64,6 +71,8 @@ class ActivationQuant:
 
     def to_json(self) -> dict:
         out = {"kind": self.kind, "bits": self.bits, "signed": self.signed}
+        if self.kind == BLOCKWISE:
+            return out | {"block": self.block}
         return out | ({"scale": self.scale, "zero_point": self.zero_point} if self.kind == STATIC else {})
 
 
