@@ -179,3 +179,17 @@ def needed_stats(config) -> dict[str, tuple[str, ...]]:
         mode = config.normalization_mapping.get(feature.type.value, modes.IDENTITY)
         out[key] = per_mode.get(mode, ())
     return out
+
+
+def processors(config, stats):
+    """LeRobot's own Normalizer (inputs) and Unnormalizer (actions) as pipelines."""
+    from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
+    from lerobot.processor.pipeline import PolicyProcessorPipeline
+
+    n = lerobot_modules().normalize
+    pre = PolicyProcessorPipeline(steps=[n.NormalizerProcessorStep(
+        features={**config.input_features, **config.output_features}, norm_map=config.normalization_mapping, stats=stats)])
+    post = PolicyProcessorPipeline(
+        steps=[n.UnnormalizerProcessorStep(features=config.output_features, norm_map=config.normalization_mapping, stats=stats)],
+        to_transition=policy_action_to_transition, to_output=transition_to_policy_action)
+    return pre, post
