@@ -99,10 +99,16 @@ class PaliGemmaWithExpert(nn.Module):
             return [out, None], filled
         if prefix is not None:
             raise ValueError("the joint prefix + suffix forward is LeRobot's training path; edgex runs inference only")
-        # the suffix: attend over a copy of the prefix cache, so the cache the caller holds stays the prefix's
-        past = None if past_key_values is None else DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values])
-        out = _decoder(self.gemma_expert.model, suffix, attention_mask, position_ids, past)
+        out = _decoder(self.gemma_expert.model, suffix, attention_mask, position_ids, suffix_cache(past_key_values))
         return [None, out], None
+
+
+def suffix_cache(past_key_values):
+    """What the suffix attends over: a copy of the prefix cache (the fork concatenates without
+    appending), so the cache the caller holds stays the prefix's for the next Euler step."""
+    from transformers.cache_utils import DynamicCache
+
+    return None if past_key_values is None else DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values])
 
 
 @cache
