@@ -179,3 +179,21 @@ def needed_stats(config) -> dict[str, tuple[str, ...]]:
         mode = config.normalization_mapping.get(feature.type.value, modes.IDENTITY)
         out[key] = per_mode.get(mode, ())
     return out
+
+
+def processors(config, stats):
+    """LeRobot's own Normalizer (inputs) and Unnormalizer (actions) as pipelines."""
+    from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
+    from lerobot.processor.pipeline import PolicyProcessorPipeline
+
+    from lerobot.utils.constants import POLICY_POSTPROCESSOR_DEFAULT_NAME, POLICY_PREPROCESSOR_DEFAULT_NAME
+
+    n = lerobot_modules().normalize
+    # LeRobot's pipeline names: save_pretrained then writes the processor files `read_stats` reads
+    pre = PolicyProcessorPipeline(steps=[n.NormalizerProcessorStep(
+        features={**config.input_features, **config.output_features}, norm_map=config.normalization_mapping, stats=stats)],
+        name=POLICY_PREPROCESSOR_DEFAULT_NAME)
+    post = PolicyProcessorPipeline(
+        steps=[n.UnnormalizerProcessorStep(features=config.output_features, norm_map=config.normalization_mapping, stats=stats)],
+        name=POLICY_POSTPROCESSOR_DEFAULT_NAME, to_transition=policy_action_to_transition, to_output=transition_to_policy_action)
+    return pre, post

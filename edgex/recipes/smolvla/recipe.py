@@ -27,8 +27,8 @@ from ...component import Component, TensorSpec
 from ...errors import EdgexError
 from .. import RECIPES
 from .._lerobot.lerobot_import import lerobot_modules
-from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, random_stats,
-                               read_config, read_stats, seeded_weights)
+from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, processors,
+                               random_stats, read_config, read_stats, seeded_weights)
 from ..base import LoadedModel, Recipe
 from .facts import FACTS, PRESETS, ROLES
 from .graphs import SmolVLALoop, SmolVLAPrefix, SmolVLAStep, SmolVLAVision
@@ -70,20 +70,6 @@ def _local_vlm(config):
         module.AutoConfig, module.AutoProcessor = saved
 
 
-def _processors(config, stats):
-    """LeRobot's own Normalizer (inputs) and Unnormalizer (actions) as pipelines."""
-    from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
-    from lerobot.processor.pipeline import PolicyProcessorPipeline
-
-    n = lerobot_modules().normalize
-    pre = PolicyProcessorPipeline(steps=[n.NormalizerProcessorStep(
-        features={**config.input_features, **config.output_features}, norm_map=config.normalization_mapping, stats=stats)])
-    post = PolicyProcessorPipeline(
-        steps=[n.UnnormalizerProcessorStep(features=config.output_features, norm_map=config.normalization_mapping, stats=stats)],
-        to_transition=policy_action_to_transition, to_output=transition_to_policy_action)
-    return pre, post
-
-
 def _policy(config, vlm, stats, source) -> Policy:
     m = lerobot_modules()
     if config.add_image_special_tokens:
@@ -96,7 +82,7 @@ def _policy(config, vlm, stats, source) -> Policy:
     config.load_vlm_weights = False
     with _local_vlm(vlm):
         policy = m.smolvla.SmolVLAPolicy(config).eval()
-    pre, post = _processors(config, stats)
+    pre, post = processors(config, stats)
     return Policy(policy, stats, pre, post, source, list(config.image_features))
 
 

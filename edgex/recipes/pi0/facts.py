@@ -1,0 +1,66 @@
+"""What `pi0` declares without importing torch: presets, sizes, components and their roles.
+
+Components (role):
+  vision_encoder (vision)  one camera image (RGB [0, 1], any size) -> image tokens [1, 256, 2048]
+                           (LeRobot's resize-with-pad to 224, [-1, 1], SigLIP So400m, linear projector)
+  prefix (prefix)          image tokens of every camera + language tokens / mask -> per-layer K/V
+                           [layers, 1, P, kv_heads, head_dim] of the PaliGemma Gemma-2B (after RoPE)
+                           and the prefix mask
+  action_step (action)     (x_t, t, raw state, prefix K/V, mask) -> velocity (normalized action space)
+                           from the Gemma action expert (state token + chunk action tokens)
+  action_loop (action)     (noise, raw state, prefix K/V, mask) -> unnormalized action chunk: every
+                           Euler step (dt = -1/steps) in one graph, `--set steps=N` (pi0: 10)
+
+pi0 keeps the robot state out of the prefix (pi0.5 puts it there): it is a token of the expert's
+suffix, so both action graphs take it. The language tokens are an input (PaliGemma's tokenizer
+runs once per task on the robot). The model is edgex's own (`model.py`): LeRobot 0.4.4's pi0 needs a
+transformers fork that cannot be installed here.
+"""
+
+from __future__ import annotations
+
+from ..base import RecipeFacts, RecipeOption
+
+ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
+
+# openpi's Gemma variants as LeRobot's config names them (`paligemma_variant`, `action_expert_variant`).
+GEMMA_VARIANTS = {
+    "gemma_2b": {"width": 2048, "depth": 18, "mlp_dim": 16384, "num_heads": 8, "num_kv_heads": 1, "head_dim": 256},
+    "gemma_300m": {"width": 1024, "depth": 18, "mlp_dim": 4096, "num_heads": 8, "num_kv_heads": 1, "head_dim": 256},
+}
+# PaliGemma-3B's SigLIP So400m/14 (LeRobot sets the MLP width 4304; the image size is the config's)
+SIGLIP_SO400M = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+                 "patch_size": 14}
+PALIGEMMA_VOCAB = 257152
+
+PRESETS = {
+    "tiny": {
+        "description": "tests and demo: SigLIP 2 layers at 56 px (48x64 cameras padded), Gemma 2 layers width 64, expert width 32, chunk 8, 2 cameras",
+        "cameras": {"observation.images.top": (3, 48, 64), "observation.images.wrist": (3, 48, 64)},
+        "state_dim": 6, "action_dim": 6,
+        "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "patch_size": 14},
+        "vlm": {"width": 64, "depth": 2, "mlp_dim": 128, "num_heads": 4, "num_kv_heads": 1, "head_dim": 16},
+        "expert": {"width": 32, "depth": 2, "mlp_dim": 64, "num_heads": 4, "num_kv_heads": 1, "head_dim": 16},
+        "vocab_size": 128,
+        "config": {"chunk_size": 8, "n_action_steps": 8, "max_state_dim": 8, "max_action_dim": 8,
+                   "image_resolution": (56, 56), "tokenizer_max_length": 6, "num_inference_steps": 10},
+    },
+    "3.3b": {
+        "description": "published pi0 (lerobot/pi0_base): SigLIP So400m at 224 px, Gemma-2B (18 x 2048), expert 18 x 1024, chunk 50, dims 32, 10 steps, 3 cameras",
+        "cameras": {f"observation.images.{c}": (3, 224, 224) for c in ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")},
+        "state_dim": 14, "action_dim": 14,
+        "siglip": SIGLIP_SO400M,
+        "vlm": GEMMA_VARIANTS["gemma_2b"],
+        "expert": GEMMA_VARIANTS["gemma_300m"],
+        "vocab_size": PALIGEMMA_VOCAB,
+        "config": {},
+    },
+}
+
+FACTS = RecipeFacts(
+    name="pi0",
+    description="pi0 (Physical Intelligence, LeRobot layout): PaliGemma prefix K/V + Gemma flow-matching action expert",
+    presets={name: p["description"] for name, p in PRESETS.items()},
+    components=ROLES,
+    options={"steps": RecipeOption("Euler steps baked into action_loop (default: the config's num_inference_steps, 10)")},
+)
