@@ -110,8 +110,9 @@ class MnnExporter(Exporter):
             import MNN.expr as F
 
             variables = F.load_as_dict(str(files[0]))
-            consts = {name: v.read() for name, v in variables.items() if v.op_type == "Const"}
-        return {name: np.asarray(a, np.float32) for name, a in consts.items() if np.asarray(a).dtype.kind == "f"}
+            # copied while the variables live: `read()` returns a view of memory MNN frees with them
+            consts = {name: np.array(v.read(), copy=True) for name, v in variables.items() if v.op_type == "Const"}
+        return {name: a.astype(np.float32) for name, a in consts.items() if a.dtype.kind == "f"}
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
