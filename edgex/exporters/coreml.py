@@ -101,7 +101,10 @@ class CoreMLExporter(Exporter):
 
         if precision not in ("w8", "w4"):
             return super().stored_scheme(component, precision, files)
-        tensors = dict(component.module.named_parameters()) | dict(component.module.named_buffers())
+        # every alias: a wrapper that holds a submodule under a second name (`transformer` for the
+        # decoder's `pre_transformer`) is exported under that name, which deduplicated names miss
+        tensors = (dict(component.module.named_parameters(remove_duplicate=False))
+                   | dict(component.module.named_buffers(remove_duplicate=False)))
         by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
         weights, unnamed = {}, []
         for op in load_program(package_root(files)).operations:
