@@ -126,7 +126,8 @@ class CoreMLExporter(Exporter):
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """Every `const` of the saved ML program and every compressed constant (`constexpr_*`)
-        decompressed by coremltools' own definition of the op, read from the package on disk."""
+        decompressed by coremltools' own definition of the op (`materialized_val_inference`; its
+        `value_inference` refuses them), read from the package on disk."""
         import numpy as np
 
         from ..parity.mil.interpreter import load_program
@@ -135,7 +136,7 @@ class CoreMLExporter(Exporter):
         arrays = {}
         for op in load_program(package_root(files)).operations:
             if op.op_type == "const" or op.op_type.startswith("constexpr_"):
-                value = op.outputs[0].val if op.op_type == "const" else op.value_inference()
+                value = op.outputs[0].val if op.op_type == "const" else op.materialized_val_inference()
                 value = value[0] if isinstance(value, tuple) else value
                 if isinstance(value, np.ndarray) and value.dtype.kind == "f":
                     arrays[op.outputs[0].name] = value.astype(np.float32)
