@@ -258,6 +258,17 @@ class QnnExporter(Exporter):
                 found[name] = decode(stored)
         return found
 
+    def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
+        """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
+        is unverified, not missing: the HTP may keep it another way (measured: Spark-X2.5's decode
+        table, which its output head shares, in w8a16), and its layout is not documented."""
+        tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
+        for name, t in (tables or {}).items():
+            if t.stored is None:
+                tables[name] = StoredTensor("unverified: not found stored row-contiguous in the HTP context binary, whose "
+                                            "layout for it is unknown", None, t.original, rows=True, readable=False)
+        return tables
+
     def stored_tensors(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                        **_target) -> dict[str, StoredTensor] | None:
         """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
@@ -271,7 +282,7 @@ class QnnExporter(Exporter):
         from onnx import numpy_helper
 
         if files[0].suffix != ".dlc":
-            return super().stored_tensors(component, files, precision, calibration_size=calibration_size)
+            return self._binary_tables(component, files, precision, calibration_size)
         with tempfile.TemporaryDirectory() as tmp:
             if precision in _SCHEMES:
                 graph, _ = _qdq_graph(component, precision, Path(tmp), calibration_size)
