@@ -188,7 +188,7 @@ def export(
         out.print(f"manifest: {manifest['manifest_path']}")
     failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
-          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason")))
+          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")))
 
 
 def _print_plan(checked, as_json: bool) -> None:

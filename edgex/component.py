@@ -71,6 +71,10 @@ class Component:
     `written` maps a state output (KV cache, ring) to the entries a call writes (`WrittenIndex`):
     the rest of such an output is a copy of an input, and scoring it with the written part would
     inflate the SNR.
+    `tables` are the gather tables the graph stores (token / codec embeddings, codebooks), by name,
+    as the eager tensors the graph reads rows of. The parity samples read a few of their rows (a
+    Spark-X2.5 decode call reads 1 of 131072), so every format reads them back from the written
+    file and scores them row by row at export and in `edgex verify` (`edgex.parity.tensors`).
     """
 
     name: str
@@ -88,6 +92,7 @@ class Component:
     float_only: tuple[str, ...] = ()
     forced_reference: Callable[[Inputs, dict[str, torch.Tensor]], Inputs] | None = None
     written: dict[str, WrittenIndex] = field(default_factory=dict)
+    tables: dict[str, torch.Tensor] = field(default_factory=dict)
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
 

@@ -106,11 +106,12 @@ def _gate_and_place(entry: dict, component, files, runtime, reason, precision, o
 
 def combined_verdict(local: str, tensors: str | None = None, device: str | None = None) -> str:
     """One entry's verdict from its parity blocks: any failure fails it; it passes when a run of it
-    passed, here or on the AI Hub device (which verifies what nothing here can run); else unverified.
+    passed, here or on the AI Hub device (which verifies what nothing here can run), and every
+    stored tensor no run reads was read back (tensors not "unverified"); else unverified.
     Stored-tensor parity alone never passes an artifact: it does not run it."""
     if "fail" in (local, tensors, device):
         return "fail"
-    return "pass" if "pass" in (local, device) else "unverified"
+    return "pass" if "pass" in (local, device) and tensors != "unverified" else "unverified"
 
 
 def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub, allow_unverified) -> list[dict]:

@@ -125,6 +125,8 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
     tensors = _tensor_rerun(exporter, component, files, report.threshold_db, entry["precision"], entry.get("export_options"), problems)
     if tensors is not None:
         row["tensor_min_snr_db"] = tensors["min_snr_db"]
+        if tensors.get("unverified") and report.method != "none":
+            row["reason"] = tensors["unverified"]
     row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"])
     return row
 
@@ -137,8 +139,10 @@ def _tensor_rerun(exporter, component, files: list[Path], gate: float, precision
         problems.append(f"stored tensors unreadable: {_one_line(exc)}")
         return {"min_snr_db": None, "verdict": "fail"}
     if tensors is not None and tensors["verdict"] == "fail":
-        worst = min(tensors["tensors"], key=lambda name: tensors["tensors"][name]["snr_db"])
-        problems.append(f"stored tensor {worst} {tensors['min_snr_db']:.1f} dB below gate {gate:.1f} dB")
+        scored = {name: t for name, t in tensors["tensors"].items() if t["snr_db"] is not None}
+        worst = min(scored, key=lambda name: scored[name]["snr_db"])
+        row = f" (row {scored[worst]['worst_row']})" if "worst_row" in scored[worst] else ""
+        problems.append(f"stored tensor {worst}{row} {tensors['min_snr_db']:.1f} dB below gate {gate:.1f} dB")
     return tensors
 
 

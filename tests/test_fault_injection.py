@@ -240,3 +240,41 @@ def test_corrupted_gguf_fails_verify_also_in_weights_no_run_reads(exported, tmp_
     assert "stored tensor token_embd.weight" in embd["problem"] and _db(embd["tensor_min_snr_db"]) < embd["threshold_db"]
     print(f"gguf f16 token_embd: tensor {before['tensor_parity']['min_snr_db']:.1f} dB at export -> "
           f"{_db(embd['tensor_min_snr_db']):.1f} dB after corruption; model parity {_db(embd['min_snr_db']):.1f} dB unchanged")
+
+
+TABLE_TARGETS = {  # the other formats' readers: (export arguments, file suffix holding the table, its dtype)
+    "mnn": (("-t", "mnn", "-p", "fp32"), ".mnn", np.float32),
+    "apple": (("-t", "apple", "-p", "fp16"), "weight.bin", np.float16),
+    "qnn": (("-t", "s25-htp", "-p", "fp16"), "_qnn.bin", np.float16),
+}
+
+
+@pytest.mark.benchmark  # three more exports of the predictor step (minutes); ONNX and .pte: test_verify.py
+@pytest.mark.parametrize("target", list(TABLE_TARGETS))
+def test_an_embedding_row_no_sample_reads_fails_verify(target, tmp_path):
+    """The predictor step's table row 30719, which no parity sample reads, negated and scaled x4 in
+    the written file (.mnn Const, Core ML weight.bin, HTP context binary; hashes rewritten): the
+    runtime parity is unchanged and passes, verify fails the artifact on that row."""
+    from edgex.recipes import RECIPES
+
+    args, suffix, dtype = TABLE_TARGETS[target]
+    proc = run_cli("export", "qwen3-tts", *args, "--preset", "tiny", "-c", "code_predictor_step", "--out", str(tmp_path), "--json")
+    manifest = json.loads(proc.stdout)
+    (entry,) = [a for a in manifest["artifacts"] if "sidecar_of" not in a]
+    assert entry["verdict"] == "pass" and entry["tensor_parity"]["verdict"] == "pass", entry.get("tensor_parity")
+    loaded = RECIPES.get("qwen3-tts").load("tiny", None, 0)
+    (component,) = RECIPES.get("qwen3-tts").components(loaded, ["code_predictor_step"])
+    row = component.tables["stacked_codec_embedding"].detach().numpy()[-1]
+    root = tmp_path / "qwen3-tts" / manifest["target"]
+    (path,) = [root / r["path"] for r in entry["files"] if r["path"].endswith(suffix)]
+    raw = path.read_bytes()
+    at = raw.index(row.astype(dtype).tobytes())
+    path.write_bytes(raw[:at] + (row * SCALE).astype(dtype).tobytes() + raw[at + row.astype(dtype).nbytes:])
+    _rehash(root)
+    proc = run_cli("verify", str(root), "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    result = _row(_strict(proc.stdout), entry["format"], entry["precision"])
+    assert result["files"] == "ok" and result["method"] == entry["parity"]["method"], result
+    assert _db(result["min_snr_db"]) >= result["threshold_db"], result
+    assert result["verdict"] == "fail" and "stored tensor stacked_codec_embedding (row 30719)" in result["problem"], result
+    print(f"{target}: parity {_db(result['min_snr_db']):.1f} dB (passes), table {_db(result['tensor_min_snr_db']):.1f} dB")

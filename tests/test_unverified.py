@@ -80,3 +80,51 @@ def test_verify_regates_from_code_and_recorded_overrides(tmp_path):
     assert verify.exit_code == 1
     (row,) = json.loads(verify.stdout)["artifacts"]
     assert row["threshold_db"] == 500.0 and row["verdict"] == "fail" and "below the 500.0 dB gate" in row["problem"]
+
+
+def test_gather_tables_are_read_back_row_by_row_and_unreadable_ones_are_unverified():
+    """The table check itself, on arrays: a table is found among a file's constants whatever its
+    name, stored as is or transposed; one row changed among 4096 fails it (its whole-table SNR,
+    19 dB, would pass a 15 dB gate), named by its index; a format that cannot be read back leaves the tables
+    unverified, and an artifact whose run passed is then unverified, not a pass."""
+    import numpy as np
+
+    from edgex.component import Component
+    from edgex.export import combined_verdict
+    from edgex.parity import metrics
+    from edgex.parity.tensors import tensor_parity
+
+    table = np.random.default_rng(0).standard_normal((4096, 8)).astype(np.float32)
+    broken = table.copy()
+    broken[1234] *= -4
+
+    class Format:
+        unreadable = "cannot be read back (test)"
+
+        def __init__(self, constants):
+            self.constants = constants
+
+        def stored_tensors(self, component, files, precision, **options):
+            from edgex.exporters.base import Exporter
+
+            return Exporter.stored_tensors(self, component, files, precision, **options)
+
+        def stored_constants(self, component, files, precision, **options):
+            return self.constants
+
+    import torch
+
+    component = Component("c", "r", torch.nn.Identity(), [], [], lambda: (), {}, tables={"embedding": torch.from_numpy(table)})
+    other = np.zeros((4096, 8), np.float32)
+    good = tensor_parity(Format({"renamed": table.T.copy(), "other": other}), component, [], 30.0, "fp32")
+    assert good["verdict"] == "pass" and good["tensors"]["embedding"]["type"] == "table, stored as 'renamed'"
+    bad = tensor_parity(Format({"renamed": broken, "other": other}), component, [], 15.0, "fp32")
+    figure = bad["tensors"]["embedding"]
+    assert bad["verdict"] == "fail" and figure["worst_row"] == 1234 and figure["rows_below_gate"] == 1
+    assert figure["snr_db"] < -13 and metrics.snr_db(table, broken) > 15  # whole-table SNR would have passed it
+    missing = tensor_parity(Format({"other": other[:, :4]}), component, [], 30.0, "fp32")
+    assert missing["verdict"] == "fail" and missing["tensors"]["embedding"]["error"] == "missing from the file"
+    unread = tensor_parity(Format(None), component, [], 30.0, "fp32")
+    assert unread["verdict"] == "unverified" and "cannot be read back (test)" in unread["unverified"]
+    assert combined_verdict("pass", unread["verdict"]) == "unverified" and combined_verdict("pass", good["verdict"]) == "pass"
+    assert combined_verdict("pass", bad["verdict"]) == "fail"

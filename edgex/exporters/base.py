@@ -49,11 +49,15 @@ class ExportResult:
 @dataclass
 class StoredTensor:
     """One tensor as a written file stores it, dequantized to float32, and the eager weight it
-    stands for (None where the file holds a tensor the component does not declare, or lacks one)."""
+    stands for (None where the file holds a tensor the component does not declare, or lacks one).
+    `rows`: a gather table, scored row by row. `readable` False: the format cannot be read back
+    here, so the tensor is unverified (`type` says why)."""
 
     type: str
     stored: np.ndarray | None
     original: np.ndarray | None
+    rows: bool = False
+    readable: bool = True
 
 
 class Exporter(ABC):
@@ -103,11 +107,28 @@ class Exporter(ABC):
         return None if scheme is None else build(component, scheme)
 
     def stored_tensors(self, component: Component, files: list[Path], precision: str, **options) -> dict[str, StoredTensor] | None:
-        """Every tensor the written files store, read back from them, for files that hold weights no
-        parity run reads (a GGUF's token embedding table, when the graph is fed embeddings; a sidecar
-        nothing here runs, such as QNN's `.dlc`): export and `edgex verify` both score them
-        (`edgex.parity.tensors`). `files` are one manifest entry's (an artifact's or a sidecar's);
-        `options` those it was exported with. None: the parity run covers the files' weights."""
+        """Tensors the written files store that no parity run reads whole, read back from them:
+        export and `edgex verify` both score them (`edgex.parity.tensors`). By default the
+        component's gather tables (`Component.tables`), found among `stored_constants`. Formats
+        override it where more is unread (a GGUF's token embedding table, when the graph is fed
+        embeddings; a sidecar nothing here runs, such as QNN's `.dlc`). `files` are one manifest
+        entry's (an artifact's or a sidecar's); `options` those it was exported with. None: the
+        parity run covers the files' weights."""
+        from ..parity.tensors import tables_read_back
+
+        if not component.tables:
+            return None
+        tables = {name: t.detach().float().numpy() for name, t in component.tables.items()}
+        return tables_read_back(tables, self.stored_constants(component, files, precision, **options), self.unreadable)
+
+    unreadable = "this format's stored constants cannot be read back here"
+
+    def stored_constants(self, component: Component, files: list[Path], precision: str, **options) -> dict[str, np.ndarray] | None:
+        """Every constant tensor the files store as data a graph op reads (a gather's table), by
+        the file's own name, decoded to float32 as the runtime sees it (dequantized where stored
+        quantized). Weights packed inside a compiled kernel (an XNNPACK or MNN convolution, the HTP
+        binary) are not listed: the parity runs read them whole. `options`: those the artifact was
+        exported with. None: the format cannot be read back here (`unreadable` says why)."""
         return None
 
 

@@ -101,7 +101,10 @@ class CoreMLExporter(Exporter):
 
         if precision not in ("w8", "w4"):
             return super().stored_scheme(component, precision, files)
-        tensors = dict(component.module.named_parameters()) | dict(component.module.named_buffers())
+        # every alias: a wrapper that holds a submodule under a second name (`transformer` for the
+        # decoder's `pre_transformer`) is exported under that name, which deduplicated names miss
+        tensors = (dict(component.module.named_parameters(remove_duplicate=False))
+                   | dict(component.module.named_buffers(remove_duplicate=False)))
         by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
         weights, unnamed = {}, []
         for op in load_program(package_root(files)).operations:
@@ -120,6 +123,24 @@ class CoreMLExporter(Exporter):
             weights[op.name] = StoredWeight(original, stored)
         notes = [f"compressed constants with no module tensor named in them: {', '.join(unnamed)}"] if unnamed else []
         return StoredScheme("read from the file (constexpr_blockwise_shift_scale)", weights, notes=notes)
+
+    def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every `const` of the saved ML program and every compressed constant (`constexpr_*`)
+        decompressed by coremltools' own definition of the op (`materialized_val_inference`; its
+        `value_inference` refuses them), read from the package on disk."""
+        import numpy as np
+
+        from ..parity.mil.interpreter import load_program
+        from ..parity.runtimes.coreml import package_root
+
+        arrays = {}
+        for op in load_program(package_root(files)).operations:
+            if op.op_type == "const" or op.op_type.startswith("constexpr_"):
+                value = op.outputs[0].val if op.op_type == "const" else op.materialized_val_inference()
+                value = value[0] if isinstance(value, tuple) else value
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                    arrays[op.outputs[0].name] = value.astype(np.float32)
+        return arrays
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr

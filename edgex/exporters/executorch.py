@@ -95,6 +95,30 @@ class ExecuTorchExporter(Exporter):
                     activations[name] = ActivationQuant(DYNAMIC, bits=8)
         return StoredScheme("torchao (same config)", weights, activations)
 
+    def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
+        """The program's constant tensors (those outside the XNNPACK delegate, such as a gather's
+        table), read by ExecuTorch's own `.pte` deserializer: a `Tensor` value with a data buffer
+        and no memory-plan allocation is a constant of `constant_buffer`."""
+        import numpy as np
+        from executorch.exir._serialize._program import deserialize_pte_binary
+        from executorch.exir.schema import ScalarType, Tensor
+
+        dtypes = {ScalarType.FLOAT: np.float32, ScalarType.HALF: np.float16}
+        program = deserialize_pte_binary(files[0].read_bytes()).program
+        arrays = {}
+        for p, plan in enumerate(program.execution_plan):
+            for i, value in enumerate(plan.values):
+                t = value.val
+                if not isinstance(t, Tensor) or t.data_buffer_idx <= 0 or t.allocation_info is not None:
+                    continue
+                dtype = dtypes.get(t.scalar_type)
+                if dtype is None:
+                    continue
+                count = int(np.prod(t.sizes, dtype=np.int64))
+                data = np.frombuffer(program.constant_buffer[t.data_buffer_idx].storage, dtype, count)
+                arrays[f"{plan.name}.values[{i}]"] = data.reshape(t.sizes).astype(np.float32)
+        return arrays
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import torch
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

@@ -132,17 +132,20 @@ class GgufExporter(Exporter):
         return ExportResult([dest], "float32", {"architecture": layout.architecture, "types": sorted(types)})
 
     def stored_tensors(self, component: Component, files: list[Path], precision: str, **_options) -> dict[str, StoredTensor]:
-        """Every tensor in the file, dequantized by gguf's reference code, beside the layout's weight."""
+        """Every tensor in the file, dequantized by gguf's reference code, beside the layout's weight;
+        the token embedding table (gguf-py's name for it) scored row by row, as a token reads it."""
         import numpy as np
-        from gguf import GGUFReader, quants
+        from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, quants
 
         originals = component.layouts["gguf"].tensors()
+        table = f"{TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD]}.weight"
         found = {}
         for t in GGUFReader(str(files[0])).tensors:
             shape = tuple(int(n) for n in reversed(t.shape))  # ggml ne -> numpy order
             restored = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
             original = originals.pop(t.name, None)
-            found[t.name] = StoredTensor(t.tensor_type.name, restored, None if original is None else np.asarray(original, np.float32))
+            found[t.name] = StoredTensor(t.tensor_type.name, restored, None if original is None else np.asarray(original, np.float32),
+                                         rows=t.name == table)
         for name in originals:  # declared by the layout, absent from the file
             found[name] = StoredTensor("absent", None, originals[name])
         return found

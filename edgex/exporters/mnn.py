@@ -99,6 +99,21 @@ class MnnExporter(Exporter):
                    for name, m in component.module.named_modules() if name in linears}
         return StoredScheme(f"same scheme applied in PyTorch (asymmetric int{bits}, not read from the .mnn)", weights)
 
+    def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
+        """The `Const` variables of the graph as MNN's expression API loads them (a gather's table is
+        one; linear and conv weights live inside their Convolution ops, which the runs read)."""
+        import numpy as np
+
+        from ..toolchain import native_output_silenced
+
+        with native_output_silenced():  # MNN prints its CPU features on stdout
+            import MNN.expr as F
+
+            variables = F.load_as_dict(str(files[0]))
+            # copied while the variables live: `read()` returns a view of memory MNN frees with them
+            consts = {name: np.array(v.read(), copy=True) for name, v in variables.items() if v.op_type == "Const"}
+        return {name: a.astype(np.float32) for name, a in consts.items() if a.dtype.kind == "f"}
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
             onnx_path = Path(tmp) / f"{component.name}.onnx"

@@ -53,6 +53,19 @@ class OnnxExporter(Exporter):
     }
     requires = ("onnx", "onnxscript")
 
+    def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
+        """The graph's float initializers and Constant-node values, read by onnx (external data included)."""
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
+        graph = onnx.load(str(files[0])).graph
+        arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        for node in graph.node:
+            if node.op_type == "Constant":
+                arrays.update({out: numpy_helper.to_array(a.t) for out in node.output for a in node.attribute if a.name == "value"})
+        return {name: a.astype(np.float32) for name, a in arrays.items() if a.dtype.kind == "f"}
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         if precision in NBITS:
             with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:

@@ -20,6 +20,7 @@ import logging
 import shutil
 import tempfile
 import weakref
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -209,6 +210,40 @@ def _context_binary(ctx: Path) -> Path:
     return ctx.parent / names.pop()
 
 
+def _dequantize(q, *, scale, zero, axis: int):
+    """ONNX DequantizeLinear: (q - zero) * scale, per tensor or along `axis`."""
+    import numpy as np
+
+    if np.ndim(scale) == 1 and np.size(scale) > 1:
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), np.reshape(zero, shape) if np.size(zero) > 1 else zero
+    return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
+
+
+def _located(data: bytes, raw) -> "np.ndarray | None":
+    """The 2-D `raw` as `data` stores it, rows contiguous: the rows' bytes are searched at up to 64
+    places, and the start most found rows agree on (row i at start + i * row bytes) is read back.
+    None where 8 probes spread over the rows find none (not stored so, e.g. tiled)."""
+    import numpy as np
+    from collections import Counter
+
+    rows, row_bytes = raw.shape[0], raw[0].nbytes
+    starts: Counter = Counter()
+    for n, i in enumerate(np.unique(np.linspace(0, rows - 1, 64).astype(int))):
+        at = data.find(np.ascontiguousarray(raw[i]).tobytes())
+        if at >= 0:
+            starts[at - i * row_bytes] += 1
+        elif n >= 8 and not starts:
+            return None
+    if not starts:
+        return None
+    start = starts.most_common(1)[0][0]
+    if start < 0 or start + raw.nbytes > len(data):
+        return None
+    return np.frombuffer(data, raw.dtype, raw.size, start).reshape(raw.shape)
+
+
 @EXPORTERS.register("qnn")
 class QnnExporter(Exporter):
     name = "qnn"
@@ -248,6 +283,51 @@ class QnnExporter(Exporter):
         return GraphReference(component, model, "QDQ ONNX on ONNX Runtime CPU (the graph the context binary was compiled from)",
                               {"quantization": details})
 
+    def stored_constants(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
+                         **_target):
+        """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
+        rows contiguous (measured: the predictor step's stacked table in fp16, row i at a fixed base +
+        i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
+        was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
+        it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
+        binary by its rows' bytes and read from there, decoded. Constants not stored contiguously
+        (tiled weights) are not listed."""
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
+        graph, _ = _GRAPHS.get(component, precision, calibration_size)
+        model = onnx.load(str(graph))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        encoded = {}  # constant name -> (array as the HTP stores it, decode to float32)
+        for node in model.graph.node:
+            if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+                scale = inits[node.input[1]].astype(np.float32)
+                zero = inits[node.input[2]].astype(np.float32) if len(node.input) > 2 and node.input[2] else np.float32(0)
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+                encoded[node.input[0]] = (inits[node.input[0]], partial(_dequantize, scale=scale, zero=zero, axis=axis))
+        for name, array in inits.items():
+            if name not in encoded and array.dtype.kind == "f":
+                encoded[name] = (array.astype(np.float16), lambda a: a.astype(np.float32))
+        data = _context_binary(files[0]).read_bytes()
+        found = {}
+        for name, (raw, decode) in encoded.items():
+            stored = _located(data, raw) if raw.ndim == 2 and raw.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
+            if stored is not None:
+                found[name] = decode(stored)
+        return found
+
+    def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
+        """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
+        is unverified, not missing: the HTP may keep it another way (measured: Spark-X2.5's decode
+        table, which its output head shares, in w8a16), and its layout is not documented."""
+        tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
+        for name, t in (tables or {}).items():
+            if t.stored is None:
+                tables[name] = StoredTensor("unverified: not found stored row-contiguous in the HTP context binary, whose "
+                                            "layout for it is unknown", None, t.original, rows=True, readable=False)
+        return tables
+
     def stored_tensors(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                        **_target) -> dict[str, StoredTensor] | None:
         """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
@@ -261,7 +341,7 @@ class QnnExporter(Exporter):
         from onnx import numpy_helper
 
         if files[0].suffix != ".dlc":
-            return None
+            return self._binary_tables(component, files, precision, calibration_size)
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
         data = dlc_members(files[0])["model.params.bin"]

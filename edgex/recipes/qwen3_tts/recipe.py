@@ -102,7 +102,7 @@ class _ComponentBuilder:
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
                    layouts=None, calibration_size=DEFAULT_CALIBRATION_SIZE, forced_reference=None, written=None,
-                   **metadata) -> Component:
+                   tables=None, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
@@ -110,7 +110,7 @@ class _ComponentBuilder:
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
                          calibration=calibration, calibration_size=calibration_size, layouts=layouts or {},
-                         forced_reference=forced_reference, written=written or {})
+                         forced_reference=forced_reference, written=written or {}, tables=tables or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -171,7 +171,16 @@ class _ComponentBuilder:
             },
             self._calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
             forced_reference=lambda inputs, forced: predictor.frame_reference(self.talker, *inputs, forced_codes=forced["codes"]),
+            tables=self._predictor_tables(),
         )
+
+    def _predictor_tables(self) -> dict[str, torch.Tensor]:
+        """The code embedding tables a predictor frame gathers from: the talker's (code 0) and the
+        predictor's 15, as the eager model holds them."""
+        tables = {"talker.codec_embedding": self.talker.model.codec_embedding.weight}
+        for g, table in enumerate(self.talker.code_predictor.model.codec_embedding):
+            tables[f"code_predictor.codec_embedding.{g}"] = table.weight
+        return tables
 
     @torch.no_grad()
     def _step_sample(self, which: str, frame: int, step: int):
@@ -209,7 +218,16 @@ class _ComponentBuilder:
             },
             self._calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
             calibration_size=PREDICTOR_STEPS,  # one set per codebook step: 8 covered only the even ones (step 15: 5.9 dB)
+            tables={"stacked_codec_embedding": self._step_table()},
         )
+
+    def _step_table(self) -> torch.Tensor:
+        """The one table a predictor step gathers from: step s >= 1 embeds code s-1 with the talker's
+        table (s = 1, its first `vocab` rows) or the predictor's table s-2, stacked in step order."""
+        vocab = self.talker.code_predictor.lm_head[0].weight.shape[0]
+        tables = [self.talker.model.codec_embedding.weight[:vocab]]
+        tables += [t.weight for t in self.talker.code_predictor.model.codec_embedding[: predictor.GROUPS - 1]]
+        return torch.cat(tables)
 
     # -- Code2Wav ---------------------------------------------------------------------------
     def code2wav(self) -> Component:

@@ -123,7 +123,7 @@ class _ComponentBuilder:
             metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
             calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context)},
-            written=WRITTEN,
+            written=WRITTEN, tables={"embedding": self.model.model.embedding.weight},
         )
         for sample in samples.values():
             comp.check_inputs(sample)
