@@ -31,8 +31,9 @@ _ROPE_WAVELENGTH = 10_000.0
 
 def _rms(norm, x):
     x32 = x.float()
-    # normalized activations first, the weight second: the same product, but QNN 2.40's HTP fp16
-    # finalize fails (QNN_COMMON_ERROR_MEM_ALLOC) on SmolVLA's prefix / step with the weight as Mul's first input
+    # normalized activations first, the weight second: the same product, but the HTP fp16 finalize of
+    # onnxruntime-qnn 2.7.0 (QAIRT 2.51) fails (QNN_COMMON_ERROR_MEM_ALLOC) on the prefix, step and
+    # loop with the weight as Mul's first input (docs/toolchains.md)
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype) * norm.weight
 
 
