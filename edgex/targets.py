@@ -103,8 +103,12 @@ TARGETS: dict[str, Target] = {
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
-            {**dict.fromkeys(VLA_ROLES, _MNN), "*": _MNN},
-            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
+            {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),), "*": _MNN},
+            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"],
+             "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 18.2 dB in MNN fp16 (lowering; torch "
+                                      "fp16 61.6, the same graph's loop with baked time embeddings 65.3): its time "
+                                      "frequencies (up to 2 pi / 0.004 = 1571 rad) stored in fp16 are the likely cause, "
+                                      "not isolated further. Built in fp32 (--placement action_step=mnn:fp16 builds fp16)"},
         ),
         # SoC model numbers and HTP architectures as QAIRT names them.
         _htp("s25-htp", "Samsung Galaxy S25", "SM8750 Snapdragon 8 Elite for Galaxy", 69, 79),
