@@ -73,15 +73,24 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     # VLA policies (docs/models.md): every graph on the NPU in fp16 and in w8a16 calibrated on
     # observations from the eager policy; the Euler / DDIM loop too (the HTP has no fp32 path).
     vla = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
+    # A flow step's own time embedding (sin / cos of 2 pi t / period, periods from 4e-3) is lost in
+    # fp16 arithmetic (`action_step_placement`): that component alone defaults to w8a16.
+    step = (Placement("qnn", ("w8a16",), device=f"Hexagon v{arch} HTP"),)
     return Target(
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
-        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "*": npu},
+        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "action_step": step, "*": npu},
         {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
          # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
          "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
                               "with it unmeasured: its DiT is 91 % of its CPU cost and HTP fp16 vs GPU timing on a "
-                              "device is still to be done (--placement decoder=qnn:fp16 builds the HTP variant)"},
+                              "device is still to be done (--placement decoder=qnn:fp16 builds the HTP variant)",
+         "action_step_placement": "a flow VLA's action_step (SmolVLA) computes the sin / cos embedding of its time input "
+                                  "t (periods 4e-3 .. 4, phases up to 1571 t rad): in the HTP's fp16 the phase is off "
+                                  "by up to ~0.8 rad and the embedding alone scores 19-34 dB, the velocity 29.6 dB "
+                                  "(tiny, below the 30 dB fp16 lowering gate). It is built in w8a16 (16-bit "
+                                  "activations resolve t); action_loop, whose times are fixed, bakes the embeddings "
+                                  "and runs fp16 (--placement action_step=qnn:fp16 builds the fp16 variant)"},
         {"qnn": {"soc_model": soc_model, "htp_arch": arch}},
     )
 
@@ -98,8 +107,12 @@ TARGETS: dict[str, Target] = {
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
-            {**dict.fromkeys(VLA_ROLES, _MNN), "*": _MNN},
-            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
+            {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),), "*": _MNN},
+            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"],
+             "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 18.2 dB in MNN fp16 (lowering; torch "
+                                      "fp16 61.6, the same graph's loop with baked time embeddings 65.3): its time "
+                                      "frequencies (up to 2 pi / 0.004 = 1571 rad) stored in fp16 are the likely cause, "
+                                      "not isolated further. Built in fp32 (--placement action_step=mnn:fp16 builds fp16)"},
         ),
         # SoC model numbers and HTP architectures as QAIRT names them.
         _htp("s25-htp", "Samsung Galaxy S25", "SM8750 Snapdragon 8 Elite for Galaxy", 69, 79),

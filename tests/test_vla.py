@@ -146,6 +146,37 @@ def test_smolvla_chained_artifacts_reproduce_select_action(smolvla_export):
     assert snr_db(eager, other) < 20.0
 
 
+@pytest.fixture(scope="module")
+def smolvla_htp_fp16(tmp_path_factory):
+    """SmolVLA's vision encoder and prefix for the S25's HTP in fp16 (QNN context binary + .dlc)."""
+    out = tmp_path_factory.mktemp("smolvla-htp")
+    return export_model("smolvla", "s25-htp", out, preset="tiny", components=["vision_encoder", "prefix"],
+                        precisions=["fp16"], allow_unverified=True)
+
+
+def test_smolvla_fp16_builds_on_the_htp(smolvla_htp_fp16):
+    """The prefix's fp16 build used to fail in QNN's finalize (QNN_COMMON_ERROR_MEM_ALLOC) with
+    RMSNorm's weight as Mul's first input; the vision encoder's .dlc holds its conv kernel
+    channels-last, which the stored-weight check must find (it reported it missing: -inf dB)."""
+    arts = {(a["component"], a["format"]): a for a in smolvla_htp_fp16["artifacts"]}
+    for name in ("vision_encoder", "prefix"):
+        ctx = arts[(name, "qnn-context")]
+        assert ctx["parity"]["method"] == "simulated" and ctx["verdict"] == "pass", (name, ctx.get("error"))
+        dlc = arts[(name, "qnn-dlc")]
+        assert dlc["tensor_parity"]["verdict"] == "pass", name
+    conv = arts[("vision_encoder", "qnn-dlc")]["tensor_parity"]["tensors"]["vision.embeddings.patch_embedding.weight"]
+    assert conv["snr_db"] == "inf"
+
+
+def test_smolvla_vision_encoder_on_executorch_fp32(tmp_path):
+    """ExecuTorch's XNNPACK lowers F.gelu(approximate="tanh") as the erf GELU (76 dB); the graph
+    writes SigLIP's tanh GELU out, so the .pte meets the fp32 bar like the other formats."""
+    manifest = export_model("smolvla", "cpu", tmp_path, preset="tiny", components=["vision_encoder"],
+                            formats=["executorch"], precisions=["fp32"])
+    (art,) = manifest["artifacts"]
+    assert art["parity"]["method"] == "runtime" and art["parity"]["min_snr_db"] >= 100.0, art["parity"]["min_snr_db"]
+
+
 def test_smolvla_vlm_config_never_downloads(tmp_path, monkeypatch):
     """A checkpoint's vlm_model_name resolves from a folder or the local HF cache only."""
     from edgex.recipes.smolvla.recipe import vlm_config_from
@@ -169,6 +200,10 @@ def test_every_target_places_or_declines_each_vla_role():
             assert placed != declined, (target.name, role)
     for name in ("s25-htp", "s24-htp", "s23-htp"):
         assert all(p.precisions == ("fp16", "w8a16") for r in VLA_ROLES for p in TARGETS[name].placements[r])
+        # a flow step's fp16 time embedding loses its phases on the HTP: w8a16 by default, the reason in the facts
+        assert [p.precisions for p in TARGETS[name].placements_for("action", "action_step")] == [("w8a16",)]
+        assert "action_step" in TARGETS[name].facts["action_step_placement"]
+    assert [p.precisions for p in TARGETS["mnn"].placements_for("action", "action_step")] == [("fp32",)]
 
 
 @pytest.mark.parametrize("model", ["act", "diffusion-policy", "smolvla"])

@@ -41,6 +41,11 @@ _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8
 DLC_UNRUN = ("the .dlc is a separate QAIRT IR build with its own weights; QAIRT's runners (qnn-net-run, SNPE) "
              "are not installable here, so nothing on this machine runs it (--hub runs it on a device)")
 
+# Weight layouts QAIRT stores besides ONNX's own (axis orders of the ONNX initializer): MatMul
+# weights [out, in]; Conv / ConvTranspose kernels channels-last, [kh, kw, in, out] (2-D) and
+# [k, in, out] (1-D, which QNN runs as 2-D) or with in / out swapped for transposed convolutions.
+_QAIRT_LAYOUTS = {2: ((1, 0),), 3: ((2, 1, 0), (2, 0, 1)), 4: ((2, 3, 1, 0), (2, 3, 0, 1))}
+
 QDQ_DIGEST = "edgex.qdq_graph_sha256"  # EPContext metadata: the QDQ graph the context binary was compiled from
 
 
@@ -333,7 +338,7 @@ class QnnExporter(Exporter):
         """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
         (the fp32 graph for fp16, made again; the QDQ graph for the quantized schemes, made again as
         for the scheme reference) must be in the .dlc's tensor data byte for byte, as stored or
-        transposed (QAIRT keeps MatMul weights [out, in]). A changed byte in a weight makes that
+        in QAIRT's layout (`_QAIRT_LAYOUTS`). A changed byte in a weight makes that
         weight missing: its figure is -inf dB and the entry fails. The context binary's weights are
         covered by its parity run instead (None)."""
         import numpy as np
@@ -353,7 +358,7 @@ class QnnExporter(Exporter):
             weight = init.name in quantized or (array.dtype.kind == "f" and init.name not in scales)
             if not weight or array.size < 2:
                 continue
-            layouts = [array] + ([array.T] if array.ndim == 2 else [])
+            layouts = [array, *(array.transpose(p) for p in _QAIRT_LAYOUTS.get(array.ndim, ()))]
             stored = any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
             values = array.astype(np.float32)
             found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)

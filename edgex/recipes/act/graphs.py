@@ -7,7 +7,7 @@ inference ACT's VAE latent is zero, so the VAE encoder is not part of the graph.
 
 The transformer is written here from the policy's weights (post- or pre-norm layers, attention as
 matmuls, the 2-D sine position table precomputed for the static feature map); the ResNet backbone is
-torchvision's module as the policy holds it.
+a copy of torchvision's module as the policy holds it, its frozen BatchNorms folded into the convs.
 """
 
 from __future__ import annotations
@@ -37,12 +37,37 @@ def sine_table_2d(height: int, width: int, channels: int) -> torch.Tensor:
     return torch.from_numpy(table.reshape(height * width, 1, channels)).float()
 
 
+def fold_batchnorm(backbone: nn.Module) -> nn.Module:
+    """A copy of the ResNet trunk with each frozen BatchNorm folded (in float64) into the conv before
+    it (`convK` + `bnK`, a downsample's `0` + `1`). QAIRT folds them itself when it writes a `.dlc`,
+    whose kernels then match none of the graph's weights (its weight check reported every conv kernel
+    missing); folded here, the graph holds the kernels the device files store."""
+    import copy
+
+    trunk = copy.deepcopy(backbone)
+    with torch.no_grad():
+        for parent in trunk.modules():
+            for name, bn in list(parent.named_children()):
+                if type(bn).__name__ not in ("FrozenBatchNorm2d", "BatchNorm2d"):
+                    continue
+                conv = getattr(parent, "conv" + name[2:] if name.startswith("bn") else str(int(name) - 1))
+                scale = bn.weight.double() * (bn.running_var.double() + bn.eps).rsqrt()
+                bias = bn.bias.double() - bn.running_mean.double() * scale
+                if conv.bias is not None:
+                    bias = bias + conv.bias.double() * scale
+                conv.weight.copy_((conv.weight.double() * scale[:, None, None, None]).float())
+                conv.bias = nn.Parameter(bias.float())
+                setattr(parent, name, nn.Identity())
+    return trunk
+
+
 class ActPolicyGraph(nn.Module):
     def __init__(self, policy, stats: dict, cameras: list[str], image_shape: tuple[int, int, int]):
         super().__init__()
         config = policy.config
         model = policy.model
         self.model, self.pre_norm = model, config.pre_norm
+        self.backbone = fold_batchnorm(model.backbone)
         self.state_norm = Affine(stats.get("observation.state", {}), mode_of(config, config.robot_state_feature),
                                  config.robot_state_feature.shape)
         self.image_norm = nn.ModuleList(
@@ -93,7 +118,7 @@ class ActPolicyGraph(nn.Module):
         m = self.model
         tokens = [m.encoder_latent_input_proj(self.latent)[None], m.encoder_robot_state_input_proj(self.state_norm(state))[None]]
         for norm, image in zip(self.image_norm, images):
-            fmap = m.encoder_img_feat_input_proj(m.backbone(norm(image))["feature_map"])  # [1, D, h, w]
+            fmap = m.encoder_img_feat_input_proj(self.backbone(norm(image))["feature_map"])  # [1, D, h, w]
             tokens.append(fmap.flatten(2).permute(2, 0, 1))  # [(h w), 1, D]
         x = torch.cat(tokens)
         for layer in m.encoder.layers:

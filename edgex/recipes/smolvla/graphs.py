@@ -31,7 +31,10 @@ _ROPE_WAVELENGTH = 10_000.0
 
 def _rms(norm, x):
     x32 = x.float()
-    return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype)
+    # normalized activations first, the weight second: the same product, but the HTP fp16 finalize of
+    # onnxruntime-qnn 2.7.0 (QAIRT 2.51) fails (QNN_COMMON_ERROR_MEM_ALLOC) on the prefix, step and
+    # loop with the weight as Mul's first input (docs/toolchains.md)
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype) * norm.weight
 
 
 def _rope(x, positions):
@@ -53,6 +56,14 @@ def _attend(q, k, v, allowed, heads: int, kv_heads: int):
     scores = torch.where(allowed[:, None], scores, torch.full_like(scores, _MASKED))
     out = scores.softmax(-1) @ v.transpose(1, 2)  # [1, H, S, D]
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def _gelu_tanh(x):
+    """SigLIP's tanh-approximated GELU as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), the same
+    function as 0.5 x (1 + tanh(...)). Not `F.gelu(approximate="tanh")`: ExecuTorch 1.5.1's XNNPACK
+    delegate lowers that op as the exact (erf) GELU, which cost the vision encoder 50 dB (76 dB
+    instead of >= 125 dB in fp32; docs/toolchains.md)."""
+    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
 
 
 def _mlp(mlp, x):
@@ -89,7 +100,7 @@ class SmolVLAVision(nn.Module):
         scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5
         out = (scores.softmax(-1) @ v.transpose(1, 2)).transpose(1, 2).reshape(x.shape)
         x = x + a.out_proj(out)
-        return x + layer.mlp.fc2(F.gelu(layer.mlp.fc1(layer.layer_norm2(x)), approximate="tanh"))
+        return x + layer.mlp.fc2(_gelu_tanh(layer.mlp.fc1(layer.layer_norm2(x))))
 
     def forward(self, image):
         x = F.interpolate(image, size=self.resized, mode="bilinear", align_corners=False)
