@@ -4,6 +4,7 @@ MiniCPMTTS code on the same weights, the vocoder references are the official ent
 buffer slice, 10 steps), a CPU ONNX export passes its gates, and bad checkpoints are one-line errors."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -20,7 +21,9 @@ from edgex.recipes.minicpm_o import tts as tts_graphs
 from edgex.recipes.minicpm_o.checkpoint import load_checkpoint
 from edgex.recipes.minicpm_o.facts import FACTS, ROLES
 from edgex.recipes.minicpm_o.presets import get_preset
+from edgex.recipes.minicpm_o.pipeline import EncoderStream
 from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
+from edgex.recipes.minicpm_o.stream import EncoderCaches, VocoderStream
 from test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tiny model and its samples
@@ -165,6 +168,55 @@ def test_hift_initial_phase_never_reaches_the_wav(minicpm):
     assert torch.equal(zero, drawn)
     other = hift_graphs.hift_reference(loaded.models.hift, layers, mel, torch.randn_like(noise), cache, use)[0]
     assert not torch.equal(zero, other)  # the source noise is live
+
+
+# -- the streaming chain against the official streaming path ----------------------------------------
+def _stream_chain(loaded, comps, stream, flow_graph):
+    """flow_encoder -> flow -> hift over the stream's chunks through the runner (graphs as torch
+    modules), and the official path (inference_chunk's mel, the official HiFT) through the same
+    runner bookkeeping; returns per-chunk mel pairs and the two wavs."""
+    models = loaded.models
+    enc = comps["flow_encoder"]
+    up = int(models.flow.up_rate)
+    caches = EncoderCaches(stream.setup, stream.prompt_frames, len(models.flow.encoder.encoders),
+                           enc.metadata["slots"], up)
+    hifts = {f: hift_graphs.HiFT(models.hift, f) for f in (50, 50 + hift_graphs.CACHE_FRAMES)}
+    upsample = hifts[50].upsample
+    ours = VocoderStream(lambda mel, *rest: hifts[mel.shape[2]](mel, *rest), upsample)
+    official = VocoderStream(partial(hift_graphs.hift_reference, models.hift, stepaudio2_modules().hifigan_layers),
+                             upsample)
+    gen = torch.Generator().manual_seed(11)
+    mels = []
+    with torch.no_grad():
+        for c, chunk in enumerate(stream.chunks):
+            last = c == len(stream.chunks) - 1
+            tokens, *_, last_flag = chunk["inputs"]
+            mu, new1, new2, cnn = enc.module(tokens, *caches.inputs(), last_flag)
+            noise = models.flow.decoder.rand_noise[:, :, caches.offset:caches.offset + mu.shape[2]]
+            assert torch.equal(noise, chunk["noise"])  # the runner tracks the official noise offset
+            caches.update(new1, new2, cnn)
+            mel = flow_graph(noise, mu, stream.spks, torch.zeros_like(mu))
+            hift_noise = torch.randn(1, (mu.shape[2] + hift_graphs.CACHE_FRAMES) * upsample, hift_graphs.HARMONICS,
+                                     generator=gen)
+            ours.push(mel, hift_noise, last)
+            official.push(chunk["mel"], hift_noise, last)
+            mels.append((chunk["mel"], mel))
+    return mels, official.wav(), ours.wav()
+
+
+def test_streaming_chain_against_the_official_streaming_path(minicpm):
+    """A 4-chunk streaming utterance (prompt cache from the official `setup_cache`, then 25 + 3
+    lookahead tokens per call, the last without lookahead, caches trimmed as Token2wav trims them):
+    flow_encoder -> flow -> hift composed by the runner vs Token2wav's streaming path."""
+    loaded, comps = minicpm
+    o = loaded.options
+    stream = EncoderStream(loaded.models.flow, o["prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3)
+    mels, official, ours = _stream_chain(loaded, comps, stream, comps["flow"].module)
+    mel_db = [snr_db(ref.numpy(), got.numpy()) for ref, got in mels]
+    wav_db = snr_db(official.numpy(), ours.numpy())
+    print(f"\nstreaming chain, tiny: mel per chunk {[round(d, 1) for d in mel_db]} dB, wav {wav_db:.1f} dB")
+    assert official.shape == ours.shape == (1, (4 * 50 + hift_graphs.CACHE_FRAMES) * 480)  # the last chunk keeps its tail
+    assert min(mel_db) >= 100.0 and wav_db >= 60.0
 
 
 # -- one CPU export through the CLI ---------------------------------------------------------------

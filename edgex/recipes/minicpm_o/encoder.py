@@ -142,6 +142,30 @@ class FlowEncoder(nn.Module):
         return h.transpose(1, 2), new1, new2, cnn
 
 
+TRIM_FRAMES = 100  # Token2wav's `stream` keeps the prompt + the last 100 frames of each attention cache
+
+
+def trim_time(cache, dim: int, prompt_frames: int):
+    """Token2wav `stream`'s trimming of an attention cache along its time axis (its slices, as they are)."""
+    if cache.shape[dim] <= prompt_frames + TRIM_FRAMES:
+        return cache
+    return torch.cat((cache.narrow(dim, 0, prompt_frames), cache.narrow(dim, cache.shape[dim] - TRIM_FRAMES, TRIM_FRAMES)), dim)
+
+
+def graph_caches(att, layers1: int, slots: int, up: int):
+    """The official `conformer_att_cache` as `flow_encoder`'s right-aligned inputs: (att_cache1,
+    att_cache2, cache_len); the first stack uses the first half of its doubled rows, as the official
+    unpacking does."""
+    n = att.shape[3] // 2
+    if n > slots:
+        raise ValueError(f"encoder cache of {n} rows exceeds the graph's {slots} slots")
+    att1 = torch.zeros(layers1, *att.shape[1:3], slots, att.shape[4])
+    att2 = torch.zeros(att.shape[0] - layers1, *att.shape[1:3], up * slots, att.shape[4])
+    att1[:, :, :, slots - n:] = att[:layers1, :, :, :n]
+    att2[:, :, :, up * (slots - n):] = att[layers1:]
+    return att1, att2, torch.tensor([n])
+
+
 def official_cache(att_cache1, att_cache2, cache_len: int):
     """The official `conformer_att_cache` of the right-aligned graph caches (None when empty):
     the first stack's rows stored twice along time, then the second stack's."""

@@ -86,7 +86,6 @@ class VocoderUtterance:
 
 
 SILENCE_TOKEN = 4218  # what Token2wav's `set_stream_cache` appends to the prompt as its lookahead
-TRIM_FRAMES = 100  # Token2wav's `stream` keeps the prompt + the last 100 frames of each attention cache
 
 
 class EncoderStream:
@@ -94,55 +93,37 @@ class EncoderStream:
     `stream` drive it: the prompt (`prompt` random tokens + 3 silence tokens, its mel, a speaker)
     through `setup_cache`, then `chunks` calls of 25 + 3 lookahead tokens through
     `inference_chunk` (the last one without lookahead), the attention caches trimmed to the prompt
-    + 100 frames after each call exactly as `stream` trims them. Records, per chunk, the
-    `flow_encoder` graph's inputs (caches right-aligned in `slots` 25 Hz slots), the official
-    caches, the CFM noise slice the call used and the official mel."""
+    + 100 frames after each call exactly as `stream` trims them. Records the state after the
+    prompt (`setup`) and per chunk the `flow_encoder` graph's inputs (caches right-aligned in
+    `slots` 25 Hz slots), the CFM noise slice the call used and the official mel."""
 
     @torch.no_grad()
     def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int):
-        from .encoder import CHUNK, LOOKAHEAD
+        from .encoder import CHUNK, LOOKAHEAD, graph_caches, trim_time
 
         gen = torch.Generator().manual_seed(seed)
         up = int(flow.up_rate)
         self.prompt_frames = prompt * up
-        total = chunks * CHUNK
         prompt_ids = torch.randint(0, flow.vocab_size, (1, prompt), generator=gen)
-        self.tokens = torch.randint(0, flow.vocab_size, (1, total), generator=gen)
+        self.tokens = torch.randint(0, flow.vocab_size, (1, chunks * CHUNK), generator=gen)
         prompt_mel = torch.randn(1, self.prompt_frames, flow.output_size, generator=gen) * 2.0 - 5.0
         self.speaker = torch.randn(1, flow.spk_embed_affine_layer.in_features, generator=gen)
         self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
         pad = torch.full((1, LOOKAHEAD), SILENCE_TOKEN)
         cache = flow.setup_cache(torch.cat((prompt_ids, pad), dim=1), prompt_mel, self.speaker, n_timesteps=steps)
-        self.chunks = []  # per chunk: dict of graph inputs, official caches in, noise, official mel
+        self.setup = {k: v.clone() for k, v in cache.items()}
+        self.chunks = []  # per chunk: graph inputs, CFM noise slice, official mel
         layers1 = len(flow.encoder.encoders)
         for c in range(chunks):
             last = c == chunks - 1
             ids = self.tokens[:, c * CHUNK:(c + 1) * CHUNK + (0 if last else LOOKAHEAD)]
-            att = cache["conformer_att_cache"]
-            n = att.shape[3] // 2
-            if n > slots:
-                raise ValueError(f"encoder cache of {n} rows exceeds the graph's {slots} slots")
-            att1 = torch.zeros(att.shape[:3] + (slots, att.shape[4]))[:layers1]
-            att2 = torch.zeros(att.shape[:3] + (up * slots, att.shape[4]))[layers1:]
-            att1[:, :, :, slots - n:] = att[:layers1, :, :, :n]
-            att2[:, :, :, up * (slots - n):] = att[layers1:]
+            att1, att2, n = graph_caches(cache["conformer_att_cache"], layers1, slots, up)
             graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
-            inputs = (graph_ids, att1, att2, cache["conformer_cnn_cache"].clone(), torch.tensor([n]),
-                      torch.tensor([1.0 if last else 0.0]))
+            inputs = (graph_ids, att1, att2, cache["conformer_cnn_cache"].clone(), n, torch.tensor([1.0 if last else 0.0]))
             offset = cache["estimator_att_cache"].shape[4]
             noise = flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone()
             mel, cache = flow.inference_chunk(ids, self.speaker, {k: v.clone() for k, v in cache.items()},
                                               last_chunk=last, n_timesteps=steps)
             self.chunks.append({"inputs": inputs, "noise": noise, "mel": mel})
-            cache = _trim(cache, self.prompt_frames)
-
-
-def _trim(cache: dict, prompt_frames: int) -> dict:
-    """Token2wav `stream`'s trimming of the DiT and conformer attention caches (its order and slices)."""
-    keep = prompt_frames + TRIM_FRAMES
-    est, conf = cache["estimator_att_cache"], cache["conformer_att_cache"]
-    if est.shape[4] > keep:
-        est = torch.cat((est[:, :, :, :, :prompt_frames], est[:, :, :, :, -TRIM_FRAMES:]), dim=4)
-    if conf.shape[3] > keep:
-        conf = torch.cat((conf[:, :, :, :prompt_frames], conf[:, :, :, -TRIM_FRAMES:]), dim=3)
-    return {**cache, "estimator_att_cache": est, "conformer_att_cache": conf}
+            cache["estimator_att_cache"] = trim_time(cache["estimator_att_cache"], 4, self.prompt_frames)
+            cache["conformer_att_cache"] = trim_time(cache["conformer_att_cache"], 3, self.prompt_frames)
