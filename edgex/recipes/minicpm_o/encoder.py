@@ -166,6 +166,18 @@ def graph_caches(att, layers1: int, slots: int, up: int):
     return att1, att2, torch.tensor([n])
 
 
+def dit_caches(att, cnn, steps: int, slots: int):
+    """The official DiT streaming caches (`estimator_att_cache` [>= N, depth, 2, H, n, 2 hd],
+    `estimator_cnn_cache`) as `flow_chunk`'s inputs: the first `steps` rows, the n real key | value
+    rows left-aligned in `slots` slots, and n."""
+    n = att.shape[4]
+    if n > slots:
+        raise ValueError(f"DiT cache of {n} frames exceeds the graph's {slots} slots")
+    padded = torch.zeros(*att.shape[:4], slots, att.shape[5])[:steps]
+    padded[..., :n, :] = att[:steps]
+    return padded, cnn[:steps].clone(), torch.tensor([n])
+
+
 def official_cache(att_cache1, att_cache2, cache_len: int):
     """The official `conformer_att_cache` of the right-aligned graph caches (None when empty):
     the first stack's rows stored twice along time, then the second stack's."""

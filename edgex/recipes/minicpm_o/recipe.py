@@ -172,6 +172,21 @@ class _ComponentBuilder:
             calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, prompt_tokens=self.options["prompt"],
         )
 
+    def flow_chunk(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+        slots = int(self.models.flow.up_rate) * self.encoder_slots
+        return self._component(
+            "flow_chunk", flow.FlowChunk(cfm, steps, slots),
+            ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len"],
+            [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
+            partial(flow.chunk_reference, cfm, steps),
+            {"utterance_a_chunk0": self.stream("a").chunks[0]["flow_inputs"],
+             "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["flow_inputs"],
+             "utterance_b_chunk1": self.stream("b").chunks[1]["flow_inputs"]},
+            self._draw(lambda u, k: self.stream(u).chunks[k]["flow_inputs"], STREAM_CHUNKS),
+            calibration_size=STREAM_CHUNKS, steps=steps, slots=slots,
+        )
+
     # -- Token2wav flow matching ------------------------------------------------------------
     def flow_step(self) -> Component:
         cfm, steps = self.models.flow.decoder, self.options["steps"]

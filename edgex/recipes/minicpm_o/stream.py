@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .encoder import CHUNK, TRIM_FRAMES, graph_caches, trim_time
+from .encoder import dit_caches, graph_caches, trim_time
 from .hift import CACHE_FRAMES
 
 
@@ -57,12 +57,10 @@ class VocoderStream:
 
 class EncoderCaches:
     """The conformer caches in Token2wav's layout, fed to `flow_encoder` right-aligned in its slots
-    and grown from the rows it returns, trimmed as `stream` trims them; and the CFM noise offset
-    (the official DiT cache length, which the same trimming caps at the prompt + 100 frames)."""
+    and grown from the rows it returns, trimmed as `stream` trims them."""
 
     def __init__(self, setup_cache: dict, prompt_frames: int, layers1: int, slots: int, up: int):
         self.att, self.cnn = setup_cache["conformer_att_cache"], setup_cache["conformer_cnn_cache"]
-        self.offset = setup_cache["estimator_att_cache"].shape[4]
         self.prompt_frames, self.layers1, self.slots, self.up = prompt_frames, layers1, slots, up
 
     def inputs(self):
@@ -75,4 +73,24 @@ class EncoderCaches:
         second = torch.cat((self.att[self.layers1:], new2), dim=3)
         self.att = trim_time(torch.cat((torch.cat((first, first), dim=3), second), dim=0), 3, self.prompt_frames)
         self.cnn = cnn
-        self.offset = min(self.offset + CHUNK * self.up, self.prompt_frames + TRIM_FRAMES)
+
+
+class DiTCaches:
+    """The CFM's per-step DiT caches in Token2wav's layout (newest rows first), fed to `flow_chunk`
+    left-aligned in its slots, grown from the rows it returns and trimmed as `stream` trims them.
+    Their length is also where the official call slices its noise buffer (`offset`)."""
+
+    def __init__(self, setup_cache: dict, prompt_frames: int, steps: int, slots: int):
+        self.att, self.cnn = setup_cache["estimator_att_cache"][:steps], setup_cache["estimator_cnn_cache"][:steps]
+        self.prompt_frames, self.steps, self.slots = prompt_frames, steps, slots
+
+    @property
+    def offset(self) -> int:
+        return self.att.shape[4]
+
+    def inputs(self):
+        return dit_caches(self.att, self.cnn, self.steps, self.slots)
+
+    def update(self, rows, cnn):
+        self.att = trim_time(torch.cat((rows, self.att), dim=4), 4, self.prompt_frames)
+        self.cnn = cnn
