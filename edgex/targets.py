@@ -147,6 +147,7 @@ TARGETS: dict[str, Target] = {
                 "prefix": (Placement("coreml", ("fp16", "w8")),),
                 "action": (Placement("coreml", ("fp32", "fp16")),),
                 "hift": (Placement("coreml", ("fp32",)),),
+                **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("coreml", ("fp16", "w8")),)),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
@@ -157,7 +158,9 @@ TARGETS: dict[str, Target] = {
                 "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU",
                                   "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE", "action": "CPU_AND_GPU"},
                 "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
-                "precision_limits": HIFT_FP32,
+                "precision_limits": {**HIFT_FP32, **dict.fromkeys(("tts_prefill", "tts_decode"), (
+                    "fp16 + w8; w4 on request only (-p w4): the w4 program's logits score 20.2 dB against the same "
+                    "int4 weights in eager PyTorch (tiny tts_decode; its K/V 55-63 dB), under the 30 dB lowering gate"))},
             },
         ),
     )
