@@ -32,10 +32,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--formats", default="onnx")
     ap.add_argument("--out", type=Path, default=Path("bench-minicpmo"))
+    ap.add_argument("--reuse", action="store_true", help="derive the figures from an earlier run's bench.json")
     args = ap.parse_args()
-    bench_cpu.main(["--model", "minicpm-o", "--preset", args.preset, "--threads", str(args.threads),
-                    "--runs", str(args.runs), "--formats", args.formats, "--precision", "fp32",
-                    "--components", ",".join(("tts_decode",) + VOCODER), "--out", str(args.out)])
+    if not args.reuse:
+        bench_cpu.main(["--model", "minicpm-o", "--preset", args.preset, "--threads", str(args.threads),
+                        "--runs", str(args.runs), "--formats", args.formats, "--precision", "fp32",
+                        "--components", ",".join(("tts_decode",) + VOCODER), "--out", str(args.out)])
     rows = json.loads((args.out / "bench.json").read_text())["rows"]
     best = {}
     for row in rows:  # the fastest format of each component
