@@ -1,4 +1,5 @@
-"""Token2wav's flow-matching decoder as graphs: one CFG Euler step (`FlowStep`) and the whole loop (`Flow`).
+"""Token2wav's flow-matching decoder as graphs: one CFG Euler step (`FlowStep`), the whole loop
+(`Flow`, non-streaming) and one streaming chunk of the whole loop with the DiT's caches (`FlowChunk`).
 
 The math is written here from the official `DiT` / `CausalConditionalCFM` (stepaudio2 1.0.5) and
 uses only the official modules' parameters, never their forwards (those are the reference):
@@ -11,6 +12,10 @@ uses only the official modules' parameters, never their forwards (those are the 
     v = 1.7 v_cond - 0.7 v_uncond (rate 0.7), x += dt v;
   * schedule: t_span = 1 - cos(pi/2 linspace(0, 1, N + 1)); the loop advances t by dt and takes the
     next dt against the grid, exactly the official recurrence (float32), so the grid is a constant.
+Streaming (`forward_chunk`): each block's attention also sees the cached key | value rows of
+earlier chunks ([new | cache], masked to the real rows; the DiT has no positional encoding) and
+its two causal convs start from the previous chunk's last two input rows instead of zeros; the
+caches are per Euler step and per guidance row.
 The noise is an input: the official non-streaming call slices its construction-time
 `rand_noise` [1, 80, 30000] buffer from frame 0 (streaming: from the cached length), so a runner
 that wants the official output passes that slice.
