@@ -228,7 +228,8 @@ def test_streaming_chain_against_the_official_streaming_path(minicpm):
         return flow_graph(noise, mu, spks, torch.zeros_like(mu)), att[..., :mu.shape[2], :], cnn
 
     lost = [snr_db(ref.numpy(), got.numpy()) for ref, got in _stream_chain(loaded, comps, stream, uncached)[0]]
-    assert max(lost) < 40.0, lost  # measured 20.0-24.5 dB
+    print(f"without DiT caches: mel per chunk {[round(d, 1) for d in lost]} dB")
+    assert max(lost) < 40.0, lost
 
 
 # -- placement: where fp16 cannot hold a graph, the targets say so ----------------------------------
