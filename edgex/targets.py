@@ -61,6 +61,13 @@ class Target:
 VLA_ROLES = ("vision", "prefix", "action")
 _CPU = (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))
 _MNN = (Placement("mnn", ("fp32", "fp16")),)
+# MiniCPM-o's HiFT (component `hift`, role decoder) is placed by name in fp32 only: rounding its
+# weights to fp16 alone scores 5.8 dB (tiny; ONNX fp16 4.8 dB, MNN -2.4 dB) against a 30 dB gate,
+# while its fp32 graph holds 73.7 dB. `-p fp16` still builds the fp16 variant on request.
+HIFT_FP32 = {"hift": "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source "
+                     "(tiny: fp16 scheme 5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB)"}
+_MINICPM_Q4 = ("f16 + q8_0; q4_0 on request only (-p q4_0): llama.cpp's q4_0 head scores 21 dB against the same "
+               "q4_0 weights in eager PyTorch (tiny), under the 30 dB lowering gate")
 
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
@@ -101,14 +108,16 @@ TARGETS: dict[str, Target] = {
         Target(
             "cpu",
             "x86/ARM CPU: ExecuTorch XNNPACK .pte and ONNX Runtime .onnx for every component",
-            {**dict.fromkeys(VLA_ROLES, _CPU), "*": _CPU},
-            {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"]},
+            {**dict.fromkeys(VLA_ROLES, _CPU), "*": _CPU,
+             "hift": (Placement("executorch", ("fp32",)), Placement("onnx", ("fp32",)))},
+            {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"], "precision_limits": HIFT_FP32},
         ),
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
-            {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),), "*": _MNN},
-            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"],
+            {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),),
+             "hift": (Placement("mnn", ("fp32",)),), "*": _MNN},
+            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"], "precision_limits": HIFT_FP32,
              "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 18.2 dB in MNN fp16 (lowering; torch "
                                       "fp16 61.6, the same graph's loop with baked time embeddings 65.3): its time "
                                       "frequencies (up to 2 pi / 0.004 = 1571 rad) stored in fp16 are the likely cause, "
@@ -123,9 +132,13 @@ TARGETS: dict[str, Target] = {
             "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
             # Spark-X2.5's q4_0 scores 7-9 dB on the tiny preset (below its 8 dB gate; docs/models.md: 4-bit
             # weights without calibration break it on device too): on request only (`-p q4_0`).
-            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),)},
+            # MiniCPM-o's head (tts_prefill / tts_decode) likewise: its q4_0 fails the 30 dB lowering gate
+            # (tiny: 21.3 / 21.1 dB against its own q4_0 scheme), so it is built on request only.
+            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),),
+             **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("gguf", ("f16", "q8_0")),))},
             {
                 "runtimes": ["llama.cpp (libllama, cpu)"],
+                "precision_limits": {"tts_prefill": _MINICPM_Q4, "tts_decode": _MINICPM_Q4},
                 "not_placed": {
                     "predictor": "llama.cpp runs the code predictor only inside libmtmd, from an mmproj GGUF that must "
                                  "also hold a speaker encoder (mtmd refuses a file without an input encoder); "
@@ -151,6 +164,8 @@ TARGETS: dict[str, Target] = {
                 "vision": (Placement("coreml", ("fp16", "w8")),),
                 "prefix": (Placement("coreml", ("fp16", "w8")),),
                 "action": (Placement("coreml", ("fp32", "fp16")),),
+                "hift": (Placement("coreml", ("fp32",)),),
+                **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("coreml", ("fp16", "w8")),)),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
@@ -161,6 +176,9 @@ TARGETS: dict[str, Target] = {
                 "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU",
                                   "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE", "action": "CPU_AND_GPU"},
                 "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
+                "precision_limits": {**HIFT_FP32, **dict.fromkeys(("tts_prefill", "tts_decode"), (
+                    "fp16 + w8; w4 on request only (-p w4): the w4 program's logits score 20.2 dB against the same "
+                    "int4 weights in eager PyTorch (tiny tts_decode; its K/V 55-63 dB), under the 30 dB lowering gate"))},
             },
         ),
     )

@@ -4,6 +4,7 @@ MiniCPMTTS code on the same weights, the vocoder references are the official ent
 buffer slice, 10 steps), a CPU ONNX export passes its gates, and bad checkpoints are one-line errors."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from safetensors.torch import save_file
 from conftest import run_cli
 from edgex.errors import EdgexError
 from edgex.parity.metrics import snr_db
+from edgex.plan import make_plan
 from edgex.recipes import RECIPES
 from edgex.recipes.minicpm_o import flow as flow_graphs
 from edgex.recipes.minicpm_o import hift as hift_graphs
@@ -20,7 +22,10 @@ from edgex.recipes.minicpm_o import tts as tts_graphs
 from edgex.recipes.minicpm_o.checkpoint import load_checkpoint
 from edgex.recipes.minicpm_o.facts import FACTS, ROLES
 from edgex.recipes.minicpm_o.presets import get_preset
+from edgex.recipes.minicpm_o.pipeline import EncoderStream
 from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
+from edgex.recipes.minicpm_o.stream import DiTCaches, EncoderCaches, VocoderStream
+from edgex.targets import TARGETS
 from test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tiny model and its samples
@@ -167,6 +172,86 @@ def test_hift_initial_phase_never_reaches_the_wav(minicpm):
     assert not torch.equal(zero, other)  # the source noise is live
 
 
+# -- the streaming chain against the official streaming path ----------------------------------------
+def _stream_chain(loaded, comps, stream, cfm_call=None):
+    """flow_encoder -> flow_chunk -> hift over the stream's chunks through the runner (the graphs as
+    torch modules), and the official path (inference_chunk's mel, the official HiFT) through the same
+    runner bookkeeping; returns per-chunk (official, graph) mel pairs and the two wavs. `cfm_call`
+    replaces the flow_chunk call (noise, mu, spks, caches -> mel, rows, tails)."""
+    models = loaded.models
+    enc, cfm = comps["flow_encoder"], comps["flow_chunk"]
+    up = int(models.flow.up_rate)
+    encoder_caches = EncoderCaches(stream.setup, stream.prompt_frames, len(models.flow.encoder.encoders),
+                                   enc.metadata["slots"], up)
+    dit_caches = DiTCaches(stream.setup, stream.prompt_frames, cfm.metadata["steps"], cfm.metadata["slots"])
+    hifts = {f: hift_graphs.HiFT(models.hift, f) for f in (50, 50 + hift_graphs.CACHE_FRAMES)}
+    upsample = hifts[50].upsample
+    ours = VocoderStream(lambda mel, *rest: hifts[mel.shape[2]](mel, *rest), upsample)
+    official = VocoderStream(partial(hift_graphs.hift_reference, models.hift, stepaudio2_modules().hifigan_layers),
+                             upsample)
+    gen = torch.Generator().manual_seed(11)
+    mels = []
+    with torch.no_grad():
+        for c, chunk in enumerate(stream.chunks):
+            last = c == len(stream.chunks) - 1
+            tokens, *_, last_flag = chunk["inputs"]
+            mu, new1, new2, cnn = enc.module(tokens, *encoder_caches.inputs(), last_flag)
+            encoder_caches.update(new1, new2, cnn)
+            noise = models.flow.decoder.rand_noise[:, :, dit_caches.offset:dit_caches.offset + mu.shape[2]]
+            mel, rows, tails = (cfm_call or cfm.module)(noise, mu, stream.spks, *dit_caches.inputs())
+            dit_caches.update(rows, tails)
+            hift_noise = torch.randn(1, (mu.shape[2] + hift_graphs.CACHE_FRAMES) * upsample, hift_graphs.HARMONICS,
+                                     generator=gen)
+            ours.push(mel, hift_noise, last)
+            official.push(chunk["mel"], hift_noise, last)
+            mels.append((chunk["mel"], mel))
+    return mels, official.wav(), ours.wav()
+
+
+def test_streaming_chain_against_the_official_streaming_path(minicpm):
+    """A 4-chunk streaming utterance (prompt cache from the official `setup_cache`, then 25 + 3
+    lookahead tokens per call, the last without lookahead, caches trimmed as Token2wav trims them):
+    flow_encoder -> flow_chunk -> hift composed by the runner vs Token2wav's streaming path."""
+    loaded, comps = minicpm
+    o = loaded.options
+    stream = EncoderStream(loaded.models.flow, o["prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3)
+    mels, official, ours = _stream_chain(loaded, comps, stream)
+    mel_db = [snr_db(ref.numpy(), got.numpy()) for ref, got in mels]
+    wav_db = snr_db(official.numpy(), ours.numpy())
+    print(f"\nstreaming chain, tiny: mel per chunk {[round(d, 1) for d in mel_db]} dB, wav {wav_db:.1f} dB")
+    assert official.shape == ours.shape == (1, (4 * 50 + hift_graphs.CACHE_FRAMES) * 480)  # the last chunk keeps its tail
+    assert min(mel_db) >= 100.0 and wav_db >= FLOOR_DB["hift"]  # the wav: HiFT's float32 phase limit
+    # the same chain with the non-streaming `flow` graph (no DiT caches: each chunk sees only itself)
+    flow_graph = comps["flow"].module
+
+    def uncached(noise, mu, spks, att, cnn, _n):
+        return flow_graph(noise, mu, spks, torch.zeros_like(mu)), att[..., :mu.shape[2], :], cnn
+
+    lost = [snr_db(ref.numpy(), got.numpy()) for ref, got in _stream_chain(loaded, comps, stream, uncached)[0]]
+    print(f"without DiT caches: mel per chunk {[round(d, 1) for d in lost]} dB")
+    assert max(lost) < 40.0, lost
+
+
+# -- placement: where fp16 cannot hold a graph, the targets say so ----------------------------------
+@pytest.mark.parametrize("target", ["cpu", "mnn", "apple", "s25-htp"])
+def test_hift_is_placed_in_fp32_only_and_the_target_says_why(tmp_path, target):
+    jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=["hift"]).jobs
+    assert jobs and {j.precision for j in jobs} == {"fp32"}
+    reason = TARGETS[target].facts.get("precision_limits", {}).get("hift", "")
+    assert "5.8 dB" in reason or target == "s25-htp"  # the HTP targets place every decoder in fp32 on the GPU
+    if target != "s25-htp":  # fp16 still builds on request
+        assert {j.precision for j in make_plan("minicpm-o", target, tmp_path, components=["hift"], precisions=["fp16"]).jobs} == {"fp16"}
+
+
+@pytest.mark.parametrize("target, kept, dropped, measured", [("llama-cpp", ("f16", "q8_0"), "q4_0", "21 dB"),
+                                                            ("apple", ("fp16", "w8"), "w4", "20.2 dB")])
+def test_the_head_s_failing_4_bit_scheme_is_on_request_only(tmp_path, target, kept, dropped, measured):
+    jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=["tts_prefill", "tts_decode"]).jobs
+    assert {(j.component, j.precision) for j in jobs} == {(c, p) for c in ("tts_prefill", "tts_decode") for p in kept}
+    assert measured in TARGETS[target].facts["precision_limits"]["tts_decode"]
+    assert dropped in {j.precision for j in make_plan("qwen3-tts", target, tmp_path, preset="tiny").jobs}  # other talkers keep it
+
+
 # -- one CPU export through the CLI ---------------------------------------------------------------
 def test_cpu_onnx_export_passes(tmp_path):
     out = tmp_path / "o"
@@ -248,52 +333,3 @@ def test_bad_checkpoint_is_a_one_line_error_exit_2(minicpm, tmp_path):
     root = _write_checkpoint(tmp_path / "ckpt", minicpm[0].models, skip_file="flow.pt")
     proc = run_cli("export", "minicpm-o", "--checkpoint", str(root), "-c", "flow_step", "--out", str(tmp_path / "o"))
     assert_one_line_error(proc, "missing the vocoder file", "flow.pt")
-
-
-# -- benchmark (not in the suite): `pytest -m benchmark tests/test_minicpm_o.py -s` -----------------
-@pytest.mark.benchmark
-def test_benchmark_4_5_head_and_vocoder_on_cpu(tmp_path):
-    """The `4.5` preset, 2 threads, eager and ONNX Runtime fp32 in the same run: TTS head ms per
-    token (tts_decode) and vocoder ms per second of audio (10 x flow_step + hift over one 50-frame
-    second; the unrolled `flow` graph runs the same DiT calls). Medians of 5 after a warm-up."""
-    import statistics
-    import time
-
-    import numpy as np
-    import onnxruntime as ort
-
-    from edgex.exporters.onnx import OnnxExporter
-
-    torch.set_num_threads(2)
-    recipe = RECIPES.get("minicpm-o")
-    loaded = recipe.load("4.5", None, 0)
-    comps = {c.name: c for c in recipe.components(loaded, ["tts_decode", "flow_step", "hift"])}
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 2
-
-    def median_ms(fn, repeat=5):
-        fn()
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1000)
-        return statistics.median(times)
-
-    rows = {}
-    for name, comp in comps.items():
-        inputs = comp.example_inputs
-        result = OnnxExporter().export(comp, "fp32", tmp_path / f"{name}.onnx")
-        session = ort.InferenceSession(str(result.files[0]), options, providers=["CPUExecutionProvider"])
-        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
-        with torch.no_grad():
-            eager = median_ms(lambda: comp.reference(*inputs))
-        rows[name] = (eager, median_ms(lambda: session.run(None, feed)))
-    steps = loaded.options["steps"]
-    seconds = loaded.options["frames"] / 50
-    head = rows["tts_decode"]
-    vocoder = [(steps * rows["flow_step"][i] + rows["hift"][i]) / seconds for i in (0, 1)]
-    print(f"\nminicpm-o 4.5, 2 threads: TTS head {head[1]:.1f} ms/token ONNX fp32 vs {head[0]:.1f} eager "
-          f"({head[0] / head[1]:.2f}x); vocoder {vocoder[1]:.0f} ms per s of audio ONNX fp32 vs {vocoder[0]:.0f} eager "
-          f"({vocoder[0] / vocoder[1]:.2f}x; flow_step {rows['flow_step'][1]:.1f} ms x {steps}, hift {rows['hift'][1]:.1f} ms)")
-    assert all(np.isfinite(v) for pair in rows.values() for v in pair)

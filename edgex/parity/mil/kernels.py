@@ -88,6 +88,24 @@ def silu(a: dict) -> tuple:
     return (x * (1 / (1 + np.exp(-x))),)
 
 
+def _reduction(reduce: Callable) -> Callable[[dict], tuple]:
+    """coremltools' reduce definitions pass `keep_dims` to numpy as a numpy bool, which numpy 2
+    refuses ("'numpy.bool' object cannot be interpreted as an integer"): the same reduction with
+    plain Python arguments, in the program's dtype."""
+
+    def run(a: dict) -> tuple:
+        x = np.asarray(a["x"])
+        axes = None if a.get("axes") is None else tuple(int(i) for i in np.asarray(a["axes"]).reshape(-1))
+        return (np.asarray(reduce(x, axis=axes, keepdims=bool(a["keep_dims"]))).astype(x.dtype),)
+
+    return run
+
+
+for _name, _reduce in (("reduce_mean", np.mean), ("reduce_sum", np.sum), ("reduce_max", np.max),
+                       ("reduce_min", np.min), ("reduce_prod", np.prod)):
+    KERNELS[_name] = _reduction(_reduce)
+
+
 _DECOMPRESSORS = {  # iOS 18 constexpr op -> the arguments of its coremltools `decompress`
     "constexpr_blockwise_shift_scale": ("data", "scale", "offset"),
     "constexpr_lut_to_dense": ("indices", "lut", "vector_axis"),

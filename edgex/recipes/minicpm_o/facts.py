@@ -3,6 +3,8 @@
 Components (role):
   tts_prefill (talker)   conditioning embeddings (right-padded chunk) -> audio-token logits, KV
   tts_decode (talker)    one audio token, KV-cached -> logits, its KV
+  flow_encoder (decoder) a streaming chunk of 25 + 3 lookahead tokens -> mu (50 frames), conformer caches explicit
+  flow_chunk (decoder)   one streaming chunk of the N-step CFM with the DiT's attention / conv caches explicit
   flow_step (decoder)    one classifier-free-guided Euler step of the DiT (batch 2 inside)
   flow (decoder)         the whole N-step cosine-grid Euler loop, CFM noise as an input
   hift (decoder)         mel -> 24 kHz wav; sine-source phase and noise as inputs, STFT/ISTFT as convs
@@ -18,6 +20,8 @@ from .presets import PRESETS
 ROLES = {
     "tts_prefill": "talker",
     "tts_decode": "talker",
+    "flow_encoder": "decoder",
+    "flow_chunk": "decoder",
     "flow_step": "decoder",
     "flow": "decoder",
     "hift": "decoder",
@@ -30,6 +34,8 @@ FACTS = RecipeFacts(
     components=ROLES,
     options={
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
+        "prompt": RecipeOption("prompt tokens the streaming encoder's caches hold (flow_encoder: prompt + 50 "
+                               "25 Hz rows; default 10)"),
         "frames": RecipeOption("mel frames (50 Hz) per flow / flow_step / hift call (default 50: one 25-token chunk)"),
     },
 )

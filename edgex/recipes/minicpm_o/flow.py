@@ -1,4 +1,5 @@
-"""Token2wav's flow-matching decoder as graphs: one CFG Euler step (`FlowStep`) and the whole loop (`Flow`).
+"""Token2wav's flow-matching decoder as graphs: one CFG Euler step (`FlowStep`), the whole loop
+(`Flow`, non-streaming) and one streaming chunk of the whole loop with the DiT's caches (`FlowChunk`).
 
 The math is written here from the official `DiT` / `CausalConditionalCFM` (stepaudio2 1.0.5) and
 uses only the official modules' parameters, never their forwards (those are the reference):
@@ -11,6 +12,10 @@ uses only the official modules' parameters, never their forwards (those are the 
     v = 1.7 v_cond - 0.7 v_uncond (rate 0.7), x += dt v;
   * schedule: t_span = 1 - cos(pi/2 linspace(0, 1, N + 1)); the loop advances t by dt and takes the
     next dt against the grid, exactly the official recurrence (float32), so the grid is a constant.
+Streaming (`forward_chunk`): each block's attention also sees the cached key | value rows of
+earlier chunks ([new | cache], masked to the real rows; the DiT has no positional encoding) and
+its two causal convs start from the previous chunk's last two input rows instead of zeros; the
+caches are per Euler step and per guidance row.
 The noise is an input: the official non-streaming call slices its construction-time
 `rand_noise` [1, 80, 30000] buffer from frame 0 (streaming: from the cached length), so a runner
 that wants the official output passes that slice.
@@ -59,10 +64,13 @@ def _silu(x):
     return x * torch.sigmoid(x)
 
 
-def _causal_conv(conv: nn.Conv1d, x):
-    """[B, T, C] -> [B, T, C'], left-padded by kernel - 1."""
-    y = F.conv1d(F.pad(x.transpose(1, 2), (conv.kernel_size[0] - 1, 0)), conv.weight, conv.bias)
-    return y.transpose(1, 2)
+def _causal_conv(conv: nn.Conv1d, x, cache=None):
+    """[B, T, C] -> [B, T, C'] and the last kernel - 1 input rows; left-padded by those rows of the
+    previous chunk (`cache` [B, kernel - 1, C]) or by zeros."""
+    pad = conv.kernel_size[0] - 1
+    x = F.pad(x, (0, 0, pad, 0)) if cache is None else torch.cat((cache, x), dim=1)
+    y = F.conv1d(x.transpose(1, 2), conv.weight, conv.bias)
+    return y.transpose(1, 2), x[:, -pad:]
 
 
 class DiTVelocity(nn.Module):
@@ -75,7 +83,10 @@ class DiTVelocity(nn.Module):
         self.register_buffer("freqs", torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half),
                              persistent=False)
 
-    def _attention(self, attn, x):
+    def _attention(self, attn, x, cache=None, keep=None):
+        """Self-attention of the call's frames; with `cache` [B, H, S, 2 hd] (key | value rows of
+        earlier chunks, `keep` [S + T] marking the real ones) the keys are [new | cache], the
+        official streaming order. Returns the output and the new rows' key | value."""
         b, t, _ = x.shape
         heads, hd = attn.num_heads, attn.head_dim
 
@@ -83,17 +94,29 @@ class DiTVelocity(nn.Module):
             return _layer_norm(lin(x).reshape(b, t, heads, hd).transpose(1, 2), norm, norm.eps)
 
         q, k, v = split(attn.to_q, attn.q_norm), split(attn.to_k, attn.k_norm), attn.to_v(x).reshape(b, t, heads, hd).transpose(1, 2)
+        new = torch.cat((k, v), dim=-1)
+        if cache is not None:
+            k, v = torch.cat((k, cache[..., :hd]), dim=2), torch.cat((v, cache[..., hd:]), dim=2)
         scores = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, heads * hd)
-        return attn.proj(out)
+        return attn.proj(out), new
 
-    def _conv_block(self, block, x):
+    def _conv_block(self, block, x, cache=None):
+        """Two causal k=3 convs; `cache` [B, C1 + C2, 2]: the last two input rows of each conv from
+        the previous chunk (zeros: the non-streaming left padding). Returns the new cache too."""
         seq = block.block
-        x = _causal_conv(seq[1], x)
+        c1 = seq[1].in_channels
+        first, second = (None, None) if cache is None else (cache[:, :c1].transpose(1, 2), cache[:, c1:].transpose(1, 2))
+        x, tail1 = _causal_conv(seq[1], x, first)
         x = _mish(_layer_norm(x, seq[3], seq[3].eps))
-        return _causal_conv(seq[6], x)
+        x, tail2 = _causal_conv(seq[6], x, second)
+        return x, torch.cat((tail1, tail2), dim=2).transpose(1, 2)
 
-    def forward(self, x, mu, spks, cond, t):
+    def forward(self, x, mu, spks, cond, t, att_cache=None, cnn_cache=None, keep=None):
+        """Velocity; with the streaming caches (per block: att_cache [depth, B, H, S, 2 hd], cnn_cache
+        [depth, B, 2 C, 2], `keep` the real key slots) it also returns each block's new rows."""
         est = self.est
         args = (t * T_SCALE)[:, None] * self.freqs[None]
         mlp = est.t_embedder.mlp
@@ -101,15 +124,24 @@ class DiTVelocity(nn.Module):
         frames = x.shape[2]
         h = torch.cat((x, mu, spks[:, :, None].expand(-1, -1, frames), cond), dim=1).transpose(1, 2)
         h = est.in_proj(h)
-        for blk in est.blocks:
+        new_att, new_cnn = [], []
+        for i, blk in enumerate(est.blocks):
             mod = blk.adaLN_modulation[1](_silu(c)).chunk(9, dim=-1)
             shift_a, scale_a, gate_a, shift_m, scale_m, gate_m, shift_c, scale_c, gate_c = mod
-            h = h + gate_a * self._attention(blk.attn, _layer_norm(h) * (1 + scale_a) + shift_a)
-            h = h + gate_c * self._conv_block(blk.conv, _layer_norm(h) * (1 + scale_c) + shift_c)
+            streaming = att_cache is not None
+            out, rows = self._attention(blk.attn, _layer_norm(h) * (1 + scale_a) + shift_a,
+                                        att_cache[i] if streaming else None, keep)
+            h = h + gate_a * out
+            out, tail = self._conv_block(blk.conv, _layer_norm(h) * (1 + scale_c) + shift_c,
+                                         cnn_cache[i] if streaming else None)
+            h = h + gate_c * out
             h = h + gate_m * blk.mlp.fc2(_gelu_tanh(blk.mlp.fc1(_layer_norm(h) * (1 + scale_m) + shift_m)))
+            new_att.append(rows)
+            new_cnn.append(tail)
         final = est.final_layer
         shift, scale = final.adaLN_modulation[1](_silu(c)).chunk(2, dim=-1)
-        return final.linear(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
+        v = final.linear(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
+        return (v, torch.stack(new_att), torch.stack(new_cnn)) if att_cache is not None else v
 
 
 class _Guided(nn.Module):
@@ -118,12 +150,14 @@ class _Guided(nn.Module):
         self.velocity = DiTVelocity(cfm.estimator)
         self.rate = float(cfm.inference_cfg_rate)
 
-    def step(self, x, mu, spks, cond, t, dt):
-        both = self.velocity(torch.cat((x, x)), torch.cat((mu, torch.zeros_like(mu))),
-                             torch.cat((spks, torch.zeros_like(spks))), torch.cat((cond, torch.zeros_like(cond))),
-                             torch.cat((t, t)))
+    def step(self, x, mu, spks, cond, t, dt, att_cache=None, cnn_cache=None, keep=None):
+        out = self.velocity(torch.cat((x, x)), torch.cat((mu, torch.zeros_like(mu))),
+                            torch.cat((spks, torch.zeros_like(spks))), torch.cat((cond, torch.zeros_like(cond))),
+                            torch.cat((t, t)), att_cache, cnn_cache, keep)
+        both, rows = (out, None) if att_cache is None else (out[0], out[1:])
         v_cond, v_uncond = both[:1], both[1:]
-        return x + dt * ((1.0 + self.rate) * v_cond - self.rate * v_uncond)
+        x = x + dt * ((1.0 + self.rate) * v_cond - self.rate * v_uncond)
+        return x if rows is None else (x, *rows)
 
 
 class FlowStep(_Guided):
@@ -145,6 +179,47 @@ class Flow(_Guided):
         for t, dt in self.schedule:
             x = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype))
         return x
+
+
+class FlowChunk(_Guided):
+    """One streaming chunk of the CFM (what `CausalConditionalCFM.forward_chunk` computes): noise,
+    mu [1, 80, T], spks [1, 80], att_cache [N, depth, 2, H, S, 2 hd] (per Euler step and block,
+    both guidance rows: key | value of earlier frames, the first `cache_len` slots real, newest
+    first as the official cache grows), cnn_cache [N, depth, 2, 2 C, 2], cache_len [1] -> mel
+    [1, 80, T], the new rows [N, depth, 2, H, T, 2 hd] and the new cnn_cache. The condition is zero
+    (Token2wav's streaming call passes zeros; the prompt reaches the DiT through the caches)."""
+
+    def __init__(self, cfm: nn.Module, steps: int, slots: int):
+        super().__init__(cfm)
+        self.schedule = cosine_schedule(steps)
+        self.slots = slots
+
+    def forward(self, noise, mu, spks, att_cache, cnn_cache, cache_len):
+        frames = noise.shape[2]
+        keep = torch.cat((torch.ones(frames, dtype=torch.bool), torch.arange(self.slots) < cache_len))
+        x, cond, rows, tails = noise, torch.zeros_like(mu), [], []
+        for i, (t, dt) in enumerate(self.schedule):
+            x, new, tail = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype),
+                                     att_cache[i], cnn_cache[i], keep)
+            rows.append(new)
+            tails.append(tail)
+        return x, torch.stack(rows), torch.stack(tails)
+
+
+@torch.no_grad()
+def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cache_len):
+    """The official `CausalConditionalCFM.forward_chunk` on the real cache rows, its noise buffer
+    holding `noise` where the call slices it (from the cache length); the rows it wrote (the first
+    T of its returned attention cache) and its conv cache."""
+    n = int(cache_len.reshape(-1)[0])
+    kept = cfm.rand_noise
+    cfm.rand_noise = torch.cat((torch.zeros(1, noise.shape[1], n), noise), dim=2)
+    try:
+        mel, cnn, att = cfm.forward_chunk(mu, spks, torch.zeros_like(mu), n_timesteps=steps,
+                                          cnn_cache=cnn_cache if n else None, att_cache=att_cache[..., :n, :] if n else None)
+    finally:
+        cfm.rand_noise = kept
+    return mel, att[:steps, ..., :noise.shape[2], :].clone(), cnn[:steps].clone()
 
 
 @torch.no_grad()

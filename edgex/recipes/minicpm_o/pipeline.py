@@ -83,3 +83,61 @@ class VocoderUtterance:
             self.states.append((x, self.mu, self.spks, self.cond, t, dt))
             x = step_reference(cfm, x, self.mu, self.spks, self.cond, t, dt)[0]
         self.mel = x
+
+
+SILENCE_TOKEN = 4218  # what Token2wav's `set_stream_cache` appends to the prompt as its lookahead
+
+
+class EncoderStream:
+    """A streaming utterance through the official flow model, as Token2wav's `set_stream_cache` /
+    `stream` drive it: the prompt (`prompt` random tokens + 3 silence tokens, its mel, a speaker)
+    through `setup_cache`, then `chunks` calls of 25 + 3 lookahead tokens through
+    `inference_chunk` (the last one without lookahead), the attention caches trimmed to the prompt
+    + 100 frames after each call exactly as `stream` trims them. Records the state after the
+    prompt (`setup`) and per chunk the `flow_encoder` graph's inputs (caches right-aligned in
+    `slots` 25 Hz slots), the `flow_chunk` graph's inputs (the official mu of the call, the DiT
+    caches left-aligned in 2 `slots` frames) and the official mel."""
+
+    @torch.no_grad()
+    def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int):
+        from .encoder import CHUNK, LOOKAHEAD
+
+        gen = torch.Generator().manual_seed(seed)
+        up = int(flow.up_rate)
+        self.prompt_frames = prompt * up
+        prompt_ids = torch.randint(0, flow.vocab_size, (1, prompt), generator=gen)
+        self.tokens = torch.randint(0, flow.vocab_size, (1, chunks * CHUNK), generator=gen)
+        prompt_mel = torch.randn(1, self.prompt_frames, flow.output_size, generator=gen) * 2.0 - 5.0
+        self.speaker = torch.randn(1, flow.spk_embed_affine_layer.in_features, generator=gen)
+        self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
+        pad = torch.full((1, LOOKAHEAD), SILENCE_TOKEN)
+        cache = flow.setup_cache(torch.cat((prompt_ids, pad), dim=1), prompt_mel, self.speaker, n_timesteps=steps)
+        self.setup = {k: v.clone() for k, v in cache.items()}
+        self.chunks = []  # per chunk: encoder inputs, flow_chunk inputs, official mel
+        layers1 = len(flow.encoder.encoders)
+        mus = []  # the official mu of each call, as `inference_chunk` hands it to the CFM
+        hook = flow.encoder_proj.register_forward_hook(lambda _m, _i, out: mus.append(out.transpose(1, 2).contiguous()))
+        try:
+            self._chunks(flow, cache, chunks, slots, steps, up, layers1)
+        finally:
+            hook.remove()
+        for chunk, mu in zip(self.chunks, mus):
+            chunk["flow_inputs"] = (chunk["flow_inputs"][0], mu, *chunk["flow_inputs"][1:])
+
+    def _chunks(self, flow, cache, chunks, slots, steps, up, layers1):
+        from .encoder import CHUNK, LOOKAHEAD, dit_caches, graph_caches, trim_time
+
+        for c in range(chunks):
+            last = c == chunks - 1
+            ids = self.tokens[:, c * CHUNK:(c + 1) * CHUNK + (0 if last else LOOKAHEAD)]
+            att1, att2, n = graph_caches(cache["conformer_att_cache"], layers1, slots, up)
+            graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
+            inputs = (graph_ids, att1, att2, cache["conformer_cnn_cache"].clone(), n, torch.tensor([1.0 if last else 0.0]))
+            dit = dit_caches(cache["estimator_att_cache"], cache["estimator_cnn_cache"], steps, up * slots)
+            offset = int(dit[2])
+            noise = flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone()
+            mel, cache = flow.inference_chunk(ids, self.speaker, {k: v.clone() for k, v in cache.items()},
+                                              last_chunk=last, n_timesteps=steps)
+            self.chunks.append({"inputs": inputs, "flow_inputs": (noise, self.spks, *dit), "mel": mel})
+            cache["estimator_att_cache"] = trim_time(cache["estimator_att_cache"], 4, self.prompt_frames)
+            cache["conformer_att_cache"] = trim_time(cache["conformer_att_cache"], 3, self.prompt_frames)

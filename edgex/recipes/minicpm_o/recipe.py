@@ -14,11 +14,11 @@ from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, Te
 from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
-from . import flow, hift, tts
+from . import encoder, flow, hift, tts
 from .facts import FACTS, ROLES
 from .gguf import DECODE_FEED, PREFILL_FEED, head_layout
 from .models import build_from_preset
-from .pipeline import HeadUtterance, VocoderUtterance
+from .pipeline import EncoderStream, HeadUtterance, VocoderUtterance
 from .presets import get_preset
 from .stepaudio2_import import stepaudio2_modules
 
@@ -27,6 +27,8 @@ _HEAD_SIZES = {"tiny": (16, 64)}
 _REAL_HEAD_SIZES = (64, 512)
 DECODE_STEPS = 12  # audio tokens recorded per sample utterance
 DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
+DEFAULT_PROMPT = 10  # prompt tokens of the streaming samples (0.4 s)
+STREAM_CHUNKS = 4  # chunks per streaming sample utterance
 
 
 def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
@@ -47,7 +49,8 @@ class MiniCPMORecipe(Recipe):
             name = preset or self.default_preset
             models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
         built = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed,
-                 "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES)}
+                 "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES),
+                 "prompt": options.get("prompt", DEFAULT_PROMPT)}
         return LoadedModel(self.name, models, models.source, built)
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
@@ -71,6 +74,7 @@ class _ComponentBuilder:
         self._calibration_seed = seed + 1000
         self._heads: dict[str, HeadUtterance] = {}
         self._vocoder: dict[str, VocoderUtterance] = {}
+        self._streams: dict[str, EncoderStream] = {}
 
     def _seed(self, which: str) -> int:
         return self._seeds.get(which, self._calibration_seed + int(which.removeprefix("cal")) if which.startswith("cal") else 0)
@@ -88,6 +92,19 @@ class _ComponentBuilder:
             self._vocoder[which] = VocoderUtterance(self.models.flow, o["frames"], o["steps"], self._seed(which),
                                                     official_noise=which == "a")
         return self._vocoder[which]
+
+    @property
+    def encoder_slots(self) -> int:
+        """25 Hz encoder cache rows the streaming graph holds: the prompt + 50 (Token2wav keeps the
+        prompt + 100 frames at 50 Hz after each call)."""
+        return self.options["prompt"] + 50
+
+    def stream(self, which: str) -> EncoderStream:
+        if which not in self._streams:
+            o = self.options
+            self._streams[which] = EncoderStream(self.models.flow, o["prompt"], STREAM_CHUNKS, self.encoder_slots,
+                                                 o["steps"], self._seed(which))
+        return self._streams[which]
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
                    calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, **metadata) -> Component:
@@ -138,6 +155,36 @@ class _ComponentBuilder:
             self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
             layouts={"gguf": head_layout(head, DECODE_FEED)},
             max_context=self.options["max_context"],
+        )
+
+    # -- Token2wav streaming token encoder ----------------------------------------------------
+    def flow_encoder(self) -> Component:
+        flow_model = self.models.flow
+        return self._component(
+            "flow_encoder", encoder.FlowEncoder(flow_model, self.encoder_slots),
+            ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "last_chunk"],
+            [("mu", SIGNAL), ("new_att1", SIGNAL), ("new_att2", SIGNAL), ("new_cnn_cache", SIGNAL)],
+            partial(encoder.encoder_reference, flow_model),
+            {"utterance_a_chunk0": self.stream("a").chunks[0]["inputs"],
+             "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["inputs"],
+             "utterance_b_chunk1": self.stream("b").chunks[1]["inputs"]},
+            self._draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
+            calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, prompt_tokens=self.options["prompt"],
+        )
+
+    def flow_chunk(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+        slots = int(self.models.flow.up_rate) * self.encoder_slots
+        return self._component(
+            "flow_chunk", flow.FlowChunk(cfm, steps, slots),
+            ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len"],
+            [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
+            partial(flow.chunk_reference, cfm, steps),
+            {"utterance_a_chunk0": self.stream("a").chunks[0]["flow_inputs"],
+             "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["flow_inputs"],
+             "utterance_b_chunk1": self.stream("b").chunks[1]["flow_inputs"]},
+            self._draw(lambda u, k: self.stream(u).chunks[k]["flow_inputs"], STREAM_CHUNKS),
+            calibration_size=STREAM_CHUNKS, steps=steps, slots=slots,
         )
 
     # -- Token2wav flow matching ------------------------------------------------------------
