@@ -66,3 +66,38 @@ def attention(mha: nn.MultiheadAttention, query, key, value):
     out = scores.softmax(-1) @ split(v)  # [B, H, S, Dh]
     out = out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], d)
     return mha.out_proj(out)
+
+
+MASKED = -1e4  # a masked attention score: finite, so fp16 graphs keep it (exp underflows to 0 all the same)
+
+
+def grouped_attention(q, k, v, allowed, kv_heads: int):
+    """Grouped-query attention with a boolean mask, as the flow VLAs' VLM and action expert compute
+    it: q [1, S, H, D], k/v [1, T, KV, D], allowed [1, S, T] -> [1, S, H * D]."""
+    group = q.shape[2] // kv_heads
+    k = k.repeat_interleave(group, 2)
+    v = v.repeat_interleave(group, 2)
+    scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5  # [1, H, S, T]
+    scores = torch.where(allowed[:, None], scores, torch.full_like(scores, MASKED))
+    out = scores.softmax(-1) @ v.transpose(1, 2)  # [1, H, S, D]
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def gelu_tanh(x):
+    """The tanh-approximated GELU (SigLIP's, Gemma's) as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)),
+    the same function as 0.5 x (1 + tanh(...)). Not `F.gelu(approximate="tanh")`: ExecuTorch 1.5.1's
+    XNNPACK delegate lowers that op as the exact (erf) GELU, which cost SmolVLA's vision encoder 50 dB
+    (76 dB instead of >= 125 dB in fp32; docs/toolchains.md)."""
+    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+
+
+def siglip_layer(layer, x, heads: int):
+    """One SigLIP encoder layer (transformers' module, eval) as plain ops: x [1, N, width]."""
+    a = layer.self_attn
+    h = layer.layer_norm1(x)
+    split = (1, x.shape[1], heads, -1)
+    q, k, v = a.q_proj(h).reshape(split), a.k_proj(h).reshape(split), a.v_proj(h).reshape(split)
+    scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5
+    out = (scores.softmax(-1) @ v.transpose(1, 2)).transpose(1, 2).reshape(x.shape)
+    x = x + a.out_proj(out)
+    return x + layer.mlp.fc2(gelu_tanh(layer.mlp.fc1(layer.layer_norm2(x))))

@@ -26,9 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._lerobot.graph_ops import Affine, mode_of
+from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, mode_of, siglip_layer
 
-_MASKED = -1e4
 _ROPE_THETA = 10_000.0
 
 
@@ -49,19 +48,8 @@ def _rope(x, positions):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-def _attend(q, k, v, allowed, kv_heads: int):
-    """q [1, S, H, D], k/v [1, T, KV, D], allowed [1, S, T] bool -> [1, S, H * D]."""
-    group = q.shape[2] // kv_heads
-    k = k.repeat_interleave(group, 2)
-    v = v.repeat_interleave(group, 2)
-    scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5  # [1, H, S, T]
-    scores = torch.where(allowed[:, None], scores, torch.full_like(scores, _MASKED))
-    out = scores.softmax(-1) @ v.transpose(1, 2)  # [1, H, S, D]
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
-
-
 def _mlp(mlp, x):
-    return mlp.down_proj(F.gelu(mlp.gate_proj(x), approximate="tanh") * mlp.up_proj(x))
+    return mlp.down_proj(gelu_tanh(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def _layer(layer, h, positions, past_k, past_v, allowed, kv_heads):
@@ -74,7 +62,7 @@ def _layer(layer, h, positions, past_k, past_v, allowed, kv_heads):
     v = at.v_proj(e).reshape(shape)
     keys = k if past_k is None else torch.cat([past_k, k], 1)
     values = v if past_v is None else torch.cat([past_v, v], 1)
-    h = h + at.o_proj(_attend(q, keys, values, allowed, kv_heads))
+    h = h + at.o_proj(grouped_attention(q, keys, values, allowed, kv_heads))
     return h + _mlp(layer.mlp, _rms(layer.post_attention_layernorm, h)), k, v
 
 
@@ -95,16 +83,6 @@ class PI0Vision(nn.Module):
             top, left = (height - self.resized[0]) // 2, (width - self.resized[1]) // 2
             self.pad = (left, width - self.resized[1] - left, top, height - self.resized[0] - top)
 
-    def _layer(self, layer, x):
-        a = layer.self_attn
-        h = layer.layer_norm1(x)
-        split = (1, x.shape[1], self.heads, -1)
-        q, k, v = a.q_proj(h).reshape(split), a.k_proj(h).reshape(split), a.v_proj(h).reshape(split)
-        scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5
-        out = (scores.softmax(-1) @ v.transpose(1, 2)).transpose(1, 2).reshape(x.shape)
-        x = x + a.out_proj(out)
-        return x + layer.mlp.fc2(F.gelu(layer.mlp.fc1(layer.layer_norm2(x)), approximate="tanh"))
-
     def forward(self, image):
         x = image
         if self.resized is not None:
@@ -117,7 +95,7 @@ class PI0Vision(nn.Module):
         emb = self.vision.embeddings
         x = emb.patch_embedding(x).flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]
         for layer in self.vision.encoder.layers:
-            x = self._layer(layer, x)
+            x = siglip_layer(layer, x, self.heads)
         return self.projector.linear(self.vision.post_layernorm(x))
 
 

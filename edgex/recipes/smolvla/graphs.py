@@ -23,9 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._lerobot.graph_ops import Affine, mode_of
+from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, mode_of, siglip_layer
 
-_MASKED = -1e4
 _ROPE_WAVELENGTH = 10_000.0
 
 
@@ -45,25 +44,6 @@ def _rope(x, positions):
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
-def _attend(q, k, v, allowed, heads: int, kv_heads: int):
-    """q [1, S, H, D], k/v [1, T, KV, D], allowed [1, S, T] bool -> [1, S, H * D]."""
-    group = heads // kv_heads
-    k = k.repeat_interleave(group, 2)
-    v = v.repeat_interleave(group, 2)
-    scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5  # [1, H, S, T]
-    scores = torch.where(allowed[:, None], scores, torch.full_like(scores, _MASKED))
-    out = scores.softmax(-1) @ v.transpose(1, 2)  # [1, H, S, D]
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
-
-
-def _gelu_tanh(x):
-    """SigLIP's tanh-approximated GELU as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), the same
-    function as 0.5 x (1 + tanh(...)). Not `F.gelu(approximate="tanh")`: ExecuTorch 1.5.1's XNNPACK
-    delegate lowers that op as the exact (erf) GELU, which cost the vision encoder 50 dB (76 dB
-    instead of >= 125 dB in fp32; docs/toolchains.md)."""
-    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
 
 
 def _mlp(mlp, x):
@@ -92,23 +72,13 @@ class SmolVLAVision(nn.Module):
         self.register_buffer("positions", torch.from_numpy((rows[:, None] * per_side + cols[None]).reshape(-1)), persistent=False)
         self.text_scale = math.sqrt(vlm.config.text_config.hidden_size)
 
-    def _layer(self, layer, x):
-        a = layer.self_attn
-        h = layer.layer_norm1(x)
-        split = (1, x.shape[1], self.heads, -1)
-        q, k, v = a.q_proj(h).reshape(split), a.k_proj(h).reshape(split), a.v_proj(h).reshape(split)
-        scores = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) * q.shape[-1] ** -0.5
-        out = (scores.softmax(-1) @ v.transpose(1, 2)).transpose(1, 2).reshape(x.shape)
-        x = x + a.out_proj(out)
-        return x + layer.mlp.fc2(_gelu_tanh(layer.mlp.fc1(layer.layer_norm2(x))))
-
     def forward(self, image):
         x = F.interpolate(image, size=self.resized, mode="bilinear", align_corners=False)
         x = F.pad(x, self.pad, value=0.0) * 2.0 - 1.0
         emb = self.vision.embeddings
         x = emb.patch_embedding(x).flatten(2).transpose(1, 2) + emb.position_embedding.weight[self.positions]
         for layer in self.vision.encoder.layers:
-            x = self._layer(layer, x)
+            x = siglip_layer(layer, x, self.heads)
         x = self.vision.post_layernorm(x)
         # pixel shuffle: [1, n*n, d] -> [1, (n/s)^2, d*s*s], as SmolVLM's connector orders it
         n, s, d = int(round(x.shape[1] ** 0.5)), self.scale_factor, x.shape[2]
@@ -157,7 +127,7 @@ class SmolVLAPrefix(nn.Module):
             v = a.v_proj(h).reshape(shape)
             keys.append(k)
             values.append(v)
-            x = x + a.o_proj(_attend(q, k, v, allowed, self.heads, self.kv_heads))
+            x = x + a.o_proj(grouped_attention(q, k, v, allowed, self.kv_heads))
             x = x + _mlp(layer.mlp, _rms(layer.post_attention_layernorm, x))
         return torch.stack(keys), torch.stack(values), valid
 
@@ -215,7 +185,7 @@ class SmolVLAStep(nn.Module):
                 k = at.k_proj(keys[i].reshape(flat)).reshape(1, keys.shape[2], -1, at.head_dim)
                 v = at.v_proj(values[i].reshape(flat)).reshape(1, keys.shape[2], -1, at.head_dim)
                 allowed = prefix_ok
-            h = h + at.o_proj(_attend(q, k, v, allowed, self.heads, self.kv_heads))
+            h = h + at.o_proj(grouped_attention(q, k, v, allowed, self.kv_heads))
             h = h + _mlp(layer.mlp, _rms(layer.post_attention_layernorm, h))
         return m.action_out_proj(_rms(self.expert.norm, h))
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 
 from ...checkpoints import resolve_checkpoint
-from ...component import Component, TensorSpec
+from ...component import Component
 from ...errors import EdgexError
 from .. import RECIPES
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, processors,
                                random_stats, read_config, read_stats, seeded_weights)
+from .._lerobot.builder import FlowBuilder
 from ..base import LoadedModel, Recipe
 from .facts import FACTS, PRESETS, ROLES
 from .graphs import SmolVLALoop, SmolVLAPrefix, SmolVLAStep, SmolVLAVision
@@ -117,16 +118,15 @@ class SmolVLARecipe(Recipe):
         return [getattr(builder, n)() for n in names or ROLES]
 
 
-class Builder:
+class Builder(FlowBuilder):
     """Samples from the eager pipeline: seeded observations -> LeRobot's image tokens and prefix
     K/V -> LeRobot's own Euler trajectory."""
 
+    roles = ROLES
+
     def __init__(self, policy: Policy, seed: int, steps: int):
-        self.p, self.seed, self.steps = policy, seed, steps
-        self.config = policy.config
-        self.model = policy.policy.model
+        super().__init__(policy, seed, steps)
         self.vwe = self.model.vlm_with_expert
-        self._cache: dict = {}
 
     # --- the eager pipeline -------------------------------------------------------------
     def observation(self, seed: int) -> dict:
@@ -202,24 +202,6 @@ class Builder:
         return out
 
     # --- components ---------------------------------------------------------------------
-    def _component(self, name, module, input_names, samples, reference, output_names, description, calibration, metadata):
-        first = next(iter(samples.values()))
-        outs = reference(*first)
-        comp = Component(
-            name, ROLES[name], module.eval(),
-            [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(input_names, first)],
-            [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(output_names, outs)],
-            reference, samples, description=description, metadata=metadata, calibration=calibration)
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        return comp
-
-    def _obs(self, offset: int) -> dict:
-        key = ("obs", offset)
-        if key not in self._cache:
-            self._cache[key] = self.observation(1000 * self.seed + offset)
-        return self._cache[key]
-
     def vision_encoder(self) -> Component:
         cam = self.p.cameras[0]
 
