@@ -34,6 +34,14 @@ from .verify import find_manifest, load_manifest
 
 REPORT = "pipeline.json"
 
+# A free-running pipeline is judged against the eager model, not against the scheme: a token the
+# artifacts sample differently passes only as a near-tie at the level of a faithful lowering (the
+# fp16 and lowering gate, `edgex.parity.gates.LOWERING_DB`), whatever the stage's own gate. A
+# quantized stage's policy gate (8-15 dB) allows tie margins wide enough that a flip made by the
+# scheme passed, and after a flip the rest of the utterance differs: session 7's recommended HTP
+# placement passed in situ with its audio at 0.9 dB against the eager audio.
+IN_SITU_TIE_DB = 30.0
+
 
 @dataclass
 class Stage:
@@ -55,6 +63,11 @@ class Stage:
         outputs = self.session.run(arrays)
         self.times_ms.append((time.perf_counter() - start) * 1000)
         return [np.asarray(o, np.float32) if np.issubdtype(np.asarray(o).dtype, np.floating) else np.asarray(o) for o in outputs]
+
+    @property
+    def tie_db(self) -> float:
+        """The gate whose tie margin decides whether a free-running flip is a near-tie."""
+        return max(self.gate_db, IN_SITU_TIE_DB)
 
     def record(self) -> dict:
         return {"component": self.component, "folder": str(self.folder) if self.folder else None, "format": self.entry["format"], "exporter": self.entry["exporter"],

@@ -100,6 +100,7 @@ def test_a_broken_predictor_artifact_fails_the_pipeline(cpu_export, clean, tmp_p
 
 def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     from edgex.in_situ import Stage
+    from edgex.parity.check import tie_margin
     from edgex.recipes import RECIPES
     from edgex.recipes.spark_x25.runner import numpy_callable
 
@@ -108,16 +109,17 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     components = {c.name: c for c in recipe.components(loaded)}
 
     class Graph:  # the export wrappers stand in for artifacts: the runner and the scoring are under test
-        def __init__(self, module, noise=0.0):
-            self.run_module, self.noise = numpy_callable(module), noise
+        def __init__(self, module, noise=0.0, scale=1.0):
+            self.run_module, self.noise, self.scale = numpy_callable(module), noise, scale
 
         def run(self, inputs):
             outputs = self.run_module(inputs)
-            outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
+            outputs[0] = self.scale * outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
             return outputs
 
-    def stages(noise):
-        return {n: Stage(n, {"io_float_dtype": "float32"}, Graph(components[n].module, noise if n == "decode" else 0.0), 60.0)
+    def stages(noise, scale=1.0, gate=60.0):
+        return {n: Stage(n, {"io_float_dtype": "float32"}, Graph(components[n].module, *((noise, scale) if n == "decode" else ())),
+                         gate if n == "decode" else 60.0)
                 for n in ("prefill", "decode")}
 
     settings = {"frames": 12, "stream_frames": None}
@@ -126,6 +128,15 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     assert good["teacher_forced"]["decode"]["logits_db_min_position"] > 60
     bad = recipe.in_situ(loaded, stages(1.0), settings, lambda _m: None)
     assert any(f.startswith("teacher-forced decode") for f in bad["failures"])
+    # A decode graph whose logits are 1.3x too large scores 10.5 dB: it passes a quantized 10 dB gate
+    # and samples another token at step 2 with an eager margin of 0.22, inside that gate's tie margin
+    # (0.50) but not inside the in-situ one (the 30 dB lowering level, 0.05): the pipeline fails.
+    hot = recipe.in_situ(loaded, stages(0.0, scale=1.3, gate=10.0), settings, lambda _m: None)
+    assert hot["teacher_forced"]["decode"]["logits_db_min_position"] > 10
+    divergence = hot["free_running"]["first_divergence"]
+    assert divergence["tie_db"] == 30.0 and not divergence["tie"]
+    assert divergence["tie_margin"] < divergence["margin"] < tie_margin(10.0, np.ones(1)) * divergence["tie_margin"] / tie_margin(30.0, np.ones(1))
+    assert any(f.startswith("free-running: step") for f in hot["failures"])
 
 
 def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_names(tmp_path):

@@ -94,7 +94,7 @@ class _StepLoop:
     table). `times_ms`: one entry per frame, the sum of its 16 calls."""
 
     def __init__(self, step: Stage, talker):
-        self.step, self.component, self.gate_db = step, step.component, step.gate_db
+        self.step, self.component, self.gate_db, self.tie_db = step, step.component, step.gate_db, step.tie_db
         shapes = {spec["name"]: spec["shape"] for spec in step.entry["inputs"]}
         self.cache_shape = shapes["past_key"]
         predictor_tables = talker.code_predictor.model.codec_embedding
@@ -156,10 +156,10 @@ class _Runner:
         return record
 
 
-def _first_divergence(models, utt: Utterance, run: dict, gates: dict) -> dict | None:
+def _first_divergence(models, utt: Utterance, run: dict, ties: dict) -> dict | None:
     """Where the artifacts' sampled codes first differ from the eager ones, and the eager reference's
     margin there: its own sampling score of its choice minus that of the artifacts' choice, with the
-    tie margin the stage's gate allows (`edgex.parity.check.tie_margin`)."""
+    tie margin the stage's in-situ tie gate allows (`Stage.tie_db`, `edgex.parity.check.tie_margin`)."""
     for f, got in enumerate(run["frames"]):
         rec = utt.frame(f)
         want = torch.cat((rec["code0"], rec["codes"]), dim=1)[0].numpy()
@@ -177,9 +177,9 @@ def _first_divergence(models, utt: Utterance, run: dict, gates: dict) -> dict | 
                 noise, stage = rec["noise"][0, k - 1].numpy(), "code_predictor"
         scores = logits.astype(np.float64) + noise
         margin = float(scores[want[k]] - scores[have[k]])
-        allowed = tie_margin(gates[stage], logits)
+        allowed = tie_margin(ties[stage], logits)
         return {"frame": f, "codebook": k, "stage": stage, "reference": int(want[k]), "artifact": int(have[k]),
-                "margin": margin, "tie_margin": allowed, "tie": margin <= allowed}
+                "margin": margin, "tie_margin": allowed, "tie_db": ties[stage], "tie": margin <= allowed}
     return None
 
 
@@ -269,7 +269,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     free = runner.run(frames, None)
     wav = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(free["codes"])
     artifact_s = time.perf_counter() - started
-    divergence = _first_divergence(models, utt, free, gates)
+    divergence = _first_divergence(models, utt, free, {n: s.tie_db for n, s in stages.items()})
     agreed = frames if divergence is None else divergence["frame"]
     prefix = agreed * SAMPLES_PER_FRAME
     fr = {"frames": frames, "code0_agreement": float(np.mean(free["codes"][0, 0] == eager_codes[0, 0])),

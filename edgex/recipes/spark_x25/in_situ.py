@@ -97,9 +97,9 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         i = differ[0]
         scores = step_logits[i].astype(np.float64) + noise[i]
         margin = float(scores[tokens[i]] - scores[own[i]])
-        allowed = tie_margin(gates["decode"], step_logits[i])
+        allowed = tie_margin(stages["decode"].tie_db, step_logits[i])
         divergence = {"step": i, "reference": tokens[i], "artifact": own[i], "margin": margin, "tie_margin": allowed,
-                      "tie": margin <= allowed}
+                      "tie_db": stages["decode"].tie_db, "tie": margin <= allowed}
         if margin > allowed:
             failures.append(f"free-running: step {i} sampled {own[i]} where the eager model sampled {tokens[i]}, "
                             f"margin {margin:.4g} > tie margin {allowed:.4g}")
