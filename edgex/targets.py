@@ -83,10 +83,14 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     # A flow step's own time embedding (sin / cos of 2 pi t / period, periods from 4e-3) is lost in
     # fp16 arithmetic (`action_step_placement`): that component alone defaults to w8a16.
     step = (Placement("qnn", ("w8a16",), device=f"Hexagon v{arch} HTP"),)
+    # MiniCPM-o's TTS head in fp16 and in w8a16 calibrated on eager head states (tiny: prefill 49.9 / 24.9 dB,
+    # decode 51.7 / 28.4 dB in the HTP simulator).
+    head = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
     return Target(
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
-        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "action_step": step, "*": npu},
+        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "action_step": step,
+         **dict.fromkeys(("tts_prefill", "tts_decode"), head), "*": npu},
         {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
          # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
          "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
