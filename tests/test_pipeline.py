@@ -206,7 +206,9 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
     assert good["free_running"]["codes_agreement"] == 1.0 and good["timing"]["predictor_step_call_ms"] > 0
     bad = recipe.in_situ(loaded, stages(1.0), settings, lambda _m: None)
     assert any(f.startswith("teacher-forced code_predictor_step") for f in bad["failures"])
+    assert any("not a near-tie of the eager scores" in f for f in bad["failures"]), "its own flips on the eager history"
     assert bad["free_running"]["codes_agreement"] < 1.0
+    assert not good["teacher_forced"]["code_predictor"]["flips"]
 
 
 @pytest.mark.benchmark

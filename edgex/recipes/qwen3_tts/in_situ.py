@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ...parity.check import tie_margin
+from ...parity.check import flips, tie_margin
 from ...parity.metrics import snr_db
 from . import predictor, talker
 from .code2wav import receptive_field_frames
@@ -232,7 +232,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         ref_prefill = talker.prefill_reference(models.talker, utt.prefill_embeds)
     tf = {"talker_prefill": {"logits_db": snr_db(ref_prefill[0][:, -1:].numpy(), forced["prefill"][0]),
                              "hidden_db": snr_db(ref_prefill[1][:, -1:].numpy(), forced["prefill"][1])}}
-    hidden_db, logits_db, pred_db, agree = [], [], [], []
+    hidden_db, logits_db, pred_db, agree, tf_flips = [], [], [], [], []
     for f in range(1, frames):  # frame f's talker input is the decode output after frame f - 1
         want = eager_frames[f]["talker_hidden"]
         hidden_db.append(snr_db(want.numpy(), forced["frames"][f]["talker_hidden"]))
@@ -248,9 +248,15 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         eager_predictor_ms.append((time.perf_counter() - start) * 1000)
         pred_db.append(snr_db(ref[1].numpy(), got["predictor_logits"]))
         agree.append(float(np.mean(rec["codes"].numpy() == got["codes"])))
+        # on the eager talker's history, every code the predictor samples must be the eager choice on
+        # its own codes or a near-tie at the in-situ level (one frame's flips are independent of the last's)
+        logits = ref[1].numpy()
+        for flip in flips(logits + rec["noise"].numpy(), logits, got["codes"], stages["code_predictor"].tie_db):
+            tf_flips.append({"frame": f, "codebook": flip.pop("position") + 1, **flip})
     tf["talker_decode"] = {"hidden_db_min": min(hidden_db, default=None), "logits_db_min": min(logits_db, default=None),
                            "hidden_db_median": _median(hidden_db)}
-    tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree))}
+    tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree)),
+                            "flips": tf_flips}
     streamed = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(eager_codes)
     decoder_gate = max(gates["code2latent"], gates["latent2wav"])
     tf["decoder"] = {"wav_db": snr_db(eager_wav, streamed), "gate_db": decoder_gate}
@@ -260,6 +266,12 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                                 ("decoder (code2latent + latent2wav)", tf["decoder"]["wav_db"], decoder_gate)):
         if figure is not None and not figure >= gate:
             failures.append(f"teacher-forced {stage}: {figure:.1f} dB below its {gate:.1f} dB gate")
+    wrong = [x for x in tf_flips if not x["tie"]]
+    if wrong:
+        x = wrong[0]
+        failures.append(f"teacher-forced {stages['code_predictor'].component}: {len(wrong)} sampled code(s) not a near-tie "
+                        f"of the eager scores, first frame {x['frame']} codebook {x['codebook']}: {x['artifact']} for "
+                        f"{x['reference']}, margin {x['margin']:.4g} > tie margin {x['tie_margin']:.4g}")
 
     # (b) free-running: the artifacts sample their own codes from the same noise
     progress("free-running pass")
