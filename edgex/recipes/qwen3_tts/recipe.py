@@ -243,9 +243,21 @@ class _ComponentBuilder:
                 "utterance_b_frames3_100": (self.utt("b").codes[..., 3 : 3 + frames],),
             },
             self._calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
+            tables=self._codebook_tables(),
             context_frames=WINDOW_CONTEXT,
             new_frames=WINDOW_NEW,
         )
+
+    @torch.no_grad()
+    def _codebook_tables(self) -> dict[str, torch.Tensor]:
+        """The RVQ codebooks the decoder graphs gather code rows from, each as the official
+        codebook's own `decode` gives every entry (its running sum over its usage)."""
+        quantizer, tables = self.decoder.quantizer, {}
+        for group in ("rvq_first", "rvq_rest"):
+            for k, vq in enumerate(getattr(quantizer, group).vq.layers):
+                book = vq._codebook
+                tables[f"quantizer.{group}.vq.layers.{k}._codebook"] = book.decode(torch.arange(book.codebook_size))
+        return tables
 
     @torch.no_grad()
     def _latent_sample(self, which: str, chunk: int):
@@ -284,6 +296,7 @@ class _ComponentBuilder:
             },
             self._calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
             written={"key": _last_window_slots, "value": _last_window_slots},
+            tables=self._codebook_tables(),
             chunk_frames=STREAM_CHUNK,
         )
 
