@@ -86,7 +86,7 @@ def main() -> None:
                         row = measure(component, exporter, precision, Path(tmp))
                     except Exception as exc:  # noqa: BLE001 - a table row, not a crash
                         row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
-                rows.append({"model": model, "component": component.name, "scheme": item, **row})
+                rows.append({"model": model, "component": component.name, "format_precision": item, **row})
                 if args.json:  # after every row: a long run cut short keeps what it measured
                     args.json.write_text(json.dumps(rows, indent=1, default=str))
                 if "error" in row:
