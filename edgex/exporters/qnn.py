@@ -318,8 +318,8 @@ class QnnExporter(Exporter):
         i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
-        binary by its rows' bytes and read from there, decoded. Constants not stored contiguously
-        (tiled weights) are not listed."""
+        binary by its rows' bytes and read from there, decoded (a 3-D constant, a stack of tables,
+        by the rows of all of them). Constants not stored contiguously (tiled weights) are not listed."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
@@ -343,9 +343,10 @@ class QnnExporter(Exporter):
         data = _context_binary(files[0]).read_bytes()
         found = {}
         for name, (raw, decode) in encoded.items():
-            stored = _located(data, raw) if raw.ndim == 2 and raw.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
+            rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
+            stored = _located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
             if stored is not None:
-                found[name] = decode(stored)
+                found[name] = decode(stored.reshape(raw.shape))
         return found
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):

@@ -218,7 +218,7 @@ class _ComponentBuilder:
             },
             self._calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
             calibration_size=PREDICTOR_STEPS,  # one set per codebook step: 8 covered only the even ones (step 15: 5.9 dB)
-            tables={"stacked_codec_embedding": self._step_table()},
+            tables={"stacked_codec_embedding": self._step_table(), "stacked_heads": self._step_heads()},
         )
 
     def _step_table(self) -> torch.Tensor:
@@ -228,6 +228,12 @@ class _ComponentBuilder:
         tables = [self.talker.model.codec_embedding.weight[:vocab]]
         tables += [t.weight for t in self.talker.code_predictor.model.codec_embedding[: predictor.GROUPS - 1]]
         return torch.cat(tables)
+
+    def _step_heads(self) -> torch.Tensor:
+        """The output heads a predictor step picks one of per call (head s-1 at step s), stacked in
+        step order, as rows: the samples read 3 of the 15, so the others are read back instead."""
+        heads = self.talker.code_predictor.lm_head
+        return torch.cat([h.weight for h in heads])
 
     # -- Code2Wav ---------------------------------------------------------------------------
     def code2wav(self) -> Component:
