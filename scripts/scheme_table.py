@@ -24,8 +24,8 @@ from edgex.exporters import EXPORTERS
 from edgex.recipes import RECIPES
 from edgex.targets import get_target
 
-SCHEMES = ["executorch:8da8w", "executorch:8da4w", "executorch:w8", "mnn:w8", "mnn:w4", "qnn:w8a16", "qnn:w8a8",
-           "qnn:w4a16", "coreml:w8", "coreml:w4", "gguf:q8_0", "gguf:q4_0"]
+SCHEMES = ["executorch:8da8w", "executorch:8da4w", "executorch:w8", "onnx:8da8w", "onnx:8da4w", "mnn:w8", "mnn:w4",
+           "qnn:w8a16", "qnn:w8a8", "qnn:w4a16", "coreml:w8", "coreml:w4", "gguf:q8_0", "gguf:q4_0"]
 OPTIONS = {"qnn": get_target("s25-htp").exporter_options["qnn"]}
 MODELS = ["qwen3-tts", "spark-x2.5"]
 
@@ -86,15 +86,15 @@ def main() -> None:
                         row = measure(component, exporter, precision, Path(tmp))
                     except Exception as exc:  # noqa: BLE001 - a table row, not a crash
                         row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
-                rows.append({"model": model, "component": component.name, "scheme": item, **row})
+                rows.append({"model": model, "component": component.name, "format_precision": item, **row})
+                if args.json:  # after every row: a long run cut short keeps what it measured
+                    args.json.write_text(json.dumps(rows, indent=1, default=str))
                 if "error" in row:
                     print(f"{label:32} {item:18} error: {row['error']}", flush=True)
                     continue
                 print(f"{label:32} {item:18} {_db(row['e2e'])} {_db(row['scheme'])} {_db(row['lowering']):>8} "
                       f"{_top1(row['e2e_top1']):>7}/{_top1(row['scheme_top1']):<7}  {row['scheme_verdict']}/{row['lowering_verdict']}"
                       f" ({row['scheme_gate']:g}/{row['lowering_gate']:g})  {row['reference']} ({row['seconds']} s)", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
 
 
 if __name__ == "__main__":

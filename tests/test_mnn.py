@@ -95,3 +95,32 @@ def test_missing_mnn_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "MNN", None)  # import MNN -> ImportError
     with pytest.raises(EdgexError, match=r"needs MNN, which is not installed: pip install 'edgex\[mnn\]'"):
         EXPORTERS.get("mnn").check("fp32")
+
+
+@pytest.mark.parametrize("precision", ["w8", "w4"])
+def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, precision):
+    """MNN's converter quantizes a ConvTranspose's weight in its ONNX layout [in, out, k], cut into
+    `out` equal runs (and 32-input blocks for w4), not per output channel. One layer, converted and
+    run by MNN: the scheme reference's weights (`converter_quantized`) reproduce the .mnn's output
+    far beyond any gate, while quantizing per true output channel is no closer than fp32."""
+    import torch
+
+    from edgex.exporters.mnn import _FLAGS, convert, converter_quantized, minmax_asymmetric
+    from edgex.parity.metrics import snr_db
+    from edgex.parity.runtimes.mnn import MnnRuntime
+
+    torch.manual_seed(0)
+    layer = torch.nn.ConvTranspose1d(64, 48, 8, stride=4).eval()
+    x = torch.randn(1, 64, 20)
+    torch.onnx.export(layer, (x,), str(tmp_path / "t.onnx"), dynamo=False, opset_version=17)
+    convert(tmp_path / "t.onnx", tmp_path / "t.mnn", _FLAGS[precision])
+    bits, block = (8, None) if precision == "w8" else (4, 32)
+
+    def output(weight):
+        with torch.no_grad():
+            return torch.nn.functional.conv_transpose1d(x, weight, layer.bias, stride=4).numpy()
+
+    got = MnnRuntime().load([tmp_path / "t.mnn"]).run([x.numpy()])[0].reshape(output(layer.weight).shape)
+    per_output_channel = minmax_asymmetric(layer.weight.transpose(0, 1), bits, block).transpose(0, 1)
+    assert snr_db(output(converter_quantized(layer, bits, block)), got) > 100
+    assert snr_db(output(per_output_channel), got) < snr_db(output(layer.weight), got) + 3 < 60

@@ -75,43 +75,59 @@ def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_update
     assert row["min_snr_db"] < row["threshold_db"] - 20, row
 
 
-def _rows_read(component) -> set[int]:
+def _step_rows_read(component) -> set[int]:
     """Rows of the predictor step's stacked table its parity samples read: step s >= 1 embeds code
     s-1 from rows (s-1) * vocab + code."""
     vocab = component.module.vocab
     return {max(int(step) - 1, 0) * vocab + int(code) for _, code, step, *_ in component.samples.values()}
 
 
+def _codebook_rows_read(component) -> set[int]:
+    """Rows of the last codebook (code 15 of each frame) code2latent's parity samples read."""
+    return {int(c) for codes, *_ in component.samples.values() for c in codes[0, -1]}
+
+
+# component -> (table, rows its parity samples read, formats and precisions the suite's CPU export writes)
+_TABLES = {"code_predictor_step": ("stacked_codec_embedding", _step_rows_read, {(f, p) for f in ("pte", "onnx") for p in ("fp32", "fp16")}),
+           "code2latent": ("quantizer.rvq_rest.vq.layers.14._codebook", _codebook_rows_read, {("pte", "fp32"), ("onnx", "fp32"), ("onnx", "fp16")})}
+
+
 def test_verify_reads_back_embedding_rows_no_parity_sample_reads(export_copy, tiny, tmp_path):
-    """The predictor step's parity samples read 3 of its table's 30720 rows. One row they do not
-    read is negated and scaled x4 inside each written file (.pte constant segment and ONNX data, fp32
-    and fp16; hashes rewritten): every runtime parity figure is unchanged and passes, and verify
-    fails each artifact on that row, read back from the file by the format's own reader."""
-    component = tiny[1]["code_predictor_step"]
-    table = component.tables["stacked_codec_embedding"].detach().numpy()
-    row = max(set(range(table.shape[0])) - _rows_read(component))
+    """The predictor step's parity samples read 3 of its table's 30720 rows, code2latent's 75 of
+    its last codebook's 2048. One row they do not read is negated and scaled x4 inside each written
+    file (.pte constant segment and ONNX data, fp32 and fp16; hashes rewritten): every runtime
+    parity figure is unchanged and passes, and verify fails each artifact on that row, read back
+    from the file by the format's own reader."""
     root = tmp_path / "cpu"
     shutil.copytree(export_copy, root)
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["component"] == "code_predictor_step"]
-    assert {(a["format"], a["precision"]) for a in manifest["artifacts"]} == {(f, p) for f in ("pte", "onnx") for p in ("fp32", "fp16")}
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["component"] in _TABLES]
+    rows = {}
+    for name, (table_name, rows_read, written) in _TABLES.items():
+        component = tiny[1][name]
+        table = component.tables[table_name].detach().numpy()
+        rows[name] = max(set(range(table.shape[0])) - rows_read(component))
+        assert {(a["format"], a["precision"]) for a in manifest["artifacts"] if a["component"] == name} == written
     for entry in manifest["artifacts"]:
+        name = entry["component"]
         assert entry["tensor_parity"]["verdict"] == "pass", entry["tensor_parity"]  # the faithful export read every row back
+        table = tiny[1][name].tables[_TABLES[name][0]].detach().numpy()
         dtype = np.float16 if entry["precision"] == "fp16" else np.float32
-        stored = table[row].astype(dtype).tobytes()
+        stored = table[rows[name]].astype(dtype).tobytes()
         (path,) = [root / r["path"] for r in entry["files"] if stored in (root / r["path"]).read_bytes()]
         raw = path.read_bytes()
         at = raw.index(stored)
-        path.write_bytes(raw[:at] + (table[row] * -4).astype(dtype).tobytes() + raw[at + len(stored):])
+        path.write_bytes(raw[:at] + (table[rows[name]] * -4).astype(dtype).tobytes() + raw[at + len(stored):])
         entry["files"] = [record for r in entry["files"] for record in file_records(root / r["path"], root)]
     (root / "manifest.json").write_text(json.dumps(manifest))
 
     proc = run_cli("verify", str(root), "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert len(report["artifacts"]) == 4
+    assert len(report["artifacts"]) == 7
     for result, entry in zip(report["artifacts"], manifest["artifacts"]):
+        name = entry["component"]
         assert result["files"] == "ok" and result["method"] == "runtime", result
         assert abs(result["min_snr_db"] - entry["parity"]["min_snr_db"]) < 1 and result["min_snr_db"] >= result["threshold_db"]
-        assert result["verdict"] == "fail" and f"stored tensor stacked_codec_embedding (row {row})" in result["problem"], result
+        assert result["verdict"] == "fail" and f"stored tensor {_TABLES[name][0]} (row {rows[name]})" in result["problem"], result
         assert result["tensor_min_snr_db"] < 0, result

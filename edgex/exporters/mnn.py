@@ -12,6 +12,7 @@ gate measures the result.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -67,6 +68,27 @@ def minmax_asymmetric(weight, bits: int, block: int | None):
     return (q * scale + low).reshape(w.shape)
 
 
+def converter_quantized(module, bits: int, block: int | None):
+    """A linear or conv layer's weight as MNN's converter quantizes it (`WeightQuantAndCoding`): the
+    weight buffer as the ONNX graph lays it out, cut into `out_features` / `out_channels` equal
+    chunks (the converter's "per output channel"), each chunk cut further into blocks of `block`
+    input channels times the kernel size when the chunk's input channels divide by `block`, and
+    each block mapped asymmetrically onto 2**bits levels (`minmax_asymmetric`). For a Linear or a
+    Conv a chunk is one output channel; a ConvTranspose's ONNX layout is [in, out / groups, k], so
+    its chunks are runs of that buffer, not output channels (measured on single layers: this model
+    gives 137.5 dB (w8) / 137.9 dB (w4) against the .mnn's output for a ConvTranspose1d 96 -> 48,
+    k 8; quantizing per true output channel gives 46.0 / 22.0, no better than fp32)."""
+    import torch
+    from torch import nn
+
+    weight = module.weight.detach().to(torch.float32)
+    chunks = module.out_features if isinstance(module, nn.Linear) else module.out_channels
+    flat = weight.reshape(chunks, -1)
+    kernel = 1 if isinstance(module, nn.Linear) else math.prod(module.kernel_size)
+    blocked = block if block and (flat.shape[1] // kernel) % block == 0 else None
+    return minmax_asymmetric(flat, bits, blocked * kernel if blocked else None).reshape(weight.shape)
+
+
 @EXPORTERS.register("mnn")
 class MnnExporter(Exporter):
     name = "mnn"
@@ -85,19 +107,23 @@ class MnnExporter(Exporter):
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Same scheme applied in PyTorch: the `.mnn` keeps quantized weights inside its convolution
-        ops' parameters, which MNN's Python API does not expose, so each linear layer's weight is
-        quantized here the way the converter does it (asymmetric min/max, per output channel for
-        `w8`, per block of `W4_BLOCK` inputs for `w4`). MNN dequantizes at load and computes in
-        float, so activations are not quantized."""
+        ops' parameters, which MNN's Python API does not expose, so each linear layer the graph calls
+        and every conv layer of the wrapper is quantized here the way the converter does it
+        (`converter_quantized`). MNN dequantizes at load and computes in float, so activations are
+        not quantized."""
+        from torch import nn
+
         from ..parity.scheme import StoredScheme, StoredWeight, called_modules
 
         if precision not in ("w8", "w4"):
             return super().stored_scheme(component, precision, files)
         bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
         linears = called_modules(component)  # those the ONNX graph has as MatMul with a constant weight
-        weights = {f"{name}.weight": StoredWeight(m.weight, minmax_asymmetric(m.weight, bits, block))
-                   for name, m in component.module.named_modules() if name in linears}
-        return StoredScheme(f"same scheme applied in PyTorch (asymmetric int{bits}, not read from the .mnn)", weights)
+        layers = {name: m for name, m in component.module.named_modules()
+                  if name in linears or isinstance(m, nn.modules.conv._ConvNd)}  # convs: also those applied via F.conv*
+        weights = {f"{name}.weight": StoredWeight(m.weight, converter_quantized(m, bits, block)) for name, m in layers.items()}
+        return StoredScheme(f"same scheme applied in PyTorch (MNN converter's asymmetric int{bits} chunks, not read from the .mnn)",
+                            weights)
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """The `Const` variables of the graph as MNN's expression API loads them (a gather's table is

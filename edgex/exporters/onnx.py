@@ -198,7 +198,7 @@ def read_matmul_nbits(component: Component, path: Path):
 
     model = onnx.load(str(path))
     tensors = {i.name: i for i in model.graph.initializer}
-    modules = dict(component.module.named_modules())
+    modules = dict(component.module.named_modules(remove_duplicate=False))  # a layer may be named by its alias
     weights, activations, notes, seen = {}, {}, [], set()
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.input[1] in seen:

@@ -226,6 +226,29 @@ def _dequantize(q, *, scale, zero, axis: int):
     return ((q.astype(np.float32) - zero) * scale).astype(np.float32)
 
 
+def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
+    """(table, factor) for each float table a Gather reads whose rows are then multiplied by a
+    scalar constant (a token embedding times sqrt(hidden)): the HTP's fp16 graph stores that table
+    already multiplied (measured: SmolVLA's and pi0's prefix, `embed_tokens` x 8 on the tiny
+    preset, rows contiguous in fp16), so it is looked for that way too."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    scalars = {n: float(a.reshape(-1)[0]) for n, a in inits.items() if a.size == 1 and a.dtype.kind == "f"}
+    scalars |= {n.output[0]: float(numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0]) for n in model.graph.node
+                if n.op_type == "Constant" and n.attribute[0].name == "value" and np.prod(n.attribute[0].t.dims) == 1
+                and n.attribute[0].t.data_type in (1, 10)}
+    gathered = {n.output[0]: n.input[0] for n in model.graph.node
+                if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].dtype.kind == "f"}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "Mul" and len(node.input) == 2:
+            for table, factor in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+                if table in gathered and factor in scalars and scalars[factor] not in (0.0, 1.0):
+                    found.append((gathered[table], scalars[factor]))
+    return found
+
+
 def _located(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous: the rows' bytes are searched at up to 64
     places, and the start most found rows agree on (row i at start + i * row bytes) is read back.
@@ -295,8 +318,8 @@ class QnnExporter(Exporter):
         i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
-        binary by its rows' bytes and read from there, decoded. Constants not stored contiguously
-        (tiled weights) are not listed."""
+        binary by its rows' bytes and read from there, decoded (a 3-D constant, a stack of tables,
+        by the rows of all of them). Constants not stored contiguously (tiled weights) are not listed."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
@@ -314,12 +337,16 @@ class QnnExporter(Exporter):
         for name, array in inits.items():
             if name not in encoded and array.dtype.kind == "f":
                 encoded[name] = (array.astype(np.float16), lambda a: a.astype(np.float32))
+        for name, factor in _gathered_then_scaled(model, inits):  # the HTP folds the scale into the table
+            encoded[f"{name} x {factor:g}"] = ((inits[name].astype(np.float32) * factor).astype(np.float16),
+                                              lambda a, factor=factor: a.astype(np.float32) / factor)
         data = _context_binary(files[0]).read_bytes()
         found = {}
         for name, (raw, decode) in encoded.items():
-            stored = _located(data, raw) if raw.ndim == 2 and raw.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
+            rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
+            stored = _located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
             if stored is not None:
-                found[name] = decode(stored)
+                found[name] = decode(stored.reshape(raw.shape))
         return found
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):

@@ -134,7 +134,7 @@ class SchemeReference:
         """The stored weights and activation quantizers in place for the duration; restored after,
         whatever happens (the same tensors serve the fp32 reference and every other artifact)."""
         saved = [(p, p.data) for p, _ in self.swaps]
-        modules = dict(self.component.module.named_modules())
+        modules = dict(self.component.module.named_modules(remove_duplicate=False))
         hooks = []
         try:
             for param, data in self.swaps:
@@ -156,9 +156,12 @@ class SchemeReference:
 def called_modules(component: Component, kind: type[nn.Module] = nn.Linear) -> set[str]:
     """Names of the `kind` modules the export wrapper actually calls: a graph may hold a module it
     reads another way (the predictor step's heads, stacked into one tensor), which a format then
-    stores as a plain constant and a layer-wise quantizer never sees."""
+    stores as a plain constant and a layer-wise quantizer never sees. Every alias is listed: a
+    wrapper that holds a submodule under a second name (the decoders' `transformer`, also
+    `decoder.pre_transformer`) calls it through that name, which is the one an exported graph
+    records (an ONNX node's name scope)."""
     called, hooks = set(), []
-    for name, module in component.module.named_modules():
+    for name, module in component.module.named_modules(remove_duplicate=False):
         if isinstance(module, kind):
             hooks.append(module.register_forward_hook(lambda _m, _a, _o, name=name: called.add(name)))
     try:

@@ -37,7 +37,7 @@ def row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:
 
 def tables_read_back(tables: dict[str, np.ndarray], constants: dict[str, np.ndarray] | None, why: str) -> dict[str, StoredTensor]:
     """Each gather table paired with the constant of the file that stores it: among the constants
-    of its shape (or its transpose), the one closest to it. Names are not matched: converters rename
+    of its shape (or its transpose, or a stack of tables whose rows it is), the one closest to it. Names are not matched: converters rename
     and deduplicate constants, and a table must be found whatever they call it. A table no
     constant holds is reported missing; `constants` None (the format cannot be read back here, `why`)
     leaves every table unverified."""
@@ -49,7 +49,9 @@ def tables_read_back(tables: dict[str, np.ndarray], constants: dict[str, np.ndar
             continue
         best, best_db, where = None, -math.inf, ""
         for key, array in constants.items():
-            for candidate in (array, array.T if array.ndim == 2 else None):
+            # as stored, transposed, or a stack of tables (a [heads, rows, width] constant read as rows)
+            stacked = array.reshape(-1, array.shape[-1]) if array.ndim > 2 else None
+            for candidate in (array, array.T if array.ndim == 2 else None, stacked):
                 if candidate is None or candidate.shape != table.shape:
                     continue
                 db = metrics.snr_db(table, candidate)

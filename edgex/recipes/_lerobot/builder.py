@@ -18,14 +18,15 @@ class FlowBuilder:
         self.model = policy.policy.model
         self._cache: dict = {}
 
-    def _component(self, name, module, input_names, samples, reference, output_names, description, calibration, metadata):
+    def _component(self, name, module, input_names, samples, reference, output_names, description, calibration, metadata,
+                   tables=None):
         first = next(iter(samples.values()))
         outs = reference(*first)
         comp = Component(
             name, self.roles[name], module.eval(),
             [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(input_names, first)],
             [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(output_names, outs)],
-            reference, samples, description=description, metadata=metadata, calibration=calibration)
+            reference, samples, description=description, metadata=metadata, calibration=calibration, tables=tables or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp

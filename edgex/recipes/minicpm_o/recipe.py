@@ -107,7 +107,7 @@ class _ComponentBuilder:
         return self._streams[which]
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, **metadata) -> Component:
+                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, tables=None, **metadata) -> Component:
         first = next(iter(samples.values()))
         with torch.no_grad():
             outputs = reference(*first)
@@ -115,7 +115,7 @@ class _ComponentBuilder:
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
                          calibration=calibration, calibration_size=calibration_size, written=written or {},
-                         layouts=layouts or {})
+                         layouts=layouts or {}, tables=tables or {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -173,6 +173,7 @@ class _ComponentBuilder:
              "utterance_b_chunk1": self.stream("b").chunks[1]["inputs"]},
             self._draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
             calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, prompt_tokens=self.options["prompt"],
+            tables={"input_embedding": flow_model.input_embedding.weight},  # a chunk reads 28 of its rows
         )
 
     def flow_chunk(self) -> Component:

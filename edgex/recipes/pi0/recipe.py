@@ -266,7 +266,8 @@ class Builder(FlowBuilder):
             "prefix", PI0Prefix(self.p.policy), names, samples, reference, ["prefix_key", "prefix_value", "prefix_mask"],
             "image tokens + language tokens/mask -> per-layer K/V of the PaliGemma Gemma (after RoPE) and prefix mask",
             lambda n: [self.prefix_inputs(self._obs(100 + i)) for i in range(n)],
-            {"layers": len(self.pwe.paligemma.model.language_model.layers), "rope_theta": 10000})
+            {"layers": len(self.pwe.paligemma.model.language_model.layers), "rope_theta": 10000},
+            tables={"embed_tokens": self.pwe.paligemma.model.language_model.embed_tokens.weight})
 
     def action_step(self) -> Component:
         def sample(offset, index):

@@ -49,17 +49,25 @@ def _snake(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x + torch.sin(x * alpha) ** 2 / (beta + _SNAKE_EPS)
 
 
-def _dequantize(quantizer: nn.Module, codes: torch.Tensor) -> torch.Tensor:
-    """codes [B, K, T] -> [B, D, T]: the split residual VQ's codebooks (each entry its running sum
-    over its usage), summed per group and projected; the first `n_q_semantic` codes are the first
-    group, the rest the second."""
+def _codebooks(quantizer: nn.Module) -> list[list[torch.Tensor]]:
+    """The split residual VQ's codebooks per group, each entry its running sum over its usage,
+    folded here once: the graph stores and gathers from exactly these tables in every format (left
+    to the exporters, ONNX kept `embedding_sum` and the clamped `cluster_usage` and divided per
+    call, while converters that fold constants store the quotient), so a table's rows can be read
+    back from any file (`Component.tables`)."""
+    return [[(vq._codebook.embedding_sum / torch.clamp(vq._codebook.cluster_usage, min=vq._codebook.epsilon)[:, None]).detach().clone()
+             for vq in group.vq.layers] for group in (quantizer.rvq_first, quantizer.rvq_rest)]
+
+
+def _dequantize(quantizer: nn.Module, tables: list[list[torch.Tensor]], codes: torch.Tensor) -> torch.Tensor:
+    """codes [B, K, T] -> [B, D, T]: each code's codebook entry (`tables`, `_codebooks`), summed per
+    group and projected; the first `n_q_semantic` codes are the first group, the rest the second."""
     first = quantizer.n_q_semantic
     total = None
-    for group, group_codes in ((quantizer.rvq_first, codes[:, :first]), (quantizer.rvq_rest, codes[:, first:])):
+    groups = ((quantizer.rvq_first, codes[:, :first]), (quantizer.rvq_rest, codes[:, first:]))
+    for (group, group_codes), group_tables in zip(groups, tables):
         summed = None
-        for k, vq in enumerate(group.vq.layers):
-            book = vq._codebook
-            table = book.embedding_sum / torch.clamp(book.cluster_usage, min=book.epsilon)[:, None]
+        for k, (vq, table) in enumerate(zip(group.vq.layers, group_tables)):
             entry = vq.project_out(nn.functional.embedding(group_codes[:, k], table))  # [B, T, D]
             summed = entry if summed is None else summed + entry
         projected = group.output_proj(summed.transpose(1, 2))
@@ -115,6 +123,17 @@ class _DecoderGraph(nn.Module):
         self.upsample_per_frame = int(decoder.total_upsample)
         self.register_buffer("inv_freq", rope_inv_freq(decoder.config), persistent=False)
 
+    def _hold_codebooks(self):
+        """For the graphs that take codes: buffers codebook_<group>_<k> (`_codebooks`)."""
+        self._books = []
+        for g, group in enumerate(_codebooks(self.decoder.quantizer)):
+            for k, table in enumerate(group):
+                self.register_buffer(f"codebook_{g}_{k}", table, persistent=False)
+            self._books.append([f"codebook_{g}_{k}" for k in range(len(group))])
+
+    def _quantized(self, codes):
+        return _dequantize(self.decoder.quantizer, [[getattr(self, n) for n in group] for group in self._books], codes)
+
     def _transformer(self, latent, positions, past, mask):
         tr = self.transformer
         hidden = tr.input_proj(latent)
@@ -156,11 +175,12 @@ class Code2WavWindow(_DecoderGraph):
 
     def __init__(self, decoder: nn.Module, new_frames: int):
         super().__init__(decoder)
+        self._hold_codebooks()
         self.new_frames = new_frames
 
     def forward(self, codes):
         frames = codes.shape[-1]
-        quantized = _dequantize(self.decoder.quantizer, codes)
+        quantized = self._quantized(codes)
         latent = _causal_conv(self.decoder.pre_conv, quantized).transpose(1, 2)
         pos = torch.arange(frames)
         valid = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < self.window)
@@ -174,9 +194,13 @@ class Code2Latent(_DecoderGraph):
     past_key/past_value [L, 1, H, window-1, D] -> latent [1, latent_dim, C], conv_state, key, value
     (the rolled caches to feed back). Slots holding frames before 0 are masked by position."""
 
+    def __init__(self, decoder: nn.Module):
+        super().__init__(decoder)
+        self._hold_codebooks()
+
     def forward(self, codes, start, conv_state, past_key, past_value):
         chunk = codes.shape[-1]
-        quantized = _dequantize(self.decoder.quantizer, codes)
+        quantized = self._quantized(codes)
         stacked = torch.cat((conv_state, quantized), dim=-1)
         latent = self.decoder.pre_conv.conv(stacked).transpose(1, 2)
         slots = past_key.shape[3]

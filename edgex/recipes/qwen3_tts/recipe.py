@@ -218,7 +218,7 @@ class _ComponentBuilder:
             },
             self._calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
             calibration_size=PREDICTOR_STEPS,  # one set per codebook step: 8 covered only the even ones (step 15: 5.9 dB)
-            tables={"stacked_codec_embedding": self._step_table()},
+            tables={"stacked_codec_embedding": self._step_table(), "stacked_heads": self._step_heads()},
         )
 
     def _step_table(self) -> torch.Tensor:
@@ -228,6 +228,12 @@ class _ComponentBuilder:
         tables = [self.talker.model.codec_embedding.weight[:vocab]]
         tables += [t.weight for t in self.talker.code_predictor.model.codec_embedding[: predictor.GROUPS - 1]]
         return torch.cat(tables)
+
+    def _step_heads(self) -> torch.Tensor:
+        """The output heads a predictor step picks one of per call (head s-1 at step s), stacked in
+        step order, as rows: the samples read 3 of the 15, so the others are read back instead."""
+        heads = self.talker.code_predictor.lm_head
+        return torch.cat([h.weight for h in heads])
 
     # -- Code2Wav ---------------------------------------------------------------------------
     def code2wav(self) -> Component:
@@ -243,9 +249,21 @@ class _ComponentBuilder:
                 "utterance_b_frames3_100": (self.utt("b").codes[..., 3 : 3 + frames],),
             },
             self._calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
+            tables=self._codebook_tables(),
             context_frames=WINDOW_CONTEXT,
             new_frames=WINDOW_NEW,
         )
+
+    @torch.no_grad()
+    def _codebook_tables(self) -> dict[str, torch.Tensor]:
+        """The RVQ codebooks the decoder graphs gather code rows from, each as the official
+        codebook's own `decode` gives every entry (its running sum over its usage)."""
+        quantizer, tables = self.decoder.quantizer, {}
+        for group in ("rvq_first", "rvq_rest"):
+            for k, vq in enumerate(getattr(quantizer, group).vq.layers):
+                book = vq._codebook
+                tables[f"quantizer.{group}.vq.layers.{k}._codebook"] = book.decode(torch.arange(book.codebook_size))
+        return tables
 
     @torch.no_grad()
     def _latent_sample(self, which: str, chunk: int):
@@ -284,6 +302,7 @@ class _ComponentBuilder:
             },
             self._calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
             written={"key": _last_window_slots, "value": _last_window_slots},
+            tables=self._codebook_tables(),
             chunk_frames=STREAM_CHUNK,
         )
 

@@ -230,7 +230,8 @@ class Builder(FlowBuilder):
             ["prefix_key", "prefix_value", "prefix_mask"],
             "image tokens + language tokens/mask + raw state -> per-layer K/V (after RoPE) and prefix mask (state normalization inside)",
             lambda n: [self.prefix_inputs(self._obs(100 + i)) for i in range(n)],
-            {"layers": self.vwe.num_vlm_layers, "rope_wavelength": 10000, "normalization": "state normalization inside"})
+            {"layers": self.vwe.num_vlm_layers, "rope_wavelength": 10000, "normalization": "state normalization inside"},
+            tables={"embed_tokens": self.vwe.get_vlm_model().text_model.embed_tokens.weight})
 
     def action_step(self) -> Component:
         def sample(offset, index):
