@@ -156,7 +156,8 @@ def module_in(component: Component, dtype: torch.dtype):
     views = [(owner, name, t) for owner in module.modules() for name, t in owner._buffers.items()
              if t is not None and t.is_floating_point() and t.dtype != dtype and t._base is not None]
     tensors = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
-    saved = [(t, t.data) for t in tensors if t.dtype != dtype and t._base is None]
+    replaced = {id(t) for _, _, t in views}
+    saved = [(t, t.data) for t in tensors if t.dtype != dtype and id(t) not in replaced]
     try:
         for t, data in saved:
             t.data = data.to(dtype)
