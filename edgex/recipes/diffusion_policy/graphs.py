@@ -66,8 +66,11 @@ class _Unet(nn.Module):
         super().__init__()
         self.unet, self.film = unet, config.use_film_scale_modulation
         half = config.diffusion_step_embed_dim // 2
-        self.register_buffer("freqs", torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1))).float(),
-                             persistent=False)
+        # [1, half], as the graph reads them: a buffer reshaped in the graph is an Unsqueeze of a constant,
+        # which ONNX Runtime's QDQ quantizer refuses ("Quantization parameter shared mode is not
+        # supported for weight yet"), as it does a Slice of one
+        freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1))).float()
+        self.register_buffer("freqs", freqs[None].clone(), persistent=False)
 
     @staticmethod
     def _conv_block(block, x):
@@ -86,7 +89,7 @@ class _Unet(nn.Module):
 
     def step_embedding(self, timestep):
         """The diffusion step encoder's output [1, E] for timestep [1] (float)."""
-        angle = timestep[:, None] * self.freqs[None]
+        angle = timestep[:, None] * self.freqs
         enc = self.unet.diffusion_step_encoder
         return enc[3](mish(enc[1](torch.cat([angle.sin(), angle.cos()], -1))))
 
@@ -165,7 +168,8 @@ class DiffusionLoop(nn.Module):
         with torch.no_grad():
             embeddings = torch.cat([self.unet.step_embedding(torch.full((1,), float(t))) for t, _, _ in self.schedule])
         self.global_pad = (embeddings.shape[1], 0)
-        self.register_buffer("step_conds", F.pad(embeddings, (0, width - embeddings.shape[1])), persistent=False)
+        for i, row in enumerate(F.pad(embeddings, (0, width - embeddings.shape[1]))):  # one [1, E + G] buffer per step
+            self.register_buffer(f"step_cond_{i}", row[None].clone(), persistent=False)
         self.epsilon = config.prediction_type == "epsilon"
         self.clip = config.clip_sample_range if config.clip_sample else None
         self.start, self.count = config.n_obs_steps - 1, config.n_action_steps
@@ -174,7 +178,7 @@ class DiffusionLoop(nn.Module):
         cond = F.pad(torch.cat([self.state_norm(state), features], -1).flatten(1), self.global_pad)
         x = noise
         for i, (_, a, a_prev) in enumerate(self.schedule):
-            out = self.unet(x, cond + self.step_conds[i:i + 1])
+            out = self.unet(x, cond + getattr(self, f"step_cond_{i}"))
             if self.epsilon:
                 x0, eps = (x - math.sqrt(1 - a) * out) / math.sqrt(a), out
             else:
