@@ -169,6 +169,7 @@ TARGETS: dict[str, Target] = {
                 "vision": (Placement("coreml", ("fp16", "w8")),),
                 "prefix": (Placement("coreml", ("fp16", "w8")),),
                 "action": (Placement("coreml", ("fp32", "fp16")),),
+                "action_step": (Placement("coreml", ("fp32",)),),
                 "hift": (Placement("coreml", ("fp32",)),),
                 **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("coreml", ("fp16", "w8")),)),
             },
@@ -181,6 +182,10 @@ TARGETS: dict[str, Target] = {
                 "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU",
                                   "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE", "action": "CPU_AND_GPU"},
                 "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
+                "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 29.2 dB in Core ML fp16 (lowering 29.3, "
+                                         "scheme 61.6; tiny, MIL interpreter) against the 30 dB gate: its sin / cos time "
+                                         "embedding of t in fp16, as on the HTP and MNN. Built in fp32 (103.5 dB); "
+                                         "--placement action_step=coreml:fp16 builds fp16",
                 "precision_limits": {**HIFT_FP32, **dict.fromkeys(("tts_prefill", "tts_decode"), (
                     "fp16 + w8; w4 on request only (-p w4): the w4 program's logits score 20.2 dB against the same "
                     "int4 weights in eager PyTorch (tiny tts_decode; its K/V 55-63 dB), under the 30 dB lowering gate"))},

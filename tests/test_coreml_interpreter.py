@@ -129,3 +129,40 @@ def test_corrupted_weight_in_saved_package_fails_the_gate(tmp_path):
     report = run_parity(component, EXPORTERS.get("coreml"), files, "float32", "fp16", None, None)
     assert report.method == "simulated" and report.verdict == "fail", report.min_snr_db
     assert report.min_snr_db < 30.0
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_upsample_bilinear_kernel_matches_torch(align):
+    """pi0's vision encoder resizes each camera with F.interpolate (bilinear), which Core ML holds as
+    MIL `upsample_bilinear`: the kernel equals torch's on up- and down-scaling, and a wrong grid
+    (align_corners flipped) does not."""
+    from edgex.parity.mil.kernels import KERNELS
+
+    x = np.random.default_rng(0).random((1, 3, 48, 64), dtype=np.float32)
+    for sh, sw in ((56 / 48, 56 / 48), (0.5, 0.75)):
+        args = {"x": x, "scale_factor_height": sh, "scale_factor_width": sw, "align_corners": align}
+        (out,) = KERNELS["upsample_bilinear"](args)
+        size = (int(48 * sh), int(64 * sw))
+        expected = torch.nn.functional.interpolate(torch.from_numpy(x), size=size, mode="bilinear", align_corners=align).numpy()
+        assert out.shape == expected.shape and np.abs(out - expected).max() < 1e-5
+        (flipped,) = KERNELS["upsample_bilinear"](args | {"align_corners": not align})
+        assert np.abs(flipped - expected).max() > 1e-2
+
+
+class _Reciprocal(torch.nn.Module):
+    def forward(self, x):
+        return x * (1.0 / (10000.0 ** (torch.arange(8, dtype=torch.float32) / 8)))
+
+
+def test_reciprocal_converts_exactly(tmp_path):
+    """coremltools converts aten.reciprocal to MIL `inverse`, whose default epsilon gives 1 / (x + 1e-4)
+    (pi0's RoPE frequencies, fp32 action_step 53.7 dB): the exporter rewrites it to x^-1."""
+    module = _Reciprocal().eval()
+    x = torch.randn(1, 4, 8)
+    component = Component("recip", "decoder", module, [TensorSpec("x", (1, 4, 8), "float32")],
+                          [TensorSpec("y", (1, 4, 8), "float32", SIGNAL)], lambda x: (module(x),), {"a": (x,)})
+    result = EXPORTERS.get("coreml").export(component, "fp32", tmp_path / "recip.fp32.mlpackage")
+    assert "inverse" not in result.details["mil_ops"]
+    (out,) = MilInterpreter(result.files[0]).run([x.numpy()])
+    expected = module(x).numpy()
+    assert np.abs(out - expected).max() <= 1e-6 * np.abs(expected).max()

@@ -145,3 +145,30 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
     assert made[-1] == "onnx", "other weights, another fp32 graph"
     graphs.clear()
     assert not fp32.parent.exists()
+
+
+def test_dlc_check_counts_only_weights_qairt_folds_as_unverified():
+    """A weight missing from the .dlc is a failure unless every node reading it (looking through
+    DequantizeLinear) computes from constants only, which QAIRT folds when it writes the .dlc (ACT's
+    first decoder step, from a constant zero query): the LayerNorm of a constant is folded, a MatMul
+    of the input is not, nor a quantized weight the input's MatMul reads."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    from edgex.exporters.qnn import _folded_constants
+
+    def init(name, shape):
+        return numpy_helper.from_array(np.ones(shape, np.float32), name)
+
+    scale, zero = numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(0), "z")
+    q = numpy_helper.from_array(np.ones((4, 4), np.uint8), "q")
+    nodes = [helper.make_node("LayerNormalization", ["c", "w", "b"], ["y"]),
+             helper.make_node("MatMul", ["x", "m"], ["mx"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"]),
+             helper.make_node("MatMul", ["x", "dq"], ["qx"]),
+             helper.make_node("Add", ["y", "mx"], ["a"]),
+             helper.make_node("Add", ["a", "qx"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
+                              [init("c", (1, 4)), init("w", (4,)), init("b", (4,)), init("m", (4, 4)), q, scale, zero])
+    assert _folded_constants(graph) == {"c", "w", "b"}

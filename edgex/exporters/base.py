@@ -147,13 +147,25 @@ def module_in(component: Component, dtype: torch.dtype):
     """The component's own module with its float parameters and buffers in `dtype` for the
     duration, restored after: not a deep copy. A copy of the 0.6b talker graph duplicated the whole
     talker (its text embedding too, which no talker graph reads), 3 GB of an export's peak memory;
-    in fp32 nothing is copied at all, in fp16 only the half-precision tensors are new."""
-    tensors = [t for t in (*component.module.parameters(), *component.module.buffers()) if t.is_floating_point()]
-    saved = [(t, t.data) for t in tensors if t.dtype != dtype]
+    in fp32 nothing is copied at all, in fp16 only the half-precision tensors are new.
+
+    A buffer that is a view (`scale.reshape(shape)`, LeRobot's `pos_enc.unsqueeze(0)`) keeps its
+    float32 base when its data is swapped, and torch.export refuses the mismatch (`float32 !=
+    float16`): such buffers are replaced by a cast copy in their module and put back after."""
+    module = component.module
+    views = [(owner, name, t) for owner in module.modules() for name, t in owner._buffers.items()
+             if t is not None and t.is_floating_point() and t.dtype != dtype and t._base is not None]
+    tensors = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    replaced = {id(t) for _, _, t in views}
+    saved = [(t, t.data) for t in tensors if t.dtype != dtype and id(t) not in replaced]
     try:
         for t, data in saved:
             t.data = data.to(dtype)
-        yield component.module.eval()
+        for owner, name, t in views:
+            owner._buffers[name] = t.detach().to(dtype).clone()
+        yield module.eval()
     finally:
         for t, data in saved:
             t.data = data
+        for owner, name, t in views:
+            owner._buffers[name] = t

@@ -379,6 +379,7 @@ class QnnExporter(Exporter):
         data = dlc_members(files[0])["model.params.bin"]
         quantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
         scales = {i for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") for i in n.input[1:]}
+        folded = _folded_constants(model.graph)
         found = {}
         for init in model.graph.initializer:
             array = numpy_helper.to_array(init)
@@ -388,8 +389,12 @@ class QnnExporter(Exporter):
             layouts = [array, *(array.transpose(p) for p in _QAIRT_LAYOUTS.get(array.ndim, ()))]
             stored = any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
             values = array.astype(np.float32)
+            if not stored and init.name in folded:
+                found[init.name] = StoredTensor(_FOLDED, None, values, readable=False)
+                continue
             found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
         return found
+
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:
@@ -412,3 +417,30 @@ class QnnExporter(Exporter):
             shutil.move(written[0], dlc)
         dlc_entry = Sidecar([dlc], "qnn-dlc", self.backend, reason=DLC_UNRUN)
         return ExportResult([dest, _context_binary(dest)], "float32", details, sidecars=[dlc_entry])
+
+
+_FOLDED = ("unverified: read only by nodes whose inputs are all constants, which QAIRT folds into new constants when "
+           "it writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
+
+
+def _folded_constants(graph) -> set[str]:
+    """Initializers every reader of which computes from constants only (looking through
+    DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
+    not these inputs. Measured on ACT, whose first decoder layer starts from a constant zero query:
+    its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
+    nor the constants around it."""
+    constant = {i.name for i in graph.initializer}
+    for node in graph.node:  # topological order
+        if all(not i or i in constant for i in node.input):
+            constant.update(node.output)
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+
+    def folded(name: str) -> bool:
+        nodes = readers.get(name, [])
+        return bool(nodes) and all(folded(n.output[0]) if n.op_type == "DequantizeLinear" else
+                                   all(not i or i in constant for i in n.input) for n in nodes)
+
+    return {i.name for i in graph.initializer if folded(i.name)}

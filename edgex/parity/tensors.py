@@ -89,5 +89,5 @@ def tensor_parity(exporter, component: Component, files: list[Path], threshold_d
     verdict = "fail" if lowest is not None and lowest < threshold_db else "unverified" if unverified else "pass"
     block = {"threshold_db": threshold_db, "min_snr_db": lowest, "verdict": verdict, "tensors": tensors}
     if unverified:
-        block["unverified"] = f"rows of {', '.join(unverified)} not read back ({stored[unverified[0]].type.removeprefix('unverified: ')})"
+        block["unverified"] = f"{', '.join(unverified)} not read back ({stored[unverified[0]].type.removeprefix('unverified: ')})"
     return block

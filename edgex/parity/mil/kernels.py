@@ -88,6 +88,41 @@ def silu(a: dict) -> tuple:
     return (x * (1 / (1 + np.exp(-x))),)
 
 
+def _linear_along(x: np.ndarray, axis: int, size: int, align_corners: bool, half_pixel: bool) -> np.ndarray:
+    """Linear interpolation of `x` to `size` samples along `axis`, on the grid MIL's
+    `upsample_bilinear` defines (the spacing recomputed from the output size): corners aligned,
+    half-pixel centres, or neither (grid points i * in / out)."""
+    n = x.shape[axis]
+    i = np.arange(size, dtype=np.float64)
+    if align_corners:
+        grid = i * ((n - 1) / (size - 1)) if size > 1 else np.zeros(size)
+    elif half_pixel:
+        grid = (i + 0.5) * (n / size) - 0.5
+    else:
+        grid = i * (n / size)
+    grid = np.clip(grid, 0, n - 1)
+    low = np.floor(grid).astype(np.int64)
+    high = np.minimum(low + 1, n - 1)
+    shape = [1] * x.ndim
+    shape[axis] = size
+    w = (grid - low).astype(np.float32).reshape(shape)
+    return np.take(x, low, axis) * (1 - w) + np.take(x, high, axis) * w
+
+
+@kernel("upsample_bilinear")
+def upsample_bilinear(a: dict) -> tuple:
+    """Bilinear upsampling of the last two axes by scale factors (output floor(size x factor)), in
+    float32; `half_pixel_centers` (iOS 16) defaults to `not align_corners`."""
+    x = np.asarray(a["x"], np.float32)
+    align = bool(a["align_corners"])
+    half = a.get("half_pixel_centers")
+    half = (not align) if half is None else bool(half)
+    height = int(np.floor(float(a["scale_factor_height"]) * x.shape[-2]))
+    width = int(np.floor(float(a["scale_factor_width"]) * x.shape[-1]))
+    x = _linear_along(x, x.ndim - 2, height, align, half)
+    return (_linear_along(x, x.ndim - 1, width, align, half),)
+
+
 def _reduction(reduce: Callable) -> Callable[[dict], tuple]:
     """coremltools' reduce definitions pass `keep_dims` to numpy as a numpy bool, which numpy 2
     refuses ("'numpy.bool' object cannot be interpreted as an integer"): the same reduction with

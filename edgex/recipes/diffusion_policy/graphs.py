@@ -6,7 +6,7 @@
   prediction, in normalized action space (what a runner looping itself calls).
 - `DiffusionLoop`: (state history [1, n_obs, S] raw, image features [1, n_obs, cams * D], initial
   noise [1, horizon, A]) -> unnormalized actions [1, n_action_steps, A]. Owns the state
-  normalization and the action unnormalization; DDIM with eta 0 and its coefficients baked for the
+  normalization and the action unnormalization; DDIM with eta 0, its coefficients and step embeddings baked for the
   chosen number of steps, so the graph is deterministic given the noise.
 
 The U-Net, spatial softmax and timestep embedding are written here from the policy's weights; the
@@ -52,6 +52,13 @@ def ddim_schedule(config, steps: int) -> list[tuple[int, float, float]]:
     return [(int(t), float(ac[t]), float(ac[t - ratio]) if t - ratio >= 0 else 1.0) for t in timesteps]
 
 
+def mish(x):
+    """Mish, x tanh(softplus(x)), with softplus written as relu(x) + log(1 + exp(-|x|)) (the same
+    function, never overflowing): MNN 3.6.1's converter refuses ONNX `Mish` (`These Op Not Support:
+    ONNX::Mish`), and these elementwise ops lower on every target."""
+    return x * torch.tanh(torch.relu(x) + torch.log(1.0 + torch.exp(-x.abs())))
+
+
 class _Unet(nn.Module):
     """LeRobot's conditional 1-D U-Net, forward written from its layers."""
 
@@ -59,17 +66,20 @@ class _Unet(nn.Module):
         super().__init__()
         self.unet, self.film = unet, config.use_film_scale_modulation
         half = config.diffusion_step_embed_dim // 2
-        self.register_buffer("freqs", torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1))).float(),
-                             persistent=False)
+        # [1, half], as the graph reads them: a buffer reshaped in the graph is an Unsqueeze of a constant,
+        # which ONNX Runtime's QDQ quantizer refuses ("Quantization parameter shared mode is not
+        # supported for weight yet"), as it does a Slice of one
+        freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000) / (half - 1))).float()
+        self.register_buffer("freqs", freqs[None].clone(), persistent=False)
 
     @staticmethod
     def _conv_block(block, x):
         conv, norm, _ = block.block
-        return F.mish(norm(conv(x)))
+        return mish(norm(conv(x)))
 
     def _res(self, res, x, cond):
         out = self._conv_block(res.conv1, x)
-        embed = res.cond_encoder[1](F.mish(cond))[..., None]
+        embed = res.cond_encoder[1](mish(cond))[..., None]
         if self.film:
             out = embed[:, : res.out_channels] * out + embed[:, res.out_channels:]
         else:
@@ -77,13 +87,15 @@ class _Unet(nn.Module):
         out = self._conv_block(res.conv2, out)
         return out + res.residual_conv(x)
 
-    def forward(self, x, timestep, global_cond):
+    def step_embedding(self, timestep):
+        """The diffusion step encoder's output [1, E] for timestep [1] (float)."""
+        angle = timestep[:, None] * self.freqs
+        enc = self.unet.diffusion_step_encoder
+        return enc[3](mish(enc[1](torch.cat([angle.sin(), angle.cos()], -1))))
+
+    def forward(self, x, cond):
+        """x [1, horizon, A] and the conditioning [1, E + G]: step embedding, then global condition."""
         u = self.unet
-        angle = timestep[:, None] * self.freqs[None]
-        t = torch.cat([angle.sin(), angle.cos()], -1)
-        enc = u.diffusion_step_encoder
-        t = enc[3](F.mish(enc[1](t)))
-        cond = torch.cat([t, global_cond], -1)
         x = x.transpose(1, 2)
         skips = []
         for res1, res2, down in u.down_modules:
@@ -133,7 +145,7 @@ class DiffusionStep(nn.Module):
         self.unet = _Unet(policy.diffusion.unet, policy.config)
 
     def forward(self, sample, timestep, global_cond):
-        return self.unet(sample, timestep, global_cond)
+        return self.unet(sample, torch.cat([self.unet.step_embedding(timestep), global_cond], -1))
 
 
 class DiffusionLoop(nn.Module):
@@ -146,15 +158,27 @@ class DiffusionLoop(nn.Module):
         self.action_unnorm = Affine(stats.get("action", {}), mode_of(config, config.action_feature),
                                     config.action_feature.shape, inverse=True)
         self.schedule = ddim_schedule(config, steps)
+        # The step encoder's output for each fixed timestep, computed here once: left in the graph it
+        # is a subgraph of constants only, which QNN's HTP refuses ("Having zero graph inputs is not
+        # supported on this backend"). It is added, zero-padded, to the zero-padded global condition
+        # (the same vector as their concatenation): a constant concatenated with an activation is a
+        # tensor ONNX Runtime's QDQ quantizer cannot give shared parameters ("Quantization parameter
+        # shared mode is not supported for weight yet"). A buffer, so fp16 builds store it rounded.
+        width = policy.diffusion.unet.mid_modules[0].cond_encoder[1].in_features
+        with torch.no_grad():
+            embeddings = torch.cat([self.unet.step_embedding(torch.full((1,), float(t))) for t, _, _ in self.schedule])
+        self.global_pad = (embeddings.shape[1], 0)
+        for i, row in enumerate(F.pad(embeddings, (0, width - embeddings.shape[1]))):  # one [1, E + G] buffer per step
+            self.register_buffer(f"step_cond_{i}", row[None].clone(), persistent=False)
         self.epsilon = config.prediction_type == "epsilon"
         self.clip = config.clip_sample_range if config.clip_sample else None
         self.start, self.count = config.n_obs_steps - 1, config.n_action_steps
 
     def forward(self, state, features, noise):
-        cond = torch.cat([self.state_norm(state), features], -1).flatten(1)
+        cond = F.pad(torch.cat([self.state_norm(state), features], -1).flatten(1), self.global_pad)
         x = noise
-        for t, a, a_prev in self.schedule:
-            out = self.unet(x, torch.full((1,), float(t), dtype=x.dtype), cond)
+        for i, (_, a, a_prev) in enumerate(self.schedule):
+            out = self.unet(x, cond + getattr(self, f"step_cond_{i}"))
             if self.epsilon:
                 x0, eps = (x - math.sqrt(1 - a) * out) / math.sqrt(a), out
             else:
