@@ -26,7 +26,6 @@ eager modules' parameters plus the cache up to the position. floor ms = bytes / 
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import gc
@@ -50,17 +49,6 @@ from edgex.recipes.qwen3_tts.pipeline import AUDIO_CODES, Utterance, padded_cach
 from edgex.recipes.qwen3_tts.predictor import frame_reference
 from edgex.recipes.qwen3_tts.talker import decode_reference
 from edgex.resources import PeakRss
-
-
-def release() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc's malloc keeps them): the
-    0.6b run's RSS rose from step to step (6.6 GB at the first export, 15.5 GB at the GGUF q8_0
-    one) although each step's exports and sessions are dropped before the next."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def bandwidth_gbps(threads: int, gib: int = 1, runs: int = 7) -> float:
@@ -266,7 +254,7 @@ def main(args) -> int:
                 fp32[comp.name] = onnx.export(comp, "fp32", stage / f"{comp.name}.fp32.onnx").files
             fp32_cost[comp.name] = f"{comp.name} {time.perf_counter() - t0:.0f} s / {peak.mb:.0f} MB"
             console.log(f"onnx fp32 export: {fp32_cost[comp.name]}")
-            release()
+            gc.collect()
         for precision in args.onnx.split(","):
             files, costs, reports = {}, [], []
             for comp in (talker_c, predictor_c):
@@ -283,14 +271,14 @@ def main(args) -> int:
                 report = run_parity(comp, onnx, files[comp.name], "float32", precision, None, args.threads)
                 split = f" (scheme {report.scheme['min_snr_db']:.1f} / lowering {report.lowering['min_snr_db']:.1f})" if report.scheme else ""
                 reports.append((report, f"{comp.name} {report.verdict} {report.min_snr_db:.1f} dB{split}"))
-                release()
+                gc.collect()
             talker_s = ort.load(files[talker_c.name], args.threads)
             t_out, t_sec = time_calls(talker_s, talker_inputs)
             del talker_s
             pred_s = ort.load(files[predictor_c.name], args.threads)
             p_out, p_sec = time_calls(pred_s, pred_inputs)
             del pred_s
-            release()
+            gc.collect()
             gate = threshold_db("talker", precision)
             tp = talker_agreement(eager, t_out, gate)
             pp = predictor_agreement(talker, eager, p_out, zeros, threshold_db("predictor", precision))
@@ -316,7 +304,7 @@ def main(args) -> int:
             session = llama.load(files, args.threads)
             t_out, t_sec = time_calls(session, talker_inputs, "llama_decode")
             del session
-            release()
+            gc.collect()
             tp = talker_agreement(eager, t_out, threshold_db("talker", precision))
             gate = (f"talker_decode {report.verdict} {report.min_snr_db:.1f} dB (scheme {report.scheme['min_snr_db']:.1f} / "
                     f"lowering {report.lowering['min_snr_db']:.1f})")
