@@ -6,7 +6,9 @@ the CPU, every engine in one process and one run at a fixed thread count.
 Engines: the eager fp32 model (the official modules: the talker's KV-cached step and the code
 predictor's own loop), edgex's ONNX artifacts of `talker_decode` and `code_predictor` (one graph per
 frame, KV-cached, greedy sampling inside the graph) in every `--onnx` precision, and edgex's talker
-GGUF in llama.cpp in every `--gguf` precision (the predictor is not placed in llama.cpp).
+GGUF in llama.cpp in every `--gguf` precision (the predictor is not placed in llama.cpp). The last
+row, "best frame", is the fastest talker step and the fastest predictor frame of the rows above
+among those that pass their gate with greedy codes equal to eager's or differing only by ties.
 
 Frames come from an eager utterance (greedy, seeded) at talker positions `--context` ..
 `--context + --frames - 1`, teacher-forced: every engine gets the eager history (the talker's KV cache
@@ -102,7 +104,9 @@ def run_eager(frames: Frames, zeros) -> dict:
 
 def onnx_bytes(path: Path, input_bytes: int) -> int:
     """Bytes an ONNX graph reads per call: each node's constant inputs (a Gather reads one row per
-    index: counted as 0 here), plus the graph's tensor inputs."""
+    index: counted as 0 here), plus the graph's tensor inputs. A Transpose of an initializer is
+    folded by ONNX Runtime when the session loads, so its readers are charged the weight's bytes
+    (the fp32 predictor frame reads each layer's weights through one such Transpose, 15 times)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -110,10 +114,13 @@ def onnx_bytes(path: Path, input_bytes: int) -> int:
     for init in model.graph.initializer:
         location = next((e.value for e in init.external_data if e.key == "length"), None)
         sizes[init.name] = int(location) if location is not None else len(init.raw_data) or 4 * int(np.prod(init.dims))
+    folded = {n.output[0]: sizes[n.input[0]] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in sizes}
     total = input_bytes
     for node in model.graph.node:
+        if node.output[0] in folded:
+            continue
         reads = node.input[1:] if node.op_type == "Gather" else node.input
-        total += sum(sizes.get(name, 0) for name in reads)
+        total += sum(sizes.get(name, folded.get(name, 0)) for name in reads)
     return total
 
 
@@ -180,6 +187,36 @@ def summary_of(flipped: list) -> str:
     return f"{len(flipped)} flip(s), {'all ties' if ok else 'NOT ties'}; worst margin {worst['margin']:.4f} vs tie {worst['tie_margin']:.4f}"
 
 
+def part(engine: str, codes: str, seconds: list[float], nbytes: int, agreement: dict, report, gate: str) -> dict:
+    """One component's figures on one engine; `ok`: its gate passed (`report`, run_parity's) and
+    every differing greedy code is a tie of eager's scores."""
+    return dict(engine=engine, ms=1e3 * statistics.median(seconds), bytes=nbytes,
+                parity=f"{codes} {agreement['agree']}/{agreement['total']}; {summary_of(agreement['flips'])}",
+                ok=report.verdict == "pass" and all(f["tie"] for f in agreement["flips"]), gate=gate)
+
+
+def frame_row(engine: str, parts: dict, export: str) -> dict:
+    """A table row from a talker part and, where the engine runs it, a predictor part."""
+    talker, predictor = parts["talker"], parts.get("predictor")
+    return dict(engine=engine, talker_ms=talker["ms"], predictor_ms=predictor and predictor["ms"],
+                frame_ms=predictor and talker["ms"] + predictor["ms"], bytes=talker["bytes"] + (predictor["bytes"] if predictor else 0),
+                talker_parity=talker["parity"], predictor_parity=predictor["parity"] if predictor else "not placed in llama.cpp",
+                gate="; ".join(p["gate"] for p in parts.values()), export=export, parts=parts)
+
+
+def best_frame(rows: list[dict]) -> dict | None:
+    """The fastest talker step and the fastest predictor frame of this run among the artifacts whose
+    gate passed and whose greedy codes equal eager's or differ only by ties, as one frame (the two
+    graphs run one after the other, so the frame is the sum of their medians)."""
+    talkers = [r["parts"]["talker"] for r in rows if r["parts"]["talker"]["ok"]]
+    predictors = [r["parts"]["predictor"] for r in rows if "predictor" in r["parts"] and r["parts"]["predictor"]["ok"]]
+    if not talkers or not predictors:
+        return None
+    talker, predictor = min(talkers, key=lambda p: p["ms"]), min(predictors, key=lambda p: p["ms"])
+    return frame_row(f"best frame: {talker['engine']} talker + {predictor['engine']} predictor",
+                     dict(talker=talker, predictor=predictor), "(the rows above)")
+
+
 def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -219,7 +256,7 @@ def main(args) -> int:
             console.log(f"onnx fp32 export: {fp32_cost[comp.name]}")
             gc.collect()
         for precision in args.onnx.split(","):
-            files, costs, gates = {}, [], []
+            files, costs, reports = {}, [], []
             for comp in (talker_c, predictor_c):
                 t0 = time.perf_counter()
                 if precision == "fp32":
@@ -233,7 +270,7 @@ def main(args) -> int:
                     costs.append(f"{comp.name} {time.perf_counter() - t0:.0f} s / {peak.mb:.0f} MB")
                 report = run_parity(comp, onnx, files[comp.name], "float32", precision, None, args.threads)
                 split = f" (scheme {report.scheme['min_snr_db']:.1f} / lowering {report.lowering['min_snr_db']:.1f})" if report.scheme else ""
-                gates.append(f"{comp.name} {report.verdict} {report.min_snr_db:.1f} dB{split}")
+                reports.append((report, f"{comp.name} {report.verdict} {report.min_snr_db:.1f} dB{split}"))
                 gc.collect()
             talker_s = ort.load(files[talker_c.name], args.threads)
             t_out, t_sec = time_calls(talker_s, talker_inputs)
@@ -246,15 +283,13 @@ def main(args) -> int:
             tp = talker_agreement(eager, t_out, gate)
             pp = predictor_agreement(talker, eager, p_out, zeros, threshold_db("predictor", precision))
             input_b = sum(a.nbytes for a in talker_inputs[0])
-            row = dict(engine=f"edgex ONNX {precision} (talker_decode + code_predictor)", talker_ms=1e3 * statistics.median(t_sec),
-                       predictor_ms=1e3 * statistics.median(p_sec),
-                       bytes=onnx_bytes(files[talker_c.name][0], input_b) + onnx_bytes(files[predictor_c.name][0], 0),
-                       talker_parity=f"code0 {tp['agree']}/{tp['total']}; {summary_of(tp['flips'])}",
-                       predictor_parity=f"codes {pp['agree']}/{pp['total']}; {summary_of(pp['flips'])}",
-                       gate="; ".join(gates), export="; ".join(costs) or "-")
-            row["frame_ms"] = row["talker_ms"] + row["predictor_ms"]
+            parts = dict(talker=part(f"ONNX {precision}", "code0", t_sec, onnx_bytes(files[talker_c.name][0], input_b), tp,
+                                     *reports[0]),
+                         predictor=part(f"ONNX {precision}", "codes", p_sec, onnx_bytes(files[predictor_c.name][0], 0), pp,
+                                        *reports[1]))
+            row = frame_row(f"edgex ONNX {precision} (talker_decode + code_predictor)", parts, "; ".join(costs) or "-")
             rows.append(row)
-            console.print(json.dumps(row), soft_wrap=True)
+            console.print(json.dumps(row, default=str), soft_wrap=True)
         gguf = EXPORTERS.get("gguf")
         llama = RUNTIMES.get(gguf.runtime)
         layout = talker_c.layouts["gguf"]  # fold the 151936 text rows through text_projection once, not per precision
@@ -271,14 +306,17 @@ def main(args) -> int:
             del session
             gc.collect()
             tp = talker_agreement(eager, t_out, threshold_db("talker", precision))
-            row = dict(engine=f"edgex GGUF {precision} talker in llama.cpp (llama_decode)", talker_ms=1e3 * statistics.median(t_sec),
-                       predictor_ms=None, frame_ms=None, bytes=gguf_bytes(files[0], talker, int(np.median(frames.positions))),
-                       talker_parity=f"code0 {tp['agree']}/{tp['total']}; {summary_of(tp['flips'])}",
-                       predictor_parity="not placed in llama.cpp",
-                       gate=f"talker_decode {report.verdict} {report.min_snr_db:.1f} dB (scheme {report.scheme['min_snr_db']:.1f} / "
-                            f"lowering {report.lowering['min_snr_db']:.1f})", export=cost)
+            gate = (f"talker_decode {report.verdict} {report.min_snr_db:.1f} dB (scheme {report.scheme['min_snr_db']:.1f} / "
+                    f"lowering {report.lowering['min_snr_db']:.1f})")
+            talker_part = part(f"GGUF {precision}", "code0", t_sec, gguf_bytes(files[0], talker, int(np.median(frames.positions))),
+                               tp, report, gate)
+            row = frame_row(f"edgex GGUF {precision} talker in llama.cpp (llama_decode)", dict(talker=talker_part), cost)
             rows.append(row)
-            console.print(json.dumps(row), soft_wrap=True)
+            console.print(json.dumps(row, default=str), soft_wrap=True)
+        best = best_frame(rows[1:])
+        if best is not None:
+            rows.append(best)
+            console.print(json.dumps(best, default=str), soft_wrap=True)
 
     eager_frame = rows[0]["frame_ms"]
     eager_talker = rows[0]["talker_ms"]

@@ -186,3 +186,39 @@ def test_matmul_nbits_artifact_is_read_back_and_a_broken_one_fails(talker_decode
     broken = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
     assert broken.verdict == "fail"
     assert broken.scheme["min_snr_db"] < DEFAULT_DB["8da4w"] < good.scheme["min_snr_db"]
+
+
+class _Reused(nn.Module):
+    """One linear layer called twice, too large for onnxscript to fold its weight's Transpose (more
+    than 8192 values with two consumers): the shape of every layer of the unrolled predictor frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(128, 128, bias=False)
+
+    def forward(self, x):
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+def test_matmul_nbits_quantizes_a_layer_the_graph_calls_twice(tmp_path):
+    """The fp32 graph reads such a weight through a shared Transpose; the exporter folds it so both
+    MatMuls become MatMulNBits on one int4 copy, and no fp32 copy of the weight stays in the file."""
+    import onnx
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+
+    torch.manual_seed(0)
+    module = _Reused()
+    spec = [TensorSpec("x", (1, 1, 128), "float32")]
+    comp = Component("reused", "test", module, spec, [TensorSpec("y", (1, 1, 128), "float32")],
+                     lambda x: (module(x),), {"a": (torch.randn(1, 1, 128),), "b": (torch.randn(1, 1, 128),)})
+    exporter = EXPORTERS.get("onnx")
+    result = exporter.export(comp, "8da4w", tmp_path / "reused.8da4w.onnx")
+    assert (result.details["quantized_matmuls"], result.details["quantized_weights"], result.details["float_matmuls"]) == (2, 1, 0)
+    graph = onnx.load(str(result.files[0])).graph
+    assert [n.op_type for n in graph.node].count("MatMulNBits") == 2
+    assert not any(i.data_type == onnx.TensorProto.FLOAT and list(i.dims) == [128, 128] for i in graph.initializer)
+    report = run_parity(comp, exporter, result.files, "float32", "8da4w", None, 1)
+    assert report.verdict == "pass", report.failures
+    assert report.lowering["min_snr_db"] >= 100 and report.scheme["coverage"]["unmatched"] == {}

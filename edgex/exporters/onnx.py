@@ -127,6 +127,7 @@ def quantize_matmuls(source: Path, dest: Path, component: Component, bits: int) 
     linears = {n for n in called_modules(component) if not any(fnmatch.fnmatch(n, p) for p in component.float_only)}
     model = onnx.load(str(source))
     graph = model.graph
+    _fold_weight_transposes(graph)
     shapes = {i.name: tuple(i.dims) for i in graph.initializer}
     renamed, excluded = {}, []
     for node in graph.node:
@@ -159,6 +160,42 @@ def quantize_matmuls(source: Path, dest: Path, component: Component, bits: int) 
     return {"opset": model.opset_import[0].version, "op": "com.microsoft.MatMulNBits", "bits": bits,
             "block_size": NBITS_BLOCK, "symmetric": True, "accuracy_level": ACCURACY_LEVEL,
             "quantized_matmuls": quantized, "quantized_weights": len(renamed), "float_matmuls": len(excluded)}
+
+
+def _fold_weight_transposes(graph) -> None:
+    """Replace each `Transpose(perm=[1, 0])` of a 2-D initializer that feeds a MatMul's weight input
+    with the transposed initializer. onnxscript's constant folding leaves such a Transpose when the
+    weight is larger than its size limit (8192 values) and has several consumers, which is every
+    layer of the 0.6b predictor frame (one Transpose per weight, read by the 15 unrolled passes);
+    the quantizer only rewrites a MatMul whose weight is an initializer, so without this those
+    layers stayed fp32. The fp32 weight and its Transpose go when nothing else reads them."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    folded = {}
+    for node in graph.node:
+        transpose = producer.get(node.input[1]) if node.op_type == "MatMul" else None
+        if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), [1, 0])
+        weight = inits[transpose.input[0]]
+        if perm != [1, 0] or len(weight.dims) != 2:
+            continue
+        if transpose.output[0] not in folded:
+            array = numpy_helper.to_array(weight).T.copy()
+            folded[transpose.output[0]] = numpy_helper.from_array(array, transpose.output[0] + ".folded")
+            graph.initializer.append(folded[transpose.output[0]])
+        node.input[1] = folded[transpose.output[0]].name
+    reads = lambda: {name for node in graph.node for name in node.input} | {o.name for o in graph.output}  # noqa: E731
+    read = reads()
+    dead = [producer[out] for out in folded if out not in read]
+    for node in dead:
+        graph.node.remove(node)
+    read, sources = reads(), {node.input[0] for node in dead}
+    kept = [i for i in graph.initializer if i.name in read or i.name not in sources]
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)
 
 
 def _import_quantizer():
