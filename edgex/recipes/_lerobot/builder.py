@@ -1,16 +1,27 @@
-"""What the flow VLAs' (SmolVLA, pi0) sample builders share: seeded observations drawn once, and
-a component whose specs come from its first sample and its reference's outputs."""
+"""What the flow VLAs' (SmolVLA, pi0) sample builders share: seeded observations drawn once, a
+component whose specs come from its first sample and its reference's outputs, LeRobot's Euler
+trajectory and the per-camera vision encoder component."""
 
 from __future__ import annotations
+
+import torch
+from torch import nn
 
 from ...component import Component, TensorSpec
 from .policy import Policy
 
+SEEDS = {"obs_a": 1, "obs_b": 2}  # sample seed offsets; calibration uses 100 +
+
 
 class FlowBuilder:
-    """Subclasses set `roles` (component -> role) and write `observation(seed)` from their policy."""
+    """Subclasses set `roles` (component -> role), `vision_graph` (the vision encoder's graph class,
+    built from the policy and one camera's image shape) with `vision_description`, and write
+    `observation(seed)`, `image_tokens(image, camera)`, `prefix_outputs(obs)` and `velocity(x, t,
+    *velocity_inputs(obs), keys, values, valid)` from their policy."""
 
     roles: dict[str, str]
+    vision_graph: type[nn.Module]
+    vision_description: str
 
     def __init__(self, policy: Policy, seed: int, steps: int):
         self.p, self.seed, self.steps = policy, seed, steps
@@ -36,3 +47,32 @@ class FlowBuilder:
         if key not in self._cache:
             self._cache[key] = self.observation(1000 * self.seed + offset)
         return self._cache[key]
+
+    def velocity_inputs(self, obs: dict) -> tuple:
+        """What `velocity` takes between t and the prefix K/V besides x_t (pi0: the robot state)."""
+        return ()
+
+    def trajectory(self, obs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(x_t, t) at every Euler step of LeRobot's own schedule (its sample_actions loop)."""
+        keys, values, valid = self.prefix_outputs(obs)
+        dt = -1.0 / self.steps
+        x, out = obs["noise"], []
+        for step in range(self.steps):
+            t = torch.full((1,), 1.0 + step * dt, dtype=torch.float32)  # LeRobot expands a 0-d tensor; a 0 stride breaks ExecuTorch
+            out.append((x, t))
+            x = x + dt * self.velocity(x, t, *self.velocity_inputs(obs), keys, values, valid)
+        return out
+
+    def vision_encoder(self) -> Component:
+        cam = self.p.cameras[0]
+
+        def reference(image):
+            return (self.image_tokens(image, cam),)
+
+        def sample(offset):
+            return (self._obs(offset)["images"][0],)
+
+        return self._component(
+            "vision_encoder", self.vision_graph(self.p.policy, tuple(self.config.image_features[cam].shape)), ["image"],
+            {n: sample(o) for n, o in SEEDS.items()}, reference, ["image_tokens"], self.vision_description,
+            lambda n: [sample(100 + i) for i in range(n)], {"cameras": self.p.cameras, "per_camera": True})

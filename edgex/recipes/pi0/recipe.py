@@ -28,13 +28,12 @@ from .. import RECIPES
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, needed_stats, parse_config, processors, random_stats,
                                read_config, read_stats, seeded_weights)
-from .._lerobot.builder import FlowBuilder
+from .._lerobot.builder import SEEDS, FlowBuilder
 from ..base import LoadedModel, Recipe
 from . import facts
 from .graphs import PI0Loop, PI0Prefix, PI0Step, PI0Vision
 from .model import build_policy, lerobot_pi0
 
-_SEEDS = {"obs_a": 1, "obs_b": 2}  # seed offsets; calibration uses 100 +
 # Not read by pi0 inference (the expert's output goes through action_out_proj): a checkpoint may lack it.
 _UNUSED = ("model.paligemma_with_expert.gemma_expert.lm_head.weight",)
 
@@ -154,6 +153,8 @@ class Builder(FlowBuilder):
     LeRobot's code -> its own Euler trajectory."""
 
     roles = facts.ROLES
+    vision_graph = PI0Vision
+    vision_description = "one camera RGB [0,1] image -> image tokens (LeRobot's resize-with-pad, [-1,1], SigLIP, projector inside)"
 
     def __init__(self, policy: Policy, seed: int, steps: int):
         super().__init__(policy, seed, steps)
@@ -219,6 +220,9 @@ class Builder(FlowBuilder):
         *tokens, lang, mask = inputs
         return tokens, lang, mask
 
+    def velocity_inputs(self, obs: dict) -> tuple:
+        return (obs["state"],)
+
     def velocity(self, x_t, t, state, keys, values, valid):
         from transformers.cache_utils import DynamicCache
 
@@ -228,40 +232,14 @@ class Builder(FlowBuilder):
         with torch.no_grad():
             return self.model.denoise_step(state=padded, prefix_pad_masks=valid > 0, past_key_values=cache, x_t=x_t, timestep=t)
 
-    def trajectory(self, obs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(x_t, t) at every Euler step of LeRobot's own schedule (its sample_actions loop)."""
-        keys, values, valid = self.prefix_outputs(obs)
-        dt = -1.0 / self.steps
-        x, out = obs["noise"], []
-        for step in range(self.steps):
-            t = torch.full((1,), 1.0 + step * dt, dtype=torch.float32)  # LeRobot expands a 0-d tensor; a 0 stride breaks ExecuTorch
-            out.append((x, t))
-            x = x + dt * self.velocity(x, t, obs["state"], keys, values, valid)
-        return out
-
     # --- components ---------------------------------------------------------------------
-    def vision_encoder(self) -> Component:
-        cam = self.p.cameras[0]
-
-        def reference(image):
-            return (self.image_tokens(image, cam),)
-
-        def sample(offset):
-            return (self._obs(offset)["images"][0],)
-
-        return self._component(
-            "vision_encoder", PI0Vision(self.p.policy, tuple(self.config.image_features[cam].shape)), ["image"],
-            {n: sample(o) for n, o in _SEEDS.items()}, reference, ["image_tokens"],
-            "one camera RGB [0,1] image -> image tokens (LeRobot's resize-with-pad, [-1,1], SigLIP, projector inside)",
-            lambda n: [sample(100 + i) for i in range(n)], {"cameras": self.p.cameras, "per_camera": True})
-
     def prefix(self) -> Component:
         names = [f"image_tokens_{c.rsplit('.', 1)[-1]}" for c in self.p.cameras] + ["lang_tokens", "lang_mask"]
 
         def reference(*inputs):
             return self._prefix(*self._split(inputs))
 
-        samples = {n: self.prefix_inputs(self._obs(o)) for n, o in _SEEDS.items()}
+        samples = {n: self.prefix_inputs(self._obs(o)) for n, o in SEEDS.items()}
         return self._component(
             "prefix", PI0Prefix(self.p.policy), names, samples, reference, ["prefix_key", "prefix_value", "prefix_mask"],
             "image tokens + language tokens/mask -> per-layer K/V of the PaliGemma Gemma (after RoPE) and prefix mask",
@@ -298,7 +276,7 @@ class Builder(FlowBuilder):
         return self._component(
             "action_loop", PI0Loop(self.p.policy, self.p.stats, self.steps),
             ["noise", "state", "prefix_key", "prefix_value", "prefix_mask"],
-            {n: sample(o) for n, o in _SEEDS.items()}, reference, ["actions"],
+            {n: sample(o) for n, o in SEEDS.items()}, reference, ["actions"],
             f"noise + raw state + prefix K/V + mask -> unnormalized action chunk ({self.steps} Euler steps, "
             "state normalization and action unnormalization inside)",
             lambda n: [sample(100 + i) for i in range(n)], {"steps": self.steps, "dt": -1.0 / self.steps})

@@ -29,12 +29,11 @@ from .. import RECIPES
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, processors,
                                random_stats, read_config, read_stats, seeded_weights)
-from .._lerobot.builder import FlowBuilder
+from .._lerobot.builder import SEEDS, FlowBuilder
 from ..base import LoadedModel, Recipe
 from .facts import FACTS, PRESETS, ROLES
 from .graphs import SmolVLALoop, SmolVLAPrefix, SmolVLAStep, SmolVLAVision
 
-_SEEDS = {"obs_a": 1, "obs_b": 2}  # seed offsets; calibration uses 100 +
 
 
 def vlm_config(spec: dict):
@@ -123,6 +122,8 @@ class Builder(FlowBuilder):
     K/V -> LeRobot's own Euler trajectory."""
 
     roles = ROLES
+    vision_graph = SmolVLAVision
+    vision_description = "one camera RGB [0,1] image -> image tokens (resize-with-pad, SigLIP, connector, sqrt(d) scale inside)"
 
     def __init__(self, policy: Policy, seed: int, steps: int):
         super().__init__(policy, seed, steps)
@@ -190,33 +191,7 @@ class Builder(FlowBuilder):
         with torch.no_grad():
             return self.model.denoise_step(prefix_pad_masks=valid > 0, past_key_values=cache, x_t=x_t, timestep=t)
 
-    def trajectory(self, obs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(x_t, t) at every Euler step of LeRobot's own schedule (its sample_actions loop)."""
-        keys, values, valid = self.prefix_outputs(obs)
-        dt = -1.0 / self.steps
-        x, out = obs["noise"], []
-        for step in range(self.steps):
-            t = torch.full((1,), 1.0 + step * dt, dtype=torch.float32)  # LeRobot expands a 0-d tensor; a 0 stride breaks ExecuTorch
-            out.append((x, t))
-            x = x + dt * self.velocity(x, t, keys, values, valid)
-        return out
-
     # --- components ---------------------------------------------------------------------
-    def vision_encoder(self) -> Component:
-        cam = self.p.cameras[0]
-
-        def reference(image):
-            return (self.image_tokens(image, cam),)
-
-        def sample(offset):
-            return (self._obs(offset)["images"][0],)
-
-        return self._component(
-            "vision_encoder", SmolVLAVision(self.p.policy, tuple(self.config.image_features[cam].shape)), ["image"],
-            {n: sample(o) for n, o in _SEEDS.items()}, reference, ["image_tokens"],
-            "one camera RGB [0,1] image -> image tokens (resize-with-pad, SigLIP, connector, sqrt(d) scale inside)",
-            lambda n: [sample(100 + i) for i in range(n)], {"cameras": self.p.cameras, "per_camera": True})
-
     def prefix(self) -> Component:
         names = [f"image_tokens_{c.rsplit('.', 1)[-1]}" for c in self.p.cameras] + ["lang_tokens", "lang_mask", "state"]
 
@@ -224,7 +199,7 @@ class Builder(FlowBuilder):
             *tokens, lang, mask, state = inputs
             return self._prefix(tokens, lang, mask, state)
 
-        samples = {n: self.prefix_inputs(self._obs(o)) for n, o in _SEEDS.items()}
+        samples = {n: self.prefix_inputs(self._obs(o)) for n, o in SEEDS.items()}
         return self._component(
             "prefix", SmolVLAPrefix(self.p.policy, self.p.stats), names, samples, reference,
             ["prefix_key", "prefix_value", "prefix_mask"],
@@ -262,7 +237,7 @@ class Builder(FlowBuilder):
 
         return self._component(
             "action_loop", SmolVLALoop(self.p.policy, self.p.stats, self.steps), ["noise", "prefix_key", "prefix_value", "prefix_mask"],
-            {n: sample(o) for n, o in _SEEDS.items()}, reference, ["actions"],
+            {n: sample(o) for n, o in SEEDS.items()}, reference, ["actions"],
             f"noise + prefix K/V + mask -> unnormalized action chunk ({self.steps} Euler steps inside, action unnormalization inside)",
             lambda n: [sample(100 + i) for i in range(n)], {"steps": self.steps, "dt": -1.0 / self.steps})
 
