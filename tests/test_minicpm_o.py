@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from conftest import run_cli
 from edgex.errors import EdgexError
+from edgex.parity import scheme
 from edgex.parity.metrics import snr_db
 from edgex.plan import make_plan
 from edgex.recipes import RECIPES
@@ -132,6 +133,25 @@ def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     graph = tts_graphs.TTSPrefill(head)
     assert not any("parametrizations" in name for name, _ in graph.named_parameters())
     assert torch.allclose(graph.head_weight, head.head_code[0].weight, atol=1e-6)
+
+
+def test_scheme_reference_reads_the_output_weight_the_file_stores(minicpm):
+    """A scheme reference swaps a file's stored weights into the graph's parameters; the eager head
+    must then compute its logits with the stored output weight. Session 8's head refolded its weight
+    norm on every call, so the reference kept an fp32 output layer and a 4-bit head's rounding of
+    that layer was reported as a 20-21 dB lowering error."""
+    comp = minicpm[1]["tts_decode"]
+    weight = comp.module.head_weight.detach()
+    coarse = torch.round(weight * 4) / 4  # a 2-bit-like rounding: far from fp32 whatever the backbone does
+    reference = scheme.build(comp, scheme.StoredScheme("test", {"output": scheme.StoredWeight(weight, coarse)}))
+    assert reference.coverage["unmatched"] == {}
+    sample, inputs = next(iter(comp.samples.items()))
+    with torch.no_grad(), reference.applied():
+        graph_logits = comp.module(*inputs)[0]
+    logits = reference(inputs)[0]
+    assert snr_db(graph_logits.numpy(), logits.numpy()) >= 100.0
+    assert snr_db(comp.reference_outputs(sample)[0].numpy(), logits.numpy()) < 40.0
+    assert torch.equal(comp.module.head_weight.detach(), weight)  # restored after
 
 
 # -- the vocoder references are the official entry points -------------------------------------------

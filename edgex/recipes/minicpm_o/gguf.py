@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...layouts import EMBEDS, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE, GgufLayout, LlamaFeed, llm_metadata
-from .tts import MiniCPMTTSHead, folded_head_weight
+from .tts import MiniCPMTTSHead
 
 ARCH = "qwen2"
 PREFILL_FEED = LlamaFeed((EMBEDS,), (LOGITS, KEY, VALUE))
@@ -48,7 +48,7 @@ def head_tensors(head: MiniCPMTTSHead) -> dict[str, np.ndarray]:
     tensors = {
         "token_embd.weight": _np(head.emb_code[0].weight),
         "output_norm.weight": _np(model.norm.weight),
-        "output.weight": _np(folded_head_weight(head)),
+        "output.weight": _np(head.output_weight()),
     }
     for i, layer in enumerate(model.layers):
         modules = dict(layer.named_modules())

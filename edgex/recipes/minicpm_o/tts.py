@@ -10,7 +10,8 @@ type passes no speaker embedding). Conditioning ("hidden_text_merge"): `emb_text
 normalize(projector_semantic(LLM hidden))`, then `emb_text(text_eos)` and `emb_text(audio_bos)`.
 
 The graphs (`TTSPrefill`, `TTSDecode`) take embeddings and an explicit KV cache and compute the
-backbone with `edgex.nn.transformer`; `head_code` enters them with its weight norm folded. Sampling
+backbone with `edgex.nn.transformer`; `head_code` enters them with its weight norm folded once
+(`MiniCPMTTSHead.output_weight`), the same Parameter the eager `logits` multiply by. Sampling
 (temperature, top-k/top-p, repetition penalty) stays in the runner, on the logits.
 """
 
@@ -59,6 +60,7 @@ class MiniCPMTTSHead(nn.Module):
         self.head_code = nn.ModuleList(
             [nn.utils.parametrizations.weight_norm(nn.Linear(hidden, config["num_audio_tokens"], bias=False))]
         )
+        self._folded: dict = {}  # output_weight's cache: a plain dict, so state_dict() keeps the checkpoint's names
 
     @property
     def eos_token(self) -> int:
@@ -76,16 +78,30 @@ class MiniCPMTTSHead(nn.Module):
         """audio token ids [1, n] -> embeddings [1, n, hidden] (one codebook)."""
         return self.emb_code[0](token)
 
+    def output_weight(self) -> nn.Parameter:
+        """`head_code.0`'s weight with its norm folded (torch's parametrization, evaluated once), as
+        one Parameter that the export graphs hold and `logits` multiplies by.
+
+        Why one shared Parameter: a scheme reference swaps what a quantized file stores into the
+        graph's parameters. Were the eager head to recompute g v / ||v|| from `original0/1` on every
+        call, the reference would keep an fp32 output layer, and a 4-bit head's rounding of it would
+        show up as a 20-21 dB "lowering" error (session 8). The checkpoint's parametrized names stay
+        in `state_dict()`; the fold is recomputed (into the same Parameter) when `original0/1` change,
+        e.g. when a checkpoint is loaded after the first call."""
+        parametrized = self.head_code[0].parametrizations.weight
+        version = (parametrized.original0._version, parametrized.original1._version)
+        if self._folded.get("version") != version:
+            with torch.no_grad():
+                folded = self.head_code[0].weight.detach().clone()
+            if "weight" in self._folded:
+                self._folded["weight"].data = folded
+            else:
+                self._folded["weight"] = nn.Parameter(folded, requires_grad=False)
+            self._folded["version"] = version
+        return self._folded["weight"]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head_code[0](hidden)
-
-
-def folded_head_weight(head: MiniCPMTTSHead) -> torch.Tensor:
-    """`head_code.0`'s weight with the norm folded: g * v / ||v|| per output row (what the
-    parametrization computes on every call), as a plain tensor for export."""
-    parametrized = head.head_code[0].parametrizations.weight
-    g, v = parametrized.original0.detach(), parametrized.original1.detach()
-    return g * v / v.norm(dim=1, keepdim=True)
+        return F.linear(hidden, self.output_weight())
 
 
 class _HeadGraph(nn.Module):
@@ -96,7 +112,7 @@ class _HeadGraph(nn.Module):
             layer.self_attn.q_norm = layer.self_attn.k_norm = nn.Identity()
         attach_norm_constants(self.model)
         self.register_buffer("inv_freq", rope_inv_freq(head.backbone_config), persistent=False)
-        self.head_weight = nn.Parameter(folded_head_weight(head), requires_grad=False)
+        self.head_weight = head.output_weight()  # shared with the eager head: see output_weight
 
     def _run(self, embeds, positions, past_key, past_value, mask):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
