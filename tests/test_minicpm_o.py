@@ -57,6 +57,14 @@ def test_graph_equals_reference(minicpm, name):
             assert snr_db(ref.numpy(), out.numpy()) >= FLOOR_DB.get(name, 100.0), (sample, spec.name)
 
 
+def test_every_graph_input_and_output_has_rank_at_most_5(minicpm):
+    """Core ML holds tensors of rank <= 5: flow_chunk's official [steps, depth, 2, H, S, 2 hd] DiT
+    cache failed its conversion ("outputs a rank 6 tensor") until steps and blocks were merged."""
+    for comp in minicpm[1].values():
+        for spec in (*comp.inputs, *comp.outputs):
+            assert len(spec.shape) <= 5, (comp.name, spec.name, spec.shape)
+
+
 # -- the TTS head against an independent reading of the official MiniCPMTTS ------------------------
 def _official_reading(state: dict, cfg: dict, text_ids, llm_hidden, tokens) -> torch.Tensor:
     """Logits of every position of the official non-streaming `generate`, teacher-forced on `tokens`,

@@ -169,13 +169,14 @@ def graph_caches(att, layers1: int, slots: int, up: int):
 def dit_caches(att, cnn, steps: int, slots: int):
     """The official DiT streaming caches (`estimator_att_cache` [>= N, depth, 2, H, n, 2 hd],
     `estimator_cnn_cache`) as `flow_chunk`'s inputs: the first `steps` rows, the n real key | value
-    rows left-aligned in `slots` slots, and n."""
+    rows left-aligned in `slots` slots, steps and blocks merged ([N * depth, 2, H, slots, 2 hd]:
+    rank 5 for Core ML), and n."""
     n = att.shape[4]
     if n > slots:
         raise ValueError(f"DiT cache of {n} frames exceeds the graph's {slots} slots")
     padded = torch.zeros(*att.shape[:4], slots, att.shape[5])[:steps]
     padded[..., :n, :] = att[:steps]
-    return padded, cnn[:steps].clone(), torch.tensor([n])
+    return padded.reshape(-1, *padded.shape[2:]), cnn[:steps].clone(), torch.tensor([n])
 
 
 def official_cache(att_cache1, att_cache2, cache_len: int):

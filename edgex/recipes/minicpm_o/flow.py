@@ -183,11 +183,14 @@ class Flow(_Guided):
 
 class FlowChunk(_Guided):
     """One streaming chunk of the CFM (what `CausalConditionalCFM.forward_chunk` computes): noise,
-    mu [1, 80, T], spks [1, 80], att_cache [N, depth, 2, H, S, 2 hd] (per Euler step and block,
-    both guidance rows: key | value of earlier frames, the first `cache_len` slots real, newest
-    first as the official cache grows), cnn_cache [N, depth, 2, 2 C, 2], cache_len [1] -> mel
-    [1, 80, T], the new rows [N, depth, 2, H, T, 2 hd] and the new cnn_cache. The condition is zero
-    (Token2wav's streaming call passes zeros; the prompt reaches the DiT through the caches)."""
+    mu [1, 80, T], spks [1, 80], att_cache [N * depth, 2, H, S, 2 hd] (per Euler step and block,
+    step-major, both guidance rows: key | value of earlier frames, the first `cache_len` slots real,
+    newest first as the official cache grows), cnn_cache [N, depth, 2, 2 C, 2], cache_len [1] -> mel
+    [1, 80, T], the new rows [N * depth, 2, H, T, 2 hd] and the new cnn_cache. The condition is zero
+    (Token2wav's streaming call passes zeros; the prompt reaches the DiT through the caches).
+
+    The official attention cache is [N, depth, 2, H, S, 2 hd]; its first two axes are merged here
+    because Core ML holds tensors of rank <= 5 only (the rank-6 layout failed its conversion)."""
 
     def __init__(self, cfm: nn.Module, steps: int, slots: int):
         super().__init__(cfm)
@@ -197,21 +200,24 @@ class FlowChunk(_Guided):
     def forward(self, noise, mu, spks, att_cache, cnn_cache, cache_len):
         frames = noise.shape[2]
         keep = torch.cat((torch.ones(frames, dtype=torch.bool), torch.arange(self.slots) < cache_len))
+        depth = len(self.velocity.est.blocks)
         x, cond, rows, tails = noise, torch.zeros_like(mu), [], []
         for i, (t, dt) in enumerate(self.schedule):
             x, new, tail = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype),
-                                     att_cache[i], cnn_cache[i], keep)
+                                     att_cache[i * depth:(i + 1) * depth], cnn_cache[i], keep)
             rows.append(new)
             tails.append(tail)
-        return x, torch.stack(rows), torch.stack(tails)
+        return x, torch.cat(rows), torch.stack(tails)
 
 
 @torch.no_grad()
 def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cache_len):
     """The official `CausalConditionalCFM.forward_chunk` on the real cache rows, its noise buffer
     holding `noise` where the call slices it (from the cache length); the rows it wrote (the first
-    T of its returned attention cache) and its conv cache."""
+    T of its returned attention cache, steps and blocks merged as the graph returns them) and its
+    conv cache."""
     n = int(cache_len.reshape(-1)[0])
+    att_cache = att_cache.reshape(steps, -1, *att_cache.shape[1:])  # the official [N, depth, 2, H, S, 2 hd]
     kept = cfm.rand_noise
     cfm.rand_noise = torch.cat((torch.zeros(1, noise.shape[1], n), noise), dim=2)
     try:
@@ -219,7 +225,8 @@ def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cach
                                           cnn_cache=cnn_cache if n else None, att_cache=att_cache[..., :n, :] if n else None)
     finally:
         cfm.rand_noise = kept
-    return mel, att[:steps, ..., :noise.shape[2], :].clone(), cnn[:steps].clone()
+    rows = att[:steps, ..., :noise.shape[2], :]
+    return mel, rows.reshape(-1, *rows.shape[2:]).clone(), cnn[:steps].clone()
 
 
 @torch.no_grad()

@@ -92,5 +92,6 @@ class DiTCaches:
         return dit_caches(self.att, self.cnn, self.steps, self.slots)
 
     def update(self, rows, cnn):
+        rows = rows.reshape(self.steps, -1, *rows.shape[1:])  # the graph's [N * depth, ...] -> [N, depth, ...]
         self.att = trim_time(torch.cat((rows, self.att), dim=4), 4, self.prompt_frames)
         self.cnn = cnn
