@@ -61,3 +61,37 @@ def test_unsupported_precision_is_refused():
 
     with pytest.raises(EdgexError, match="does not support precision '8da4w'"):
         EXPORTERS.get("coreml").check("8da4w")
+
+
+def test_w8_and_w4_compress_the_component_s_one_fp16_conversion(tmp_path, monkeypatch):
+    """A conversion runs the whole MIL pass pipeline (minutes on an unrolled loop graph): a
+    component's fp16, w8 and w4 programs come from one torch.export + conversion, and the
+    compressed ones still hold the compressed weights and score like their scheme."""
+    import numpy as np
+    import torch
+
+    from edgex.component import SIGNAL, Component, TensorSpec
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.metrics import snr_db
+    from edgex.parity.runtimes import RUNTIMES
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(1, 4, 64)
+    component = Component("mlp", "decoder", module, [TensorSpec("x", (1, 4, 64), "float32")],
+                          [TensorSpec("y", (1, 4, 64), "float32", SIGNAL)], module, {"s": (x,)})
+    exports, real = [], torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: exports.append(1) or real(*a, **k))
+    exporter, runtime = EXPORTERS.get("coreml"), RUNTIMES.get("coreml")
+    db = {}
+    for precision in ("fp16", "w8", "w4"):
+        dest = tmp_path / f"mlp.{precision}.mlpackage"
+        result = exporter.export(component, precision, dest)
+        ops = result.details["mil_ops"]
+        assert ("constexpr_blockwise_shift_scale" in ops) == (precision != "fp16"), (precision, ops)
+        if precision != "fp16":
+            assert len(exporter.stored_scheme(component, precision, [dest]).weights) == 2
+        out = runtime.load([dest], threads=1).run([x.numpy()])[0]
+        db[precision] = snr_db(module(x).detach().numpy(), np.asarray(out))
+    assert len(exports) == 1
+    assert db["fp16"] > db["w8"] > db["w4"] > 10.0, db

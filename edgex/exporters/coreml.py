@@ -4,6 +4,10 @@
 `coremltools.optimize` on the fp16 program (what the Neural Engine runs): int8 per output channel
 (`w8`) and int4 in blocks of 32 along the input dimension (`w4`), both symmetric linear, stored as
 `constexpr_blockwise_shift_scale` ops (iOS 18 / macOS 15). Inputs and outputs stay float32 / int32.
+A component's fp16 program is converted once and kept (the last component only): `w8` and `w4`
+compress that program with the compression pass alone. A conversion runs ~90 MIL passes, each
+followed by a validation of the whole program, which costs minutes on an unrolled loop graph
+(minicpm-o's 10-step `flow_chunk`); compressing per precision costs one pass.
 
 Two graph rewrites work around coremltools 9.0's torch frontend (tested with torch 2.7, not 2.13):
 an integer `clamp(x, min)` becomes `clamp_min` (its `clamp` converter promotes ints to float and
@@ -31,7 +35,6 @@ if TYPE_CHECKING:
 MINIMUM_DEPLOYMENT_TARGET = "iOS18"  # blockwise int4 and Core ML states need iOS 18 / macOS 15
 W4_BLOCK = 32
 _SKIPPED_PASSES = ["common::fuse_linear_bias"]
-_QUANTIZE_PASS = "compression::linear_quantize_weights"
 
 
 def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
@@ -73,6 +76,52 @@ def _op_types(model) -> dict[str, int]:
     from collections import Counter
 
     return dict(sorted(Counter(op.op_type for op in model._mil_program.functions["main"].operations).items()))
+
+
+def _convert(component: Component, precision: str):
+    """torch.export -> the ML program in `precision` ("fp32" or "fp16" compute)."""
+    import coremltools as ct
+    import torch
+
+    module = copy.deepcopy(component.module).eval()
+    with torch.no_grad():
+        program = torch.export.export(module, tuple(component.example_inputs), strict=False).run_decompositions({})
+    _rewrite_for_coreml(program)
+    pipeline = ct.PassPipeline.DEFAULT
+    pipeline.remove_passes(_SKIPPED_PASSES)
+    return ct.convert(
+        program,
+        convert_to="mlprogram",
+        compute_precision=ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16,
+        minimum_deployment_target=getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET),
+        pass_pipeline=pipeline,
+        skip_model_load=True,
+    )
+
+
+_FP16: list = []  # [(component, its fp16 MLModel)]: the last component's, reused by its w8 / w4 jobs
+
+
+def _fp16_program(component: Component):
+    if not (_FP16 and _FP16[0][0] is component):
+        _FP16[:] = [(component, _convert(component, "fp16"))]
+    return _FP16[0][1]
+
+
+def _compressed(fp16_model, precision: str):
+    """The fp16 program with its weights compressed by coremltools' compression pass alone.
+    `coremltools.optimize.coreml.linear_quantize_weights` would re-run the whole default pipeline
+    on the result (minutes on a big graph, and the skipped pass's crash), so the pass is applied to
+    the program read back from the model and converted with an empty main pipeline."""
+    import coremltools as ct
+    from coremltools.models.utils import _apply_graph_pass
+    from coremltools.optimize.coreml._quantization_passes import linear_quantize_weights
+
+    target = getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET)
+    program = _apply_graph_pass(fp16_model, linear_quantize_weights(config=_compression(precision)),
+                                spec_version=target.value, return_pymil_prog=True)
+    return ct.convert(program, convert_to="mlprogram", compute_precision=ct.precision.FLOAT32,  # already fp16: no cast pass
+                      minimum_deployment_target=target, pass_pipeline=ct.PassPipeline.EMPTY, skip_model_load=True)
 
 
 @EXPORTERS.register("coreml")
@@ -149,30 +198,11 @@ class CoreMLExporter(Exporter):
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
-        import coremltools as ct
-        import torch
-
         logging.getLogger("coremltools").setLevel(logging.ERROR)
-        module = copy.deepcopy(component.module).eval()
-        with torch.no_grad():
-            program = torch.export.export(module, tuple(component.example_inputs), strict=False).run_decompositions({})
-        _rewrite_for_coreml(program)
-        pipeline = ct.PassPipeline.DEFAULT
-        pipeline.remove_passes(_SKIPPED_PASSES)
         if precision in ("w8", "w4"):
-            # Compress inside the conversion pipeline, after its cleanup passes: the stand-alone
-            # `linear_quantize_weights` re-runs the default pipeline and hits the skipped pass's crash.
-            pipeline.append_pass(_QUANTIZE_PASS)
-            pipeline.set_options(_QUANTIZE_PASS, {"config": _compression(precision)})
-        compute = ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16
-        model = ct.convert(
-            program,
-            convert_to="mlprogram",
-            compute_precision=compute,
-            minimum_deployment_target=getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET),
-            pass_pipeline=pipeline,
-            skip_model_load=True,
-        )
+            model = _compressed(_fp16_program(component), precision)
+        else:
+            model = _fp16_program(component) if precision == "fp16" else _convert(component, precision)
         model.save(str(dest))
         details = {
             "compute_precision": "float32" if precision == "fp32" else "float16",
