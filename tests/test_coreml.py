@@ -95,3 +95,7 @@ def test_w8_and_w4_compress_the_component_s_one_fp16_conversion(tmp_path, monkey
         db[precision] = snr_db(module(x).detach().numpy(), np.asarray(out))
     assert len(exports) == 1
     assert db["fp16"] > db["w8"] > db["w4"] > 10.0, db
+    with torch.no_grad():  # a weight written in place: the kept program is stale, so it is converted again
+        module[0].weight.mul_(2)
+    exporter.export(component, "w8", tmp_path / "changed.w8.mlpackage")
+    assert len(exports) == 2

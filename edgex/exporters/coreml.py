@@ -99,13 +99,21 @@ def _convert(component: Component, precision: str):
     )
 
 
-_FP16: list = []  # [(component, its fp16 MLModel)]: the last component's, reused by its w8 / w4 jobs
+_FP16: list = []  # [(component, weights key, its fp16 MLModel)]: the last component's, reused by its w8 / w4 jobs
+
+
+def _weights_key(component: Component) -> tuple:
+    """Changes when a tensor of the module is replaced or written in place (a test breaking a
+    weight between two exports must not get the earlier program back)."""
+    module = component.module
+    return tuple((t.data_ptr(), t._version) for t in (*module.parameters(), *module.buffers()))
 
 
 def _fp16_program(component: Component):
-    if not (_FP16 and _FP16[0][0] is component):
-        _FP16[:] = [(component, _convert(component, "fp16"))]
-    return _FP16[0][1]
+    key = _weights_key(component)
+    if not (_FP16 and _FP16[0][0] is component and _FP16[0][1] == key):
+        _FP16[:] = [(component, key, _convert(component, "fp16"))]
+    return _FP16[0][2]
 
 
 def _compressed(fp16_model, precision: str):
