@@ -140,7 +140,12 @@ def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     head = minicpm[0].models.tts
     graph = tts_graphs.TTSPrefill(head)
     assert not any("parametrizations" in name for name, _ in graph.named_parameters())
-    assert torch.allclose(graph.head_weight, head.head_code[0].weight, atol=1e-6)
+    assert graph.head_weight is head.output_weight()  # the very Parameter the eager logits multiply by
+    g = head.head_code[0].parametrizations.weight.original0.detach()
+    v = head.head_code[0].parametrizations.weight.original1.detach()
+    assert torch.allclose(graph.head_weight, g * v / v.norm(dim=1, keepdim=True), atol=1e-6)
+    assert any("parametrizations.weight.original0" in k for k in head.state_dict())  # the checkpoint's names
+    assert not any("head_weight" in k or "_folded" in k for k in head.state_dict())
 
 
 def test_scheme_reference_reads_the_output_weight_the_file_stores(minicpm):
