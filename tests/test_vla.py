@@ -105,6 +105,43 @@ def test_diffusion_chained_artifacts_reproduce_select_action(diffusion_export):
     assert snr_db(eager, other) < 20.0
 
 
+def test_diffusion_mish_lowers_on_the_htp_in_w8a16(tmp_path):
+    """Diffusion Policy's U-Net Mish, quantized to w8a16 and built for the S25's HTP, equals its own
+    QDQ graph on ONNX Runtime CPU: with softplus as log(1 + exp(-|x|)) the HTP returned 0 for every
+    Log (the tiny denoise_step scored 3.6 dB against its QDQ graph); the graph writes Mish without
+    a Log (or a Where, whose shapes the HTP refused)."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgex.component import Component, TensorSpec
+    from edgex.exporters.qnn import quantize_qdq
+    from edgex.qnn import htp_session
+    from edgex.recipes.diffusion_policy.graphs import mish
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            return mish(self.conv(x) * 2.0)
+
+    torch.manual_seed(0)
+    module = Block().eval()
+    x = torch.randn(1, 4, 16)
+    comp = Component("mish", "action", module, [TensorSpec("x", (1, 4, 16), "float32")],
+                     [TensorSpec("y", (1, 8, 16), "float32")], lambda x: (module(x),), {"a": (x,)},
+                     calibration=lambda n: [(torch.randn(1, 4, 16),) for _ in range(n)])
+    source = tmp_path / "mish.onnx"
+    torch.onnx.export(module, (x,), str(source), input_names=["x"], output_names=["y"], dynamo=True)
+    assert not {n.op_type for n in onnx.load(str(source)).graph.node} & {"Log", "Where", "Mish", "Softplus"}
+    quantize_qdq(source, tmp_path / "q.onnx", comp, "w8a16", 8)
+    cpu = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    htp = htp_session(tmp_path / "q.onnx", soc_model=69, htp_arch=79, fp16=True).run(None, {"x": x.numpy()})[0]
+    assert snr_db(cpu, htp) >= 30.0
+    assert snr_db(module(x).detach().numpy(), cpu) >= 20.0
+
+
 def test_smolvla_graphs_equal_lerobot(smolvla_export):
     _, manifest = smolvla_export
     arts = _check_fp32(manifest, ["vision_encoder", "prefix", "action_step", "action_loop"])
