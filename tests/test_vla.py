@@ -245,6 +245,33 @@ def test_every_target_places_or_declines_each_vla_role():
         assert "action_step" in TARGETS[name].facts["action_step_placement"]
 
 
+def test_fp32_components_get_each_targets_fp32_placement():
+    """pi0 declares its action graphs fp32-only (`fp32_components`): the HTP targets, which build no
+    fp32, place them as ONNX fp32 on the CPU with the reason in their facts, while SmolVLA's same-named
+    graphs stay on the HTP; targets that already build fp32 for them keep their placement; a user's
+    --placement still wins."""
+    from edgex.plan import plan
+    from edgex.recipes.pi0.facts import FACTS as PI0
+    from edgex.recipes.smolvla.facts import FACTS as SMOLVLA
+    from edgex.targets import parse_placement
+
+    assert set(PI0.fp32_components) == {"action_step", "action_loop"} and not SMOLVLA.fp32_components
+
+    def jobs(facts, target):
+        return {(j.component, j.exporter, j.precision) for j in plan(facts, target, ["action_step", "action_loop"], None, None)}
+
+    for name in ("s25-htp", "s24-htp", "s23-htp"):
+        target = TARGETS[name]
+        assert jobs(PI0, target) == {("action_step", "onnx", "fp32"), ("action_loop", "onnx", "fp32")}
+        assert "pi0" in target.facts["fp32_placement"] and "CPU" in target.placements["fp32"][0].device
+        assert {e for _, e, _ in jobs(SMOLVLA, target)} == {"qnn"}
+        key, placed = parse_placement("action_loop=qnn:fp16")
+        user = target.with_overrides({key: (placed,)}, PI0.components)
+        assert ("action_loop", "qnn", "fp16") in jobs(PI0, user)
+    for name in ("cpu", "mnn", "apple"):
+        assert jobs(PI0, TARGETS[name]) == jobs(SMOLVLA, TARGETS[name])
+
+
 @pytest.mark.parametrize("model", ["act", "diffusion-policy", "smolvla"])
 def test_llama_cpp_declines_vla_with_the_reason(tmp_path, model):
     with pytest.raises(EdgexError, match="no robot-policy architecture"):
