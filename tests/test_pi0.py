@@ -303,7 +303,7 @@ def test_action_step_w8a16_is_calibrated_across_observations(pi0, pi0_export, tm
     folder, _ = pi0_export
     comp = pi0[1]["action_step"]
     sets = comp.calibration(comp.calibration_size)
-    assert len(sets) == 10 and len({float(s[1]) for s in sets}) == 10  # every Euler step's time
+    assert len(sets) == 10 and len({float(s[1]) for s in sets}) == 10  # every Euler step's time (pi0: 10 steps)
     assert len({tuple(s[2].flatten().tolist()) for s in sets}) == 10  # and a state per set
     quantize_qdq(folder / "action_step.fp32.onnx", tmp_path / "q.onnx", comp, "w8a16", comp.calibration_size)
     session = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
