@@ -96,7 +96,7 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
         options = sorted(options, key=lambda n: -named[n] if n in named else 1)  # stable: the others in order
         missing = []
         for name in options:
-            placed = target.placements_for(recipe.components[name], name)
+            placed = target.placements_for(recipe.components[name], name, name in recipe.fp32_components)
             if not placed:
                 missing.append(f"target {target.name} places no {name}")
                 continue

@@ -51,19 +51,20 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     roles = recipe.components
     jobs = []
     for name in components or list(roles):
-        for placement in target.placements_for(roles[name], name):
+        for placement in target.placements_for(roles[name], name, name in recipe.fp32_components):
             if formats and placement.exporter not in formats:
                 continue
             exporter = EXPORTERS.get(placement.exporter)
             for p in precisions or placement.precisions:
                 if p in exporter.precisions:
                     jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
-    placed = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r)})
+    placed = sorted({pl.exporter for n, r in roles.items() for pl in target.placements_for(r, n, n in recipe.fp32_components)})
     if formats and not set(formats) & set(placed):
         raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
     for p in precisions or []:
         if not any(j.precision == p for j in jobs):
-            offered = sorted({pl.exporter for r in roles.values() for pl in target.placements_for(r) if not formats or pl.exporter in formats})
+            offered = sorted({pl.exporter for n, r in roles.items() for pl in target.placements_for(r, n, n in recipe.fp32_components)
+                              if not formats or pl.exporter in formats})
             raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
     if not jobs:
         reasons = target.facts.get("not_placed", {})

@@ -31,12 +31,18 @@ class Target:
     facts: dict = field(default_factory=dict)
     # exporter name -> keyword options the target passes to that exporter (e.g. the SoC to build for)
     exporter_options: dict[str, dict] = field(default_factory=dict)
+    overridden: frozenset = frozenset()  # keys placed by the user (`with_overrides`)
 
-    def placements_for(self, role: str, component: str | None = None) -> tuple[Placement, ...]:
-        """A component's own placement (`--placement talker_decode=...`), else its role's, else "*"."""
-        if component is not None and component in self.placements:
-            return self.placements[component]
-        return self.placements.get(role, self.placements.get("*", ()))
+    def placements_for(self, role: str, component: str | None = None, fp32: bool = False) -> tuple[Placement, ...]:
+        """A component's own placement (`--placement talker_decode=...`), else its role's, else "*".
+        `fp32`: the recipe declares the component fp32-only (`RecipeFacts.fp32_components`); where
+        that placement builds no fp32, the target's "fp32" placement serves (reason in its facts'
+        `fp32_placement`), unless the user placed the component or role."""
+        key = component if component is not None and component in self.placements else role
+        placed = self.placements.get(key, self.placements.get("*", ()))
+        if fp32 and key not in self.overridden and "fp32" in self.placements and not any("fp32" in p.precisions for p in placed):
+            return self.placements["fp32"]
+        return placed
 
     def with_overrides(self, overrides: dict[str, tuple[Placement, ...]], roles: dict[str, str] | None = None) -> "Target":
         """This target with some roles or components placed elsewhere (`--placement KEY=EXPORTER:PRECISION`,
@@ -47,7 +53,7 @@ class Target:
         for key, news in overrides.items():
             role = (roles or {}).get(key, key)
             placed[key] = tuple(self._keeping_facts(role, new) for new in news)
-        return replace(self, placements={**self.placements, **placed})
+        return replace(self, placements={**self.placements, **placed}, overridden=self.overridden | set(placed))
 
     def _keeping_facts(self, role: str, new: Placement) -> Placement:
         same = next((p for p in self.placements_for(role) if p.exporter == new.exporter), None)
@@ -84,6 +90,8 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     # A flow step's own time embedding (sin / cos of 2 pi t / period, periods from 4e-3) is lost in
     # fp16 arithmetic (`action_step_placement`): that component alone defaults to w8a16.
     step = (Placement("qnn", ("w8a16",), device=f"Hexagon v{arch} HTP"),)
+    # Components a recipe declares fp32-only: the HTP has no fp32 path, the phone's CPU has.
+    cpu = (Placement("onnx", ("fp32",), device="Kryo CPU (ONNX Runtime)"),)
     # MiniCPM-o's TTS head in fp16 and in w8a16 calibrated on eager head states (tiny: prefill 49.9 / 24.9 dB,
     # decode 51.7 / 28.4 dB in the HTP simulator).
     head = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
@@ -91,7 +99,7 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
         {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "action_step": step,
-         **dict.fromkeys(("tts_prefill", "tts_decode"), head), "*": npu},
+         **dict.fromkeys(("tts_prefill", "tts_decode"), head), "fp32": cpu, "*": npu},
         {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
          # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
          "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
@@ -102,7 +110,10 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
                                   "by up to ~0.8 rad and the embedding alone scores 19-34 dB, the velocity 29.6 dB "
                                   "(tiny, below the 30 dB fp16 lowering gate). It is built in w8a16 (16-bit "
                                   "activations resolve t); action_loop, whose times are fixed, bakes the embeddings "
-                                  "and runs fp16 (--placement action_step=qnn:fp16 builds the fp16 variant)"},
+                                  "and runs fp16 (--placement action_step=qnn:fp16 builds the fp16 variant)",
+         "fp32_placement": "a component its recipe declares fp32-only (pi0's action_step and action_loop: its "
+                           "recipe's fp32_components) runs as ONNX fp32 on the CPU, as the HTP computes in fp16 or "
+                           "quantized only (--placement action_loop=qnn:fp16 builds the HTP variant)"},
         {"qnn": {"soc_model": soc_model, "htp_arch": arch}},
     )
 

@@ -149,6 +149,31 @@ def test_upsample_bilinear_kernel_matches_torch(align):
         assert np.abs(flipped - expected).max() > 1e-2
 
 
+def test_batch_norm_and_max_pool_kernels_match_torch():
+    """ACT's ResNet trunk converts to MIL `batch_norm` (coremltools fuses the folded norms' per-channel
+    multiply-add into it) and `max_pool` (3x3, stride 2, pad 1): without kernels its apple export was
+    `unverified`. Each equals torch, and a wrong epsilon / pad does not."""
+    from edgex.parity.mil.kernels import KERNELS
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 4, 9, 7)).astype(np.float32)
+    mean, var, gamma, beta = (rng.random(4).astype(np.float32) + 0.5 for _ in range(4))
+    args = {"x": x, "mean": mean, "variance": var, "gamma": gamma, "beta": beta, "epsilon": 1e-3}
+    expected = torch.nn.functional.batch_norm(torch.from_numpy(x), torch.from_numpy(mean), torch.from_numpy(var),
+                                              torch.from_numpy(gamma), torch.from_numpy(beta), eps=1e-3).numpy()
+    (out,) = KERNELS["batch_norm"](args)
+    assert np.abs(out - expected).max() < 1e-5
+    assert np.abs(KERNELS["batch_norm"](args | {"epsilon": 1.0})[0] - expected).max() > 1e-2
+    for ceil in (False, True):
+        pool = {"x": x, "kernel_sizes": [3, 3], "strides": [2, 2], "pad_type": "custom", "pad": [1, 1, 1, 1],
+                "ceil_mode": ceil}
+        expected = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, padding=1, ceil_mode=ceil).numpy()
+        (out,) = KERNELS["max_pool"](pool)
+        assert out.shape == expected.shape and np.array_equal(out, expected)
+    (unpadded,) = KERNELS["max_pool"](pool | {"pad_type": "valid", "ceil_mode": False})
+    assert unpadded.shape != expected.shape
+
+
 class _Reciprocal(torch.nn.Module):
     def forward(self, x):
         return x * (1.0 / (10000.0 ** (torch.arange(8, dtype=torch.float32) / 8)))

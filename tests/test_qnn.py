@@ -172,3 +172,36 @@ def test_dlc_check_counts_only_weights_qairt_folds_as_unverified():
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])],
                               [init("c", (1, 4)), init("w", (4,)), init("b", (4,)), init("m", (4, 4)), q, scale, zero])
     assert _folded_constants(graph) == {"c", "w", "b"}
+
+
+def test_a_bias_shared_by_several_nodes_quantizes_when_its_copy_name_is_taken(tmp_path):
+    """ONNX Runtime's quantizer names its per-node copy of a shared bias `<bias><n>` counting only
+    initializers; Diffusion Policy's DDIM loop (64 GroupNorms reading bias `val_16`) had its copy
+    named like a Reshape output, `val_1636`, and quantization stopped. Here the copy of `v_1` would
+    be `v_10`, the Reshape's output (without the fix the second norm silently reads the quantized
+    Reshape output as its bias): edgex gives each reader its own bias first, with the same values."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgex.exporters.qnn import quantize_qdq
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "v_1"),
+             numpy_helper.from_array(np.ones(4, np.float32), "v_2"),
+             numpy_helper.from_array(np.array([1, 4, 8], np.int64), "shape")]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["v_10"], name="reshape"),
+             helper.make_node("InstanceNormalization", ["v_10", "v_2", "v_1"], ["a"], name="norm_a"),
+             helper.make_node("InstanceNormalization", ["a", "v_2", "v_1"], ["y"], name="norm_b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], inits)
+    source = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], float_only=(),
+                                calibration=lambda n: [(torch.randn(1, 32),) for _ in range(n)])
+    quantize_qdq(source, tmp_path / "q.onnx", component, "w8a16", 2)
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    biases = [n.input[2] for n in quantized.graph.node if n.op_type == "InstanceNormalization"]
+    assert len(set(biases)) == 2 and all(b.startswith("v_1.edgex_bias") for b in biases), biases

@@ -105,6 +105,43 @@ def test_diffusion_chained_artifacts_reproduce_select_action(diffusion_export):
     assert snr_db(eager, other) < 20.0
 
 
+def test_diffusion_mish_lowers_on_the_htp_in_w8a16(tmp_path):
+    """Diffusion Policy's U-Net Mish, quantized to w8a16 and built for the S25's HTP, equals its own
+    QDQ graph on ONNX Runtime CPU: with softplus as log(1 + exp(-|x|)) the HTP returned 0 for every
+    Log (the tiny denoise_step scored 3.6 dB against its QDQ graph); the graph writes Mish without
+    a Log (or a Where, whose shapes the HTP refused)."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgex.component import Component, TensorSpec
+    from edgex.exporters.qnn import quantize_qdq
+    from edgex.qnn import htp_session
+    from edgex.recipes.diffusion_policy.graphs import mish
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            return mish(self.conv(x) * 2.0)
+
+    torch.manual_seed(0)
+    module = Block().eval()
+    x = torch.randn(1, 4, 16)
+    comp = Component("mish", "action", module, [TensorSpec("x", (1, 4, 16), "float32")],
+                     [TensorSpec("y", (1, 8, 16), "float32")], lambda x: (module(x),), {"a": (x,)},
+                     calibration=lambda n: [(torch.randn(1, 4, 16),) for _ in range(n)])
+    source = tmp_path / "mish.onnx"
+    torch.onnx.export(module, (x,), str(source), input_names=["x"], output_names=["y"], dynamo=True)
+    assert not {n.op_type for n in onnx.load(str(source)).graph.node} & {"Log", "Where", "Mish", "Softplus"}
+    quantize_qdq(source, tmp_path / "q.onnx", comp, "w8a16", 8)
+    cpu = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    htp = htp_session(tmp_path / "q.onnx", soc_model=69, htp_arch=79, fp16=True).run(None, {"x": x.numpy()})[0]
+    assert snr_db(cpu, htp) >= 30.0
+    assert snr_db(module(x).detach().numpy(), cpu) >= 20.0
+
+
 def test_smolvla_graphs_equal_lerobot(smolvla_export):
     _, manifest = smolvla_export
     arts = _check_fp32(manifest, ["vision_encoder", "prefix", "action_step", "action_loop"])
@@ -206,6 +243,33 @@ def test_every_target_places_or_declines_each_vla_role():
     for name in ("mnn", "apple"):  # fp16 step below the gate there too (18.2 / 29.2 dB): fp32, the reason in the facts
         assert [p.precisions for p in TARGETS[name].placements_for("action", "action_step")] == [("fp32",)]
         assert "action_step" in TARGETS[name].facts["action_step_placement"]
+
+
+def test_fp32_components_get_each_targets_fp32_placement():
+    """pi0 declares its action graphs fp32-only (`fp32_components`): the HTP targets, which build no
+    fp32, place them as ONNX fp32 on the CPU with the reason in their facts, while SmolVLA's same-named
+    graphs stay on the HTP; targets that already build fp32 for them keep their placement; a user's
+    --placement still wins."""
+    from edgex.plan import plan
+    from edgex.recipes.pi0.facts import FACTS as PI0
+    from edgex.recipes.smolvla.facts import FACTS as SMOLVLA
+    from edgex.targets import parse_placement
+
+    assert set(PI0.fp32_components) == {"action_step", "action_loop"} and not SMOLVLA.fp32_components
+
+    def jobs(facts, target):
+        return {(j.component, j.exporter, j.precision) for j in plan(facts, target, ["action_step", "action_loop"], None, None)}
+
+    for name in ("s25-htp", "s24-htp", "s23-htp"):
+        target = TARGETS[name]
+        assert jobs(PI0, target) == {("action_step", "onnx", "fp32"), ("action_loop", "onnx", "fp32")}
+        assert "pi0" in target.facts["fp32_placement"] and "CPU" in target.placements["fp32"][0].device
+        assert {e for _, e, _ in jobs(SMOLVLA, target)} == {"qnn"}
+        key, placed = parse_placement("action_loop=qnn:fp16")
+        user = target.with_overrides({key: (placed,)}, PI0.components)
+        assert ("action_loop", "qnn", "fp16") in jobs(PI0, user)
+    for name in ("cpu", "mnn", "apple"):
+        assert jobs(PI0, TARGETS[name]) == jobs(SMOLVLA, TARGETS[name])
 
 
 @pytest.mark.parametrize("model", ["act", "diffusion-policy", "smolvla"])

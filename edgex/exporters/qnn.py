@@ -67,6 +67,7 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
             return next(self._feeds, None)
 
     weights, activations = _SCHEMES[precision]
+    source = _own_biases(source, dest)
     float_only = nodes_from_modules(source, component.float_only)
     htp_fp16 = _fp16_on_htp(source)
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
@@ -81,6 +82,50 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
         root.setLevel(level)
     return {"calibration_sets": len(sets), "calibration_method": "minmax", "weights": weights, "activations": activations,
             "float_only": {"patterns": list(component.float_only), "nodes": float_only}, "fp16_nodes": len(htp_fp16)}
+
+
+# Ops whose input 2 ONNX Runtime's QDQ quantizer quantizes as a bias (scale from inputs 0 and 1).
+_BIAS_OPS = ("Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization", "BatchNormalization")
+
+
+def _own_biases(source: Path, dest: Path) -> Path:
+    """`source`, or a copy beside it in which every bias initializer read by more than one node
+    is one initializer per node (same values, names `<bias>.edgex_bias<i>`).
+
+    ONNX Runtime's quantizer gives each reader of a shared bias its own copy itself, named
+    `<bias><n>` for the next free number among initializers only (`_dup_initializer`): with
+    torch.onnx's `val_<n>` names that can be an existing activation's name. Diffusion Policy's
+    unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
+    nodes, the copy `val_1636` took the name of a Reshape output, and quantization stopped with
+    "Quantization parameter shared mode is not supported for weight yet"; where no error follows,
+    the node reads that activation as its bias (tests/test_qnn.py)."""
+    import onnx
+
+    model = onnx.load(str(source), load_external_data=False)
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        if node.op_type in _BIAS_OPS and len(node.input) > 2 and node.input[2] in inits:
+            readers.setdefault(node.input[2], []).append(node)
+    shared = {name: nodes for name, nodes in readers.items() if len(nodes) > 1}
+    if not shared:
+        return source
+    for name, nodes in shared.items():
+        for i, node in enumerate(nodes):
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[name])
+            copy.name = f"{name}.edgex_bias{i}"
+            graph.initializer.append(copy)
+            node.input[2] = copy.name
+    still_read = {i for n in graph.node for i in n.input}
+    for name in shared:
+        if name not in still_read:
+            graph.initializer.remove(inits[name])
+    # beside the source, so external-data locations (relative to the model's folder) stay valid
+    owned = source.with_name(f"{dest.name}.own-bias.onnx")
+    onnx.save(model, str(owned))
+    return owned
 
 
 class _Graphs:

@@ -66,6 +66,9 @@ class RecipeFacts:
     components: dict[str, str]  # component name -> role
     options: dict[str, RecipeOption] = field(default_factory=dict)  # `--set KEY=VALUE` build options
     default_preset: str = "tiny"
+    # component -> why its arithmetic must stay fp32: a target whose placement for it builds no fp32
+    # places it on its "fp32" placement instead (`Target.placements_for`)
+    fp32_components: dict[str, str] = field(default_factory=dict)
 
     def check_preset(self, preset: str | None) -> None:
         if preset is not None and preset not in self.presets:

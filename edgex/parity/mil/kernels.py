@@ -82,6 +82,40 @@ def conv_transpose(a: dict) -> tuple:
     return (out.numpy(),)
 
 
+@kernel("batch_norm")
+def batch_norm(a: dict) -> tuple:
+    """gamma (x - mean) / sqrt(variance + epsilon) + beta per channel (axis 1), in float32 (coremltools
+    fuses a per-channel multiply and add into this op, e.g. ACT's folded ResNet norms)."""
+    x = np.asarray(a["x"], np.float32)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+
+    def channel(name, default):
+        value = a.get(name)
+        return np.float32(default) if value is None else np.asarray(value, np.float32).reshape(shape)
+
+    normed = (x - channel("mean", 0.0)) / np.sqrt(channel("variance", 1.0) + np.float32(a.get("epsilon", 1e-5)))
+    return (normed * channel("gamma", 1.0) + channel("beta", 0.0),)
+
+
+_MAX_POOL = {1: torch.nn.functional.max_pool1d, 2: torch.nn.functional.max_pool2d}
+
+
+@kernel("max_pool")
+def max_pool(a: dict) -> tuple:
+    """Max pooling with MIL's explicit or valid padding (padded entries never win: -inf), in float32."""
+    x = _f32(a["x"])
+    spatial = x.ndim - 2
+    if spatial not in _MAX_POOL:
+        raise KernelUnsupported(f"{spatial}-d max_pool")
+    pads = _conv_padding(a, spatial)
+    torch_pad = [p for axis in reversed(range(spatial)) for p in (pads[2 * axis], pads[2 * axis + 1])]
+    x = torch.nn.functional.pad(x, torch_pad, value=-np.inf)
+    strides = a.get("strides")
+    out = _MAX_POOL[spatial](x, [int(k) for k in a["kernel_sizes"]],
+                             stride=[int(s) for s in strides] if strides is not None else 1, ceil_mode=bool(a["ceil_mode"]))
+    return (out.numpy(),)
+
+
 @kernel("silu")
 def silu(a: dict) -> tuple:
     x = a["x"]

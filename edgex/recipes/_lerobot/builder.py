@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...component import Component, TensorSpec
+from ...component import DEFAULT_CALIBRATION_SIZE, Component, TensorSpec
 from .policy import Policy
 
 SEEDS = {"obs_a": 1, "obs_b": 2}  # sample seed offsets; calibration uses 100 +
@@ -30,14 +30,15 @@ class FlowBuilder:
         self._cache: dict = {}
 
     def _component(self, name, module, input_names, samples, reference, output_names, description, calibration, metadata,
-                   tables=None):
+                   tables=None, calibration_size=DEFAULT_CALIBRATION_SIZE):
         first = next(iter(samples.values()))
         outs = reference(*first)
         comp = Component(
             name, self.roles[name], module.eval(),
             [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(input_names, first)],
             [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(output_names, outs)],
-            reference, samples, description=description, metadata=metadata, calibration=calibration, tables=tables or {})
+            reference, samples, description=description, metadata=metadata, calibration=calibration, tables=tables or {},
+            calibration_size=calibration_size)
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
@@ -53,7 +54,8 @@ class FlowBuilder:
         return ()
 
     def trajectory(self, obs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(x_t, t) at every Euler step of LeRobot's own schedule (its sample_actions loop)."""
+        """(x_t, t) at every Euler step of LeRobot's own schedule (its sample_actions loop). A step
+        graph calibrates on one set per Euler step, each from another observation (`step_calibration`)."""
         keys, values, valid = self.prefix_outputs(obs)
         dt = -1.0 / self.steps
         x, out = obs["noise"], []
@@ -76,3 +78,17 @@ class FlowBuilder:
             "vision_encoder", self.vision_graph(self.p.policy, tuple(self.config.image_features[cam].shape)), ["image"],
             {n: sample(o) for n, o in SEEDS.items()}, reference, ["image_tokens"], self.vision_description,
             lambda n: [sample(100 + i) for i in range(n)], {"cameras": self.p.cameras, "per_camera": True})
+
+    @property
+    def step_calibration_size(self) -> int:
+        """Sets a step graph calibrates on by default: every Euler step at least once, and no fewer
+        than the default (SmolVLA tiny's 4 steps alone: w8a16 scheme 14.8 dB; 8 sets: 27.2 dB)."""
+        return max(self.steps, DEFAULT_CALIBRATION_SIZE)
+
+    def step_calibration(self, sample):
+        """A step graph's calibration: set i is observation 100 + i at Euler step i % steps
+        (`step_calibration_size` sets by default), so the quantizer's ranges see every step's x_t
+        and t and more than one state and language mask. Drawn from one observation's first 8 steps, pi0's tiny w8a16
+        step clipped the held-out state, the last step's x_t and RoPE positions past the calibrated
+        prefix length (scheme 5.4 dB)."""
+        return lambda n: [sample(100 + i, i % self.steps) for i in range(n)]

@@ -53,10 +53,19 @@ def ddim_schedule(config, steps: int) -> list[tuple[int, float, float]]:
 
 
 def mish(x):
-    """Mish, x tanh(softplus(x)), with softplus written as relu(x) + log(1 + exp(-|x|)) (the same
-    function, never overflowing): MNN 3.6.1's converter refuses ONNX `Mish` (`These Op Not Support:
-    ONNX::Mish`), and these elementwise ops lower on every target."""
-    return x * torch.tanh(torch.relu(x) + torch.log(1.0 + torch.exp(-x.abs())))
+    """Mish, x tanh(softplus(x)), without a logarithm: tanh(log(1 + e^x)) = (e^2x + 2e^x) / (e^2x +
+    2e^x + 2), written with u = exp(-|x|) in (0, 1] so nothing overflows: (1 + 2u) / (1 + 2u + 2u^2)
+    for x >= 0, (u^2 + 2u) / (u^2 + 2u + 2) below (the same function; both are 3/5 at 0, where the
+    sign blend takes their mean). MNN 3.6.1's converter refuses ONNX `Mish` (`These Op Not Support:
+    ONNX::Mish`); the HTP returns 0 for every `Log` of a w8a16 QDQ graph (softplus's
+    log(1 + exp(-|x|)), inputs in [1, 2], the Log kept in float too: the U-Net scored 3.6 dB against
+    its own QDQ graph), and its select (`Where`) refuses the U-Net's shapes, hence the blend."""
+    u = torch.exp(-x.abs())
+    up = (torch.sign(x) + 1.0) * 0.5
+    two_u = 2.0 * u
+    above = (1.0 + two_u) / (1.0 + two_u + two_u * u)
+    below = (u * u + two_u) / (u * u + two_u + 2.0)
+    return x * (up * above + (1.0 - up) * below)
 
 
 class _Unet(nn.Module):

@@ -258,7 +258,7 @@ class Builder(FlowBuilder):
             ["x_t", "t", "state", "prefix_key", "prefix_value", "prefix_mask"],
             {"obs_a_t1": sample(1, 0), "obs_b_last": sample(2, -1)}, lambda *a: (self.velocity(*a),), ["velocity"],
             "(x_t, t, raw state, prefix K/V, mask) -> velocity (normalized action space; state normalization inside)",
-            lambda n: [sample(100 + i // self.steps, i) for i in range(n)], {"chunk": self.config.chunk_size})
+            self.step_calibration(sample), {"chunk": self.config.chunk_size}, calibration_size=self.step_calibration_size)
 
     def action_loop(self) -> Component:
         def sample(offset):

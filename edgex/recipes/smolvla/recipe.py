@@ -221,7 +221,7 @@ class Builder(FlowBuilder):
         return self._component(
             "action_step", SmolVLAStep(self.p.policy), ["x_t", "t", "prefix_key", "prefix_value", "prefix_mask"],
             samples, reference, ["velocity"], "(x_t, t, prefix K/V, mask) -> velocity (normalized action space)",
-            lambda n: [sample(100 + i // self.steps, i) for i in range(n)], {"chunk": self.config.chunk_size})
+            self.step_calibration(sample), {"chunk": self.config.chunk_size}, calibration_size=self.step_calibration_size)
 
     def action_loop(self) -> Component:
         def sample(offset):
