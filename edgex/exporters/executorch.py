@@ -80,11 +80,13 @@ def _xnnpack_ready(program, precision: str):
     executorch's constant propagation: subgraphs that read only constants (baked time embeddings,
     masks and position tables built from `arange`) become stored constants instead of nodes the
     partitioner must refuse. Quantized programs skip it: it would fold each weight's dequantize
-    into a float constant and undo the scheme."""
+    into a float constant and undo the scheme. Propagation runs on the functionalized program: in
+    torch.export's graph an in-place op may still write to a tensor that only looks constant
+    (pi0's loop: "constant ... is mutated in the forward method")."""
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
-        program = constant_prop_pass(program)
+        program = constant_prop_pass(program.run_decompositions({}))
     _mean_over_channels_as_pooling(program)
     return program
 
