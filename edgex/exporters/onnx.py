@@ -187,13 +187,22 @@ def _fold_weight_transposes(graph) -> None:
             folded[transpose.output[0]] = numpy_helper.from_array(array, transpose.output[0] + ".folded")
             graph.initializer.append(folded[transpose.output[0]])
         node.input[1] = folded[transpose.output[0]].name
-    reads = lambda: {name for node in graph.node for name in node.input} | {o.name for o in graph.output}  # noqa: E731
-    read = reads()
+    read = _read_names(graph)
     dead = [producer[out] for out in folded if out not in read]
     for node in dead:
         graph.node.remove(node)
-    read, sources = reads(), {node.input[0] for node in dead}
-    kept = [i for i in graph.initializer if i.name in read or i.name not in sources]
+    drop_unread_initializers(graph, {node.input[0] for node in dead})
+
+
+def _read_names(graph) -> set[str]:
+    return {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+
+
+def drop_unread_initializers(graph, names: set[str]) -> None:
+    """Remove the initializers among `names` that no node and no graph output reads any more
+    (after a rewrite pointed their readers at a replacement)."""
+    read = _read_names(graph)
+    kept = [i for i in graph.initializer if i.name in read or i.name not in names]
     graph.ClearField("initializer")
     graph.initializer.extend(kept)
 

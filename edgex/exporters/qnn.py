@@ -28,7 +28,7 @@ from ..errors import EdgexError
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
 from .base import ExportResult, Exporter, Sidecar, StoredTensor
-from .onnx import OnnxExporter, nodes_from_modules
+from .onnx import OnnxExporter, drop_unread_initializers, nodes_from_modules
 
 if TYPE_CHECKING:
     from ..component import Component
@@ -118,10 +118,7 @@ def _own_biases(source: Path, dest: Path) -> Path:
             copy.name = f"{name}.edgex_bias{i}"
             graph.initializer.append(copy)
             node.input[2] = copy.name
-    still_read = {i for n in graph.node for i in n.input}
-    for name in shared:
-        if name not in still_read:
-            graph.initializer.remove(inits[name])
+    drop_unread_initializers(graph, set(shared))
     # beside the source, so external-data locations (relative to the model's folder) stay valid
     owned = source.with_name(f"{dest.name}.own-bias.onnx")
     onnx.save(model, str(owned))
@@ -439,7 +436,6 @@ class QnnExporter(Exporter):
                 continue
             found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
         return found
-
 
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:
