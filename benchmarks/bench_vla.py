@@ -38,6 +38,7 @@ def main() -> None:
     import onnxruntime as ort
 
     from edgex.export import export_model
+    from edgex.parity.runtimes.onnxruntime import OrtSession
     from edgex.recipes import RECIPES
     from edgex.recipes.smolvla.recipe import Builder
 
@@ -54,15 +55,16 @@ def main() -> None:
     folder = args.out / "smolvla" / "cpu"
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
-    sessions = {n: ort.InferenceSession(str(folder / f"{n}.fp32.onnx"), options) for n in ("vision_encoder", "prefix", "action_loop")}
+    sessions = {n: OrtSession(ort.InferenceSession(str(folder / f"{n}.fp32.onnx"), options))
+                for n in ("vision_encoder", "prefix", "action_loop")}
     short = [c.rsplit(".", 1)[-1] for c in policy.cameras]
 
     def artifacts():
-        tokens = [sessions["vision_encoder"].run(None, {"image": img.numpy()})[0] for img in obs["images"]]
+        tokens = [sessions["vision_encoder"].run_named({"image": img.numpy()})[0] for img in obs["images"]]
         feed = {f"image_tokens_{s}": t for s, t in zip(short, tokens)}
         feed |= {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy(), "state": obs["state"].numpy()}
-        keys, values, mask = sessions["prefix"].run(None, feed)
-        return sessions["action_loop"].run(None, {"noise": obs["noise"].numpy(), "prefix_key": keys,
+        keys, values, mask = sessions["prefix"].run_named(feed)
+        return sessions["action_loop"].run_named({"noise": obs["noise"].numpy(), "prefix_key": keys,
                                                   "prefix_value": values, "prefix_mask": mask})[0]
 
     def eager():

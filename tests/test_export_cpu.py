@@ -70,6 +70,25 @@ def test_predictor_codes_match_in_fp32_and_every_step_is_scored(manifest):
             assert {"snr_db", "top1_agreement"} <= set(sample["logits"]) and "snr_db" in sample["codec_embeds"]
 
 
+def test_onnx_caches_are_fed_per_layer_without_a_copy(manifest):
+    """The talker step's stacked KV caches are sliced into one graph input per layer (ONNX Runtime
+    would copy the whole cache through a Split on every call); the runtime feeds views of the
+    stacked arrays, and the artifact passed runtime parity above."""
+    import onnx
+
+    out, data = manifest
+    root = out / "qwen3-tts" / "cpu"
+    step = next(a for a in data["artifacts"] if (a["component"], a["format"], a["precision"]) == ("talker_decode", "onnx", "fp32"))
+    model = onnx.load(str(root / step["files"][0]["path"]), load_external_data=False)
+    sliced = json.loads({p.key: p.value for p in model.metadata_props}["edgex.sliced_inputs"])
+    layers = sliced.get("past_key", 0)
+    assert sliced == {"past_key": layers, "past_value": layers} and layers >= 2
+    names = [i.name for i in model.graph.input]
+    assert names == ["inputs_embeds", "position", *(f"past_{kv}.{i}" for kv in ("key", "value") for i in range(layers))]
+    assert not [n for n in model.graph.node if n.op_type == "Gather" and set(n.input) & set(names)]
+    assert step["parity"]["min_snr_db"] > 90.0
+
+
 @pytest.mark.benchmark
 def test_readme_demo_exports_every_component(tmp_path):
     """The README's first command as written (the suite's `cpu_export` leaves out the ExecuTorch

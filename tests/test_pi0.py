@@ -22,6 +22,7 @@ from conftest import run_cli
 from edgex.errors import EdgexError
 from edgex.export import export_model
 from edgex.parity.metrics import snr_db
+from edgex.parity.runtimes.onnxruntime import OrtSession
 from edgex.plan import make_plan
 from edgex.recipes import RECIPES
 from test_cli_errors import assert_one_line_error
@@ -329,20 +330,20 @@ def test_chained_files_reproduce_predict_action_chunk(pi0, pi0_export):
                                                                       num_steps=EXPORT_STEPS)).numpy()
 
     def session(name):
-        return ort.InferenceSession(str(folder / f"{name}.fp32.onnx"))
+        return OrtSession(ort.InferenceSession(str(folder / f"{name}.fp32.onnx")))
 
     vision, prefix, loop = session("vision_encoder"), session("prefix"), session("action_loop")
-    tokens = [vision.run(None, {"image": image.numpy()})[0] for image in obs["images"]]
+    tokens = [vision.run_named({"image": image.numpy()})[0] for image in obs["images"]]
     feed = {f"image_tokens_{c.rsplit('.', 1)[-1]}": t for c, t in zip(policy.cameras, tokens)}
-    keys, values, mask = prefix.run(None, feed | {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy()})
+    keys, values, mask = prefix.run_named(feed | {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy()})
     state = obs["state"].numpy()
-    actions = loop.run(None, {"noise": obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,
+    actions = loop.run_named({"noise": obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,
                               "prefix_mask": mask})[0]
     assert actions.shape == eager.shape == (1, policy.config.chunk_size, policy.config.action_feature.shape[0])
     # three files in sequence, each >= 100 dB against its own reference: ONNX Runtime's vision encoder
     # (110 dB) dominates, and the chunk moved 98-112 dB over the observations measured (README)
     assert snr_db(eager, actions) >= 90.0
-    other = loop.run(None, {"noise": -obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,
+    other = loop.run_named({"noise": -obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,
                             "prefix_mask": mask})[0]
     assert snr_db(eager, other) < 20.0
 

@@ -155,7 +155,8 @@ def test_blockwise_int8_is_symmetric_per_block_and_keeps_zero():
 def test_matmul_nbits_artifact_is_read_back_and_a_broken_one_fails(talker_decode, tmp_path):
     """ONNX 8da4w (MatMulNBits int4 blocks, int8 activations): the scheme reference built from the
     file's weights and MLAS's activation quantization reproduces ONNX Runtime to rounding, and a
-    file whose int4 codes are packed in the wrong nibble order (the classic packing bug) fails."""
+    file whose int4 codes are packed in the wrong nibble order (the classic packing bug), or whose
+    zero points were lost, fails."""
     import onnx
     from onnx import numpy_helper
 
@@ -177,15 +178,20 @@ def test_matmul_nbits_artifact_is_read_back_and_a_broken_one_fails(talker_decode
     assert good.scheme["min_snr_db"] < 40 and good.scheme["coverage"]["unmatched"] == {}
     assert len(good.scheme["activations"]) == len(linears)
 
-    model = onnx.load(str(dest))
-    head = next(i for i in model.graph.initializer if i.name.startswith("edgex.linear.codec_head_Q4"))
-    packed = numpy_helper.to_array(head)
-    head.CopyFrom(numpy_helper.from_array(((packed & 0x0F) << 4) | (packed >> 4), head.name))
-    (tmp_path / (dest.name + ".data")).unlink()
-    onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
-    broken = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
-    assert broken.verdict == "fail"
-    assert broken.scheme["min_snr_db"] < DEFAULT_DB["8da4w"] < good.scheme["min_snr_db"]
+    assert result.details["symmetric"] is False  # int4 blocks carry zero points, read back too
+    pristine = onnx.load(str(dest))
+    nibbles_swapped = lambda packed: ((packed & 0x0F) << 4) | (packed >> 4)  # noqa: E731
+    for broken_tensor, breaking in (("edgex.linear.codec_head_Q4", nibbles_swapped),
+                                    ("edgex.linear.codec_head_zero_point", lambda packed: packed * 0)):  # zero points lost
+        model = onnx.ModelProto()
+        model.CopyFrom(pristine)
+        head = next(i for i in model.graph.initializer if i.name.startswith(broken_tensor))
+        head.CopyFrom(numpy_helper.from_array(breaking(numpy_helper.to_array(head)), head.name))
+        (tmp_path / (dest.name + ".data")).unlink()
+        onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
+        broken = run_parity(talker_decode, exporter, result.files, "float32", "8da4w", None, 1)
+        assert broken.verdict == "fail", broken_tensor
+        assert broken.scheme["min_snr_db"] < DEFAULT_DB["8da4w"] < good.scheme["min_snr_db"], broken_tensor
 
 
 class _Reused(nn.Module):

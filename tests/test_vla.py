@@ -15,6 +15,7 @@ import torch
 
 from edgex.errors import EdgexError
 from edgex.export import export_model
+from edgex.parity.runtimes.onnxruntime import OrtSession
 from edgex.plan import make_plan
 from edgex.recipes import RECIPES
 from edgex.targets import TARGETS, VLA_ROLES
@@ -92,16 +93,16 @@ def test_diffusion_chained_artifacts_reproduce_select_action(diffusion_export):
         first = policy.policy.select_action(policy.preprocess({"observation.state": state, policy.cameras[0]: image}), noise=noise)
     eager = policy.postprocess(torch.stack([first, *policy.policy._queues["action"]], 1)).numpy()
 
-    vision = ort.InferenceSession(str(folder / "vision_encoder.fp32.onnx"))
-    loop = ort.InferenceSession(str(folder / "action_loop.fp32.onnx"))
-    feats = vision.run(None, {"image": image.numpy()})[0]
+    vision = OrtSession(ort.InferenceSession(str(folder / "vision_encoder.fp32.onnx")))
+    loop = OrtSession(ort.InferenceSession(str(folder / "action_loop.fp32.onnx")))
+    feats = vision.run_named({"image": image.numpy()})[0]
     history = np.repeat(feats[:, None], config.n_obs_steps, 1)
     states = np.repeat(state.numpy()[:, None], config.n_obs_steps, 1)
-    actions = loop.run(None, {"state": states, "image_features": history, "noise": noise.numpy()})[0]
+    actions = loop.run_named({"state": states, "image_features": history, "noise": noise.numpy()})[0]
     assert actions.shape == eager.shape == (1, config.n_action_steps, config.action_feature.shape[0])
     assert snr_db(eager, actions) >= 100.0
     # the noise is a real input: another draw moves the chunk
-    other = loop.run(None, {"state": states, "image_features": history, "noise": -noise.numpy()})[0]
+    other = loop.run_named({"state": states, "image_features": history, "noise": -noise.numpy()})[0]
     assert snr_db(eager, other) < 20.0
 
 
@@ -169,17 +170,17 @@ def test_smolvla_chained_artifacts_reproduce_select_action(smolvla_export):
     eager = policy.postprocess(torch.stack([first, *policy.policy._queues["action"]], 1)).numpy()
 
     def session(name):
-        return ort.InferenceSession(str(folder / f"{name}.fp32.onnx"))
+        return OrtSession(ort.InferenceSession(str(folder / f"{name}.fp32.onnx")))
 
     vision, prefix, loop = session("vision_encoder"), session("prefix"), session("action_loop")
-    tokens = [vision.run(None, {"image": image.numpy()})[0] for image in obs["images"]]
+    tokens = [vision.run_named({"image": image.numpy()})[0] for image in obs["images"]]
     feed = {f"image_tokens_{c.rsplit('.', 1)[-1]}": t for c, t in zip(policy.cameras, tokens)}
     feed |= {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy(), "state": obs["state"].numpy()}
-    keys, values, mask = prefix.run(None, feed)
-    actions = loop.run(None, {"noise": obs["noise"].numpy(), "prefix_key": keys, "prefix_value": values, "prefix_mask": mask})[0]
+    keys, values, mask = prefix.run_named(feed)
+    actions = loop.run_named({"noise": obs["noise"].numpy(), "prefix_key": keys, "prefix_value": values, "prefix_mask": mask})[0]
     assert actions.shape == eager.shape
     assert snr_db(eager, actions) >= 100.0
-    other = loop.run(None, {"noise": -obs["noise"].numpy(), "prefix_key": keys, "prefix_value": values, "prefix_mask": mask})[0]
+    other = loop.run_named({"noise": -obs["noise"].numpy(), "prefix_key": keys, "prefix_value": values, "prefix_mask": mask})[0]
     assert snr_db(eager, other) < 20.0
 
 

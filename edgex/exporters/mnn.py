@@ -143,7 +143,7 @@ class MnnExporter(Exporter):
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
             onnx_path = Path(tmp) / f"{component.name}.onnx"
-            OnnxExporter().export(component, "fp32", onnx_path)
+            OnnxExporter().graph(component, "fp32", onnx_path)
             convert(onnx_path, dest, _FLAGS[precision])
         details = {"converter_flags": _FLAGS[precision]}
         if precision == "w4":

@@ -5,7 +5,7 @@ and outputs are float16), which is what an fp16 ONNX deployment runs.
 
 8da8w / 8da4w rewrite the fp32 graph's linear layers into ONNX Runtime's `MatMulNBits` contrib op
 with its own quantizer (`onnxruntime.quantization.matmul_nbits_quantizer`): int8 / int4 weights in
-symmetric blocks of `NBITS_BLOCK` along the input, and `accuracy_level` 4, the kernels that quantize
+blocks of `NBITS_BLOCK` along the input (int8 symmetric, int4 with a zero point per block), and `accuracy_level` 4, the kernels that quantize
 the activations to int8 per block at run time and take integer dot products (MLAS CompInt8). On a
 2-core AVX2 host the fp32-activation kernels (level 0) ran 30-500x slower on a 1-token matmul, so
 level 4 is what a CPU deployment uses; the scheme reference models its activation quantization.
@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 # MatMulNBits (8da8w / 8da4w)
 NBITS = {"8da8w": 8, "8da4w": 4}
 NBITS_BLOCK = 32  # weights per block along the input dimension (and the activations' block at level 4)
+# int4 blocks carry a zero point (ONNX Runtime's default; 4 more bits per block of 32): on the 0.6b
+# predictor frame, 24 frames, symmetric int4 flipped one greedy code beyond the tie rule (margin
+# 1.05x the tie margin) where asymmetric int4 kept every flip a tie (worst 0.73x), at 1.1x the
+# symmetric frame's time. int8 stays symmetric.
+NBITS_SYMMETRIC = {8: True, 4: False}
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations, integer dot products
 LINEAR_PREFIX = "edgex.linear."  # a quantized weight's initializer is named after its nn.Linear
 
@@ -48,7 +53,7 @@ class OnnxExporter(Exporter):
         "fp16": "the module cast to float16: fp16 weights and compute end to end, fp16 inputs and outputs",
         "8da8w": f"MatMulNBits: int8 weights, symmetric blocks of {NBITS_BLOCK} along the input, on the linear layers the "
                  f"graph calls; activations quantized to int8 per block at run time (accuracy_level 4); the rest fp32",
-        "8da4w": f"MatMulNBits: int4 weights, symmetric blocks of {NBITS_BLOCK} along the input, on the linear layers the "
+        "8da4w": f"MatMulNBits: int4 weights, blocks of {NBITS_BLOCK} along the input with a scale and a zero point, on the linear layers the "
                  f"graph calls; activations quantized to int8 per block at run time (accuracy_level 4); the rest fp32",
     }
     requires = ("onnx", "onnxscript")
@@ -67,12 +72,19 @@ class OnnxExporter(Exporter):
         return {name: a.astype(np.float32) for name, a in arrays.items() if a.dtype.kind == "f"}
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
+        """The ONNX Runtime artifact: `graph` with every stacked input sliced (`slice_stacked_inputs`)."""
         if precision in NBITS:
             with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-                source = self.export(component, "fp32", Path(tmp) / dest.name).files[0]
-                details = quantize_matmuls(source, dest, component, NBITS[precision])
+                source = self.export(component, "fp32", Path(tmp) / dest.name)
+                details = quantize_matmuls(source.files[0], dest, component, NBITS[precision])
+            details |= {k: v for k, v in source.details.items() if k == "sliced_inputs"}
             data = dest.with_name(dest.name + ".data")
             return ExportResult([dest] + ([data] if data.exists() else []), "float32", details)
+        return self.graph(component, precision, dest, slice_inputs=True)
+
+    def graph(self, component: Component, precision: str, dest: Path, slice_inputs: bool = False) -> ExportResult:
+        """The component's float ONNX graph with its declared inputs (what the QNN and MNN
+        converters start from)."""
         import torch
 
         dtype = float_dtype(precision)
@@ -90,11 +102,12 @@ class OnnxExporter(Exporter):
                 verbose=False,
             )
             optimize(program.model)  # the program still reads the module's tensors: save before they are restored
+            sliced = slice_stacked_inputs(program.model) if slice_inputs else {}
             program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
         opset = program.model_proto.opset_import[0].version
-        return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset})
+        return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset} | ({"sliced_inputs": sliced} if sliced else {}))
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every MatMulNBits weight dequantized as the op defines it
@@ -105,6 +118,58 @@ class OnnxExporter(Exporter):
         if precision not in NBITS:
             return super().stored_scheme(component, precision, files)
         return read_matmul_nbits(component, files[0])
+
+
+SLICED_INPUTS = "edgex.sliced_inputs"  # model metadata: JSON {input name: slices along axis 0}
+
+
+def slice_stacked_inputs(model) -> dict[str, int]:
+    """Feed each stacked input (a KV cache [layers, ...]) as one graph input per slice along axis 0.
+
+    The exported graph reads layer i of `past_key` with `Gather(past_key, i)`, which ONNX Runtime
+    runs as one Split copying the whole cache on every call (the 0.6b talker step: 59 MB per cache
+    input, a quarter of its kernel time in the profile). Inputs `NAME.0` .. `NAME.{n-1}` (shape
+    without the stacked axis) take the place of `NAME`, and the runtime feeds views of the stacked
+    array, so nothing is copied. Only an input read by nothing but constant-index Gathers on axis 0
+    that cover every slice is rewritten; `SLICED_INPUTS` in the model's metadata names them (in
+    the component's input order, so a runner can feed the stacked arrays it already has)."""
+    import json
+
+    import onnx_ir as ir
+
+    graph, sliced = model.graph, {}
+    for position, value in reversed(list(enumerate(graph.inputs))):
+        readers = _slice_readers(value)
+        if readers is None:
+            continue
+        parts = []
+        for index in range(value.shape[0]):
+            part = ir.Value(name=f"{value.name}.{index}", shape=ir.Shape(value.shape[1:]), type=value.type)
+            for node in readers[index]:
+                node.outputs[0].replace_all_uses_with(part)
+                graph.remove(node, safe=True)
+            parts.append(part)
+        graph.inputs[position : position + 1] = parts
+        sliced[value.name] = len(parts)
+    if sliced:
+        model.metadata_props[SLICED_INPUTS] = json.dumps(dict(reversed(sliced.items())))
+    return dict(reversed(sliced.items()))
+
+
+def _slice_readers(value) -> dict[int, list] | None:
+    """{slice index: the Gathers reading it} when every use of `value` is a Gather on axis 0 with a
+    constant scalar index and every slice is read; else None."""
+    shape = value.shape
+    if shape is None or len(shape) < 2 or not isinstance(shape[0], int) or not value.uses():
+        return None
+    readers: dict[int, list] = {}
+    for node, slot in value.uses():
+        axis = node.attributes.get("axis")
+        index = node.inputs[1].const_value if node.op_type == "Gather" and node.domain == "" and slot == 0 else None
+        if index is None or (axis is not None and axis.value != 0) or index.shape.dims != ():
+            return None
+        readers.setdefault(int(index.numpy()) % shape[0], []).append(node)
+    return readers if len(readers) == shape[0] else None
 
 
 def _linear_of(node, linears: set[str]) -> str | None:
@@ -144,7 +209,7 @@ def quantize_matmuls(source: Path, dest: Path, component: Component, bits: int) 
         node.input[:] = [renamed.get(name, name) for name in node.input]
     for init in graph.initializer:
         init.name = renamed.get(init.name, init.name)
-    quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=NBITS_BLOCK, is_symmetric=True,
+    quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=NBITS_BLOCK, is_symmetric=NBITS_SYMMETRIC[bits],
                                            accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=excluded)
     quantizer.node_quantizer.qbits_block_quant = _once_per_weight(quantizer.node_quantizer.qbits_block_quant)
     quantizer.process()
@@ -158,7 +223,7 @@ def quantize_matmuls(source: Path, dest: Path, component: Component, bits: int) 
               location=dest.name + ".data")
     quantized = sum(n.op_type == "MatMulNBits" for n in graph.node)
     return {"opset": model.opset_import[0].version, "op": "com.microsoft.MatMulNBits", "bits": bits,
-            "block_size": NBITS_BLOCK, "symmetric": True, "accuracy_level": ACCURACY_LEVEL,
+            "block_size": NBITS_BLOCK, "symmetric": NBITS_SYMMETRIC[bits], "accuracy_level": ACCURACY_LEVEL,
             "quantized_matmuls": quantized, "quantized_weights": len(renamed), "float_matmuls": len(excluded)}
 
 
@@ -252,12 +317,12 @@ def read_matmul_nbits(component: Component, path: Path):
         seen.add(node.input[1])
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-        packed = numpy_helper.to_array(tensors[node.input[1]]).reshape(n, -1)
-        codes = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(n, -1) if bits == 4 else packed
+        codes = _unpack(numpy_helper.to_array(tensors[node.input[1]]).reshape(n, -1), bits)
         scales = numpy_helper.to_array(tensors[node.input[2]]).astype(np.float32).reshape(n, -1)
-        if len(node.input) > 3 and node.input[3]:
-            raise ValueError(f"{node.name}: zero points are not read (edgex writes symmetric blocks)")
-        zero = 2 ** (bits - 1)  # the op's default zero point for symmetric blocks
+        if len(node.input) > 3 and node.input[3]:  # one code per block, packed like the weights
+            zero = _unpack(numpy_helper.to_array(tensors[node.input[3]]).reshape(n, -1), bits)[:, : scales.shape[1], None]
+        else:
+            zero = 2 ** (bits - 1)  # the op's default zero point (symmetric blocks)
         blocks = codes.reshape(n, scales.shape[1], block).astype(np.float32) - zero
         stored = torch.from_numpy((blocks * scales[..., None]).reshape(n, -1)[:, :k].copy())
         layer = node.input[1].removeprefix(LINEAR_PREFIX).rsplit("_Q", 1)[0]
@@ -269,6 +334,13 @@ def read_matmul_nbits(component: Component, path: Path):
         if attrs.get("accuracy_level", 0) == ACCURACY_LEVEL:
             activations[layer] = ActivationQuant(BLOCKWISE, bits=8, block=block)
     return StoredScheme("read from the file (MatMulNBits weights)", weights, activations, notes)
+
+
+def _unpack(packed, bits: int):
+    """MatMulNBits' uint8 storage -> one code per element (int4: low nibble first)."""
+    import numpy as np
+
+    return np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(packed.shape[0], -1) if bits == 4 else packed
 
 
 # onnxscript's multi-output rewrite `SlicesSplit` (two Slices of one tensor -> one Split) matches

@@ -160,7 +160,7 @@ class _Graphs:
             try:
                 graph = self._folder / f"{component.name}.onnx"
                 if ("float", None) not in self._made:
-                    OnnxExporter().export(component, "fp32", graph)
+                    OnnxExporter().graph(component, "fp32", graph)
                     self._made[("float", None)] = (graph, {})
                 if key[1] is not None:
                     quantized = self._folder / f"{component.name}.{precision}.{key[1]}.qdq.onnx"

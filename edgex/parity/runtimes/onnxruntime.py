@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from ...exporters.onnx import SLICED_INPUTS
 from ...toolchain import require, version
 from . import RUNTIMES
 from .base import SMOKE_INPUT, Runtime, Session, check_smoke
@@ -31,14 +33,28 @@ def smoke_model(path: Path) -> Path:
 
 
 class OrtSession(Session):
-    """Any onnxruntime.InferenceSession, fed in declared input order (also used by the QNN runtime)."""
+    """Any onnxruntime.InferenceSession, fed in declared input order (also used by the QNN runtime).
+
+    A stacked input the exporter sliced (`edgex.exporters.onnx.SLICED_INPUTS` in the model's
+    metadata) is still given whole, under its own name and in its place; each slice is fed as a
+    view of it, so nothing is copied."""
 
     def __init__(self, session):
         self._session = session
-        self._inputs = [i.name for i in session.get_inputs()]
+        self._sliced = json.loads(session.get_modelmeta().custom_metadata_map.get(SLICED_INPUTS, "{}"))
+        parts = {f"{name}.{i}" for name, count in self._sliced.items() for i in range(1, count)}
+        self._inputs = [i.name.removesuffix(".0") if i.name.removesuffix(".0") in self._sliced else i.name
+                        for i in session.get_inputs() if i.name not in parts]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return self._session.run(None, dict(zip(self._inputs, inputs)))
+        return self.run_named(dict(zip(self._inputs, inputs)))
+
+    def run_named(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """`run` with the inputs by name (the component's names, stacked inputs whole)."""
+        feed = {}
+        for name, array in arrays.items():
+            feed.update({f"{name}.{i}": array[i] for i in range(self._sliced[name])} if name in self._sliced else {name: array})
+        return self._session.run(None, feed)
 
 
 @RUNTIMES.register("onnxruntime")
