@@ -26,29 +26,23 @@ def _gumbel(shape, gen: torch.Generator, temperature: float) -> torch.Tensor:
     return -torch.log(-torch.log(uniform)) * temperature
 
 
-class Utterances:
-    """Utterances of the unmodified HF talker + code predictor generated together, one batch row
-    each, up to `frames` frames, lazily.
+class Utterance:
+    """Up to `frames` frames of the unmodified HF talker + code predictor, generated lazily.
 
-    Each row draws its text ids and sampling noise from its own seeded generator, in the same order
-    as alone; the rows share every model call. A 0.6b eager frame reads ~6.6 GB of weights through
-    ~20 module calls, so two rows cost little more than one (the component samples come from two
-    100-frame utterances: the eager frames were most of an export's setup). A row's values depend
-    on the batch it was generated in (matrix kernels pick their blocking by size, so the last bits
-    differ), never on what the other rows hold: a caller that needs the same samples again builds
-    the same batch."""
+    `prefill_embeds` [1, P, H]; `frame(f)` is frame f's record (talker input/outputs, codes, noise,
+    position); `cache(n)` the talker cache's first n positions [L, 1, KV, n, D]; `codes` [1, 16, T]
+    the whole utterance's codes as the decoder consumes them."""
 
-    def __init__(self, talker, prefill_len: int, frames: int, seeds, temperature: float = 1.0):
-        self._talker, self.length, self._temperature = talker, frames, temperature
-        self._gens = [torch.Generator().manual_seed(seed) for seed in seeds]
+    def __init__(self, talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0):
+        self._talker, self._length, self._temperature = talker, frames, temperature
+        self._gen = torch.Generator().manual_seed(seed)
         cfg = talker.config
-        rows = len(self._gens)
         text_vocab = talker.model.text_embedding.num_embeddings
         with torch.no_grad():
-            text_ids = torch.cat([torch.randint(0, text_vocab, (1, prefill_len + frames // 2), generator=g) for g in self._gens])
+            text_ids = torch.randint(0, text_vocab, (1, prefill_len + frames // 2), generator=self._gen)
             text = talker.text_projection(talker.model.text_embedding(text_ids))
-            codec_prompt = torch.full((rows, prefill_len), cfg.codec_pad_id)
-            codec_prompt[:, -1] = cfg.codec_bos_id
+            codec_prompt = torch.full((1, prefill_len), cfg.codec_pad_id)
+            codec_prompt[0, -1] = cfg.codec_bos_id
             self.prefill_embeds = text[:, :prefill_len] + talker.model.codec_embedding(codec_prompt)
             self._trailing = text[:, prefill_len:]
             self._pad_embed = talker.text_projection(talker.model.text_embedding(torch.tensor([[text_vocab - 1]])))
@@ -56,47 +50,40 @@ class Utterances:
             out = talker.model(inputs_embeds=self.prefill_embeds, past_key_values=self._cache, use_cache=True)
         self._hidden = out.last_hidden_state[:, -1:]
         self._position = prefill_len
-        self._frames: list[dict] = []  # batched records, one per frame
-
-    def __len__(self) -> int:
-        return len(self._gens)
-
-    def row(self, index: int) -> "Utterance":
-        return Utterance.of(self, index)
+        self._frames: list[dict] = []
 
     def frame(self, index: int) -> dict:
-        if not 0 <= index < self.length:
-            raise IndexError(f"frame {index} outside the utterance's {self.length} frames")
+        if not 0 <= index < self._length:
+            raise IndexError(f"frame {index} outside the utterance's {self._length} frames")
         while len(self._frames) <= index:
             self._step()
         return self._frames[index]
 
     def cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's first `length` cache positions, [L, rows, KV, length, D] each."""
         while self._cache.get_seq_length() < length:
             self._step()
         layers = range(len(self._talker.model.layers))
         return (torch.stack([self._cache[i][0][:, :, :length] for i in layers]),
                 torch.stack([self._cache[i][1][:, :, :length] for i in layers]))
 
+    @property
+    def codes(self) -> torch.Tensor:
+        frames = [self.frame(f) for f in range(self._length)]
+        return torch.stack([torch.cat((f["code0"], f["codes"]), dim=1)[0] for f in frames], dim=1)[None]
+
     def text_embed(self, frame: int) -> torch.Tensor:
-        """Every row's text part of the talker input after frame `frame` [rows, 1, H]: the next trailing
-        text embedding, or the tts pad embedding once the text is used up."""
-        if frame < self._trailing.shape[1]:
-            return self._trailing[:, frame : frame + 1]
-        return self._pad_embed.expand(len(self), -1, -1)
+        """The text part of the talker input after frame `frame`: the next trailing text embedding, or
+        the tts pad embedding once the text is used up (a runner adds it to the frame's code embeds)."""
+        return self._trailing[:, frame : frame + 1] if frame < self._trailing.shape[1] else self._pad_embed
 
     @torch.no_grad()
     def _step(self) -> None:
-        talker, temperature = self._talker, self._temperature
+        talker, gen, temperature = self._talker, self._gen, self._temperature
         f, hidden = len(self._frames), self._hidden
         logits = talker.codec_head(hidden)
-        code0_noise, noise = [], []
-        for gen in self._gens:  # each row's draws in the order it makes them alone
-            code0_noise.append(_gumbel((1, 1, AUDIO_CODES), gen, temperature))
-            noise.append(_gumbel((1, 15, AUDIO_CODES), gen, temperature))
-        code0_noise, noise = torch.cat(code0_noise), torch.cat(noise)
+        code0_noise = _gumbel((1, 1, AUDIO_CODES), gen, temperature)
         code0 = torch.argmax(logits[..., :AUDIO_CODES] + code0_noise, dim=-1)
+        noise = _gumbel((1, 15, AUDIO_CODES), gen, temperature)
         codes, _, codec_sum = frame_reference(talker, hidden, code0, noise)
         embeds = codec_sum + self.text_embed(f)
         self._frames.append(dict(talker_hidden=hidden, code0=code0, code0_noise=code0_noise, noise=noise, codes=codes,
@@ -105,48 +92,6 @@ class Utterances:
                            cache_position=torch.tensor([self._position]))
         self._hidden = out.last_hidden_state
         self._position += 1
-
-
-class Utterance:
-    """One utterance: a row of an `Utterances` batch (`Utterances.row`), or generated alone.
-
-    `prefill_embeds` [1, P, H]; `frame(f)` is frame f's record (talker input/outputs, codes, noise,
-    position); `cache(n)` the talker cache's first n positions [L, 1, KV, n, D]; `codes` [1, 16, T]
-    the whole utterance's codes as the decoder consumes them."""
-
-    def __init__(self, talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0):
-        self._batch, self._row = Utterances(talker, prefill_len, frames, (seed,), temperature), 0
-
-    @classmethod
-    def of(cls, batch: Utterances, row: int) -> "Utterance":
-        utt = cls.__new__(cls)
-        utt._batch, utt._row = batch, row
-        return utt
-
-    def _one(self, t: torch.Tensor) -> torch.Tensor:
-        return t[self._row : self._row + 1]
-
-    @property
-    def prefill_embeds(self) -> torch.Tensor:
-        return self._one(self._batch.prefill_embeds)
-
-    def frame(self, index: int) -> dict:
-        rec = self._batch.frame(index)
-        return {k: v if k == "position" else self._one(v) for k, v in rec.items()}
-
-    def cache(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key, value = self._batch.cache(length)
-        return key[:, self._row : self._row + 1], value[:, self._row : self._row + 1]
-
-    @property
-    def codes(self) -> torch.Tensor:
-        frames = [self.frame(f) for f in range(self._batch.length)]
-        return torch.stack([torch.cat((f["code0"], f["codes"]), dim=1)[0] for f in frames], dim=1)[None]
-
-    def text_embed(self, frame: int) -> torch.Tensor:
-        """The text part of the talker input after frame `frame`: the next trailing text embedding, or
-        the tts pad embedding once the text is used up (a runner adds it to the frame's code embeds)."""
-        return self._one(self._batch.text_embed(frame))
 
 
 def padded_cache(cache: torch.Tensor, slots: int) -> torch.Tensor:

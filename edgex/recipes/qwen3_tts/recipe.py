@@ -20,7 +20,7 @@ from . import code2wav, predictor, talker
 from . import in_situ as situ
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
-from .pipeline import AUDIO_CODES, Utterance, Utterances, padded_cache
+from .pipeline import AUDIO_CODES, Utterance, padded_cache
 from .presets import get_preset
 
 # Graph sizes per preset family: (prefill chunk, talker KV slots).
@@ -82,16 +82,11 @@ class _ComponentBuilder:
         self._utts: dict[str, Utterance] = {}
 
     def utt(self, which: str) -> Utterance:
-        """Utterance a or b (generated together, always both: a component built alone, as `edgex
-        verify` and the build cache build them, gets the same samples), or calibration utterance
-        "cal<i>" (alone)."""
         if which not in self._utts:
-            if which in self._seeds:
-                pair = Utterances(self.talker, self.prefill_len, UTTERANCE_FRAMES, list(self._seeds.values()))
-                self._utts.update({name: pair.row(i) for i, name in enumerate(self._seeds)})
-            else:
+            seed = self._seeds.get(which)
+            if seed is None:  # "cal<i>"
                 seed = self._calibration_seed + int(which.removeprefix("cal"))
-                self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
+            self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
         return self._utts[which]
 
     def _calibration(self, make, per_utterance: int):
