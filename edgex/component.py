@@ -103,6 +103,11 @@ class Component:
                 self._reference_outputs[sample] = tuple(self.reference(*self.samples[sample]))
         return self._reference_outputs[sample]
 
+    def keep_reference_outputs(self, sample: str, outputs: Inputs) -> None:
+        """Outputs of the eager reference on a named sample that the recipe already ran (to declare
+        the output specs): parity reuses them instead of running the eager model on it again."""
+        self._reference_outputs[sample] = tuple(outputs)
+
     def eager(self, inputs: Inputs, forced: dict[str, torch.Tensor] | None = None) -> Inputs:
         """The eager reference as parity calls it, `(inputs, forced tokens | None) -> outputs`:
         free-running (cached for the component's own samples) or teacher-forced on `forced`."""

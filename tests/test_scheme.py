@@ -60,6 +60,25 @@ def test_stored_weights_replace_the_matching_rows_and_are_restored():
         assert torch.equal(p, saved)
 
 
+def test_weights_that_are_the_parameters_themselves_swap_directly_as_the_row_search_would():
+    """fp16 rounding and torchao store each weight under its parameter's name, as the parameter's own
+    tensor: those swap in directly (no index of every row's bytes, several copies of a model's
+    weights), with the same values and coverage the row search gives for copies of the same tensors."""
+    from edgex.parity.scheme import _own_parameters, rounded_to_fp16
+
+    eager, comp = _component()
+    direct = rounded_to_fp16(comp)
+    searched = StoredScheme("test", {n: StoredWeight(w.original.clone(), w.stored) for n, w in direct.weights.items()})
+    assert _own_parameters(comp, direct.weights) is not None and _own_parameters(comp, searched.weights) is None
+    fast, slow = build(comp, direct), build(comp, searched)
+    assert fast.coverage == slow.coverage and fast.coverage["parameters_swapped"]["up.weight"] == "16/16 rows"
+    (x,) = comp.samples["s"]
+    for a, b in zip(fast((x,)), slow((x,))):
+        assert torch.equal(a, b)
+    assert not torch.equal(fast((x,))[0], comp.reference(x)[0])  # the rounded weights were in place
+    assert all(torch.equal(p, w.original) for p, w in zip(eager.parameters(), direct.weights.values()))  # and restored
+
+
 def test_rows_that_belong_to_no_parameter_are_reported_not_guessed():
     _, comp = _component()
     folded = torch.cat((comp.module.up.weight, torch.randn(3, 8)))  # e.g. a table folded through another layer

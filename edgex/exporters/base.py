@@ -127,8 +127,10 @@ class Exporter(ABC):
         """Every constant tensor the files store as data a graph op reads (a gather's table), by
         the file's own name, decoded to float32 as the runtime sees it (dequantized where stored
         quantized). Weights packed inside a compiled kernel (an XNNPACK or MNN convolution, the HTP
-        binary) are not listed: the parity runs read them whole. `options`: those the artifact was
-        exported with. None: the format cannot be read back here (`unreadable` says why)."""
+        binary) are not listed: the parity runs read them whole. A format may list only the
+        constants that can be one of the component's tables (`edgex.parity.tensors.may_hold_table`)
+        and leave the rest of the file unread. `options`: those the artifact was exported with.
+        None: the format cannot be read back here (`unreadable` says why)."""
         return None
 
 

@@ -102,6 +102,31 @@ def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
     return module, cast_inputs(component.example_inputs, dtype)
 
 
+def _constant_data(path: Path):
+    """A `.pte`'s program (its flatbuffer, without the data segments) and `constant(index)`, the
+    bytes of `constant_buffer[index]`, read from a memory map of the file. ExecuTorch's own
+    `deserialize_pte_binary` takes the whole file as bytes and copies every segment out of it:
+    three copies of a 1.7b model's weights to find one embedding table. Constants live either in
+    the flatbuffer (`constant_buffer`) or, as the serializer writes them by default, in the
+    constant segment at `constant_segment.offsets`, as `_restore_constant_segment` reads them."""
+    import mmap
+
+    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    from executorch.exir._serialize._program import _get_extended_header
+
+    with open(path, "rb") as f:
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    header = _get_extended_header(bytes(view[:64]))
+    program = _flatbuffer_to_program(bytes(view[: header.program_size if header else len(view)]))
+    segment = program.constant_segment
+    if header is None or segment is None or not segment.offsets:
+        return program, lambda index: program.constant_buffer[index].storage
+    located = program.segments[segment.segment_index]
+    start = header.segment_base_offset + located.offset
+    ends = [*segment.offsets[1:], located.size]
+    return program, lambda index: view[start + segment.offsets[index] : start + ends[index]]
+
+
 @EXPORTERS.register("executorch")
 class ExecuTorchExporter(Exporter):
     name = "executorch"
@@ -146,14 +171,16 @@ class ExecuTorchExporter(Exporter):
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """The program's constant tensors (those outside the XNNPACK delegate, such as a gather's
-        table), read by ExecuTorch's own `.pte` deserializer: a `Tensor` value with a data buffer
-        and no memory-plan allocation is a constant of `constant_buffer`."""
+        table) that can be one of the component's tables: a `Tensor` value with a data buffer and
+        no memory-plan allocation is a constant of `constant_buffer`. Read from a memory map of
+        the `.pte` (`_constant_data`), so only those tensors' bytes are read."""
         import numpy as np
-        from executorch.exir._serialize._program import deserialize_pte_binary
         from executorch.exir.schema import ScalarType, Tensor
 
+        from ..parity.tensors import may_hold_table
+
         dtypes = {ScalarType.FLOAT: np.float32, ScalarType.HALF: np.float16}
-        program = deserialize_pte_binary(files[0].read_bytes()).program
+        program, constant = _constant_data(files[0])
         arrays = {}
         for p, plan in enumerate(program.execution_plan):
             for i, value in enumerate(plan.values):
@@ -161,10 +188,10 @@ class ExecuTorchExporter(Exporter):
                 if not isinstance(t, Tensor) or t.data_buffer_idx <= 0 or t.allocation_info is not None:
                     continue
                 dtype = dtypes.get(t.scalar_type)
-                if dtype is None:
+                if dtype is None or not may_hold_table(t.sizes, component.tables):
                     continue
                 count = int(np.prod(t.sizes, dtype=np.int64))
-                data = np.frombuffer(program.constant_buffer[t.data_buffer_idx].storage, dtype, count)
+                data = np.frombuffer(constant(t.data_buffer_idx), dtype, count)
                 arrays[f"{plan.name}.values[{i}]"] = data.reshape(t.sizes).astype(np.float32)
         return arrays
 
@@ -189,8 +216,12 @@ class ExecuTorchExporter(Exporter):
                                                   compile_config=EdgeCompileConfig(_check_ir_validity=False))
             del program
             delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
-            buffer = lowered.to_executorch().buffer
-        dest.write_bytes(buffer)
+            program = lowered.to_executorch()
+            del lowered
+            # Written piece by piece from the serializer's chunks: `.buffer` joins them into one bytes
+            # object first, another copy of every weight at the export's peak.
+            with open(dest, "wb") as f:
+                program.write_to_file(f)
         return ExportResult(
             [dest],
             str(float_dtype(precision)).removeprefix("torch."),

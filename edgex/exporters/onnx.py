@@ -59,17 +59,28 @@ class OnnxExporter(Exporter):
     requires = ("onnx", "onnxscript")
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
-        """The graph's float initializers and Constant-node values, read by onnx (external data included)."""
+        """The graph's float initializers and Constant-node values that can be one of the
+        component's tables, read by onnx; only those initializers' external data is loaded."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
+        from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-        graph = onnx.load(str(files[0])).graph
-        arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        from ..parity.tensors import may_hold_table
+
+        graph = onnx.load(str(files[0]), load_external_data=False).graph
+        arrays = {}
+        for init in graph.initializer:
+            if not may_hold_table(init.dims, component.tables):
+                continue
+            if uses_external_data(init):
+                load_external_data_for_tensor(init, str(files[0].parent))
+            arrays[init.name] = numpy_helper.to_array(init)
         for node in graph.node:
             if node.op_type == "Constant":
                 arrays.update({out: numpy_helper.to_array(a.t) for out in node.output for a in node.attribute if a.name == "value"})
-        return {name: a.astype(np.float32) for name, a in arrays.items() if a.dtype.kind == "f"}
+        return {name: a.astype(np.float32) for name, a in arrays.items()
+                if a.dtype.kind == "f" and may_hold_table(a.shape, component.tables)}
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """The ONNX Runtime artifact: `graph` with every stacked input sliced (`slice_stacked_inputs`)."""

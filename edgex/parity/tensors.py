@@ -35,6 +35,17 @@ def row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:
     return snr
 
 
+def may_hold_table(shape, tables: dict) -> bool:
+    """Whether a constant of `shape` can be one of the `tables` (name -> array or tensor) as
+    `tables_read_back` looks for them: as stored, transposed, or a stack read as rows. A reader
+    decodes only such constants: a file's weights are gigabytes that no table search needs."""
+    shape = tuple(int(d) for d in shape)
+    forms = {shape} | ({shape[::-1]} if len(shape) == 2 else set())
+    if len(shape) > 2:
+        forms.add((math.prod(shape[:-1]), shape[-1]))
+    return any(tuple(t.shape) in forms for t in tables.values())
+
+
 def tables_read_back(tables: dict[str, np.ndarray], constants: dict[str, np.ndarray] | None, why: str) -> dict[str, StoredTensor]:
     """Each gather table paired with the constant of the file that stores it: among the constants
     of its shape (or its transpose, or a stack of tables whose rows it is), the one closest to it. Names are not matched: converters rename

@@ -113,6 +113,7 @@ class _ComponentBuilder:
                          forced_reference=forced_reference, written=written or {}, tables=tables or {})
         for sample in samples.values():
             comp.check_inputs(sample)
+        comp.keep_reference_outputs(next(iter(samples)), outputs)
         return comp
 
     # -- talker -----------------------------------------------------------------------------
