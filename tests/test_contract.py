@@ -53,13 +53,26 @@ def test_onnx_io_names_shapes_and_dtypes_match_spec(exported, component):
         if a["component"] != component or a["format"] != "onnx":
             continue
         model = onnx.load(root / a["files"][0]["path"], load_external_data=False)
-        for values, specs in ((model.graph.input, a["inputs"]), (model.graph.output, a["outputs"])):
+        for values, specs in ((model.graph.input, _as_fed(model, a["inputs"])), (model.graph.output, a["outputs"])):
             assert [v.name for v in values] == [s["name"] for s in specs]
             for v, spec in zip(values, specs):
                 dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
                 assert dims == spec["shape"], (component, spec["name"])
                 np_type = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
                 assert np.dtype(np_type).name == _float(spec["dtype"], a["io_float_dtype"])
+
+
+def _as_fed(model, specs: list[dict]) -> list[dict]:
+    """The input specs as the ONNX file takes them: a stacked input the exporter sliced (named in the
+    model's `edgex.sliced_inputs`) is one input per index of its first axis, `NAME.i`."""
+    sliced = json.loads({p.key: p.value for p in model.metadata_props}.get("edgex.sliced_inputs", "{}"))
+    fed = []
+    for spec in specs:
+        count = sliced.pop(spec["name"], None)
+        assert count in (None, spec["shape"][0]), spec
+        fed += [spec] if count is None else [dict(spec, name=f"{spec['name']}.{i}", shape=spec["shape"][1:]) for i in range(count)]
+    assert not sliced, f"sliced inputs the spec does not have: {sliced}"
+    return fed
 
 
 def test_component_metadata_a_runner_needs(exported):

@@ -111,7 +111,7 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
 
     made = []
 
-    def export(_self, _component, _precision, dest):
+    def graph(_self, _component, _precision, dest):
         made.append("onnx")
         dest.write_bytes(b"graph")
 
@@ -120,7 +120,7 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
         dest.write_bytes(b"qdq")
         return {"calibration_sets": size}
 
-    monkeypatch.setattr(qnn.OnnxExporter, "export", export)
+    monkeypatch.setattr(qnn.OnnxExporter, "graph", graph)
     monkeypatch.setattr(qnn, "quantize_qdq", quantize)
 
     class Spec:

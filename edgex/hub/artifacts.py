@@ -26,6 +26,7 @@ class Submission:
     upload: Path  # file, or a folder that the client zips (ONNX with companions)
     kind: str
     compile_options: str | None  # None: a device model already, no compile job
+    graph: Path | None = None  # the ONNX file, whose inputs may be sliced per layer (`sliced_inputs_of`)
 
 
 def prepare(files: list[Path], workdir: Path) -> Submission | str:
@@ -37,7 +38,7 @@ def prepare(files: list[Path], workdir: Path) -> Submission | str:
             kind, options = "EPContext ONNX", "--target_runtime precompiled_qnn_onnx"
         else:
             kind, options = "ONNX", "--target_runtime qnn_context_binary"
-        return Submission(_folder(primary, companions, workdir) if companions else primary, kind, options)
+        return Submission(_folder(primary, companions, workdir) if companions else primary, kind, options, primary)
     if primary.suffix in DEVICE_MODELS:
         return Submission(primary, DEVICE_MODELS[primary.suffix], None)
     return f"AI Hub runs ONNX, QNN context binaries (.bin) and DLCs (.dlc), not {primary.suffix} artifacts"

@@ -20,6 +20,7 @@ import numpy as np
 from ..artifacts.files import file_record, move_into_place
 from ..component import Component
 from ..errors import EdgexError
+from ..exporters.onnx import sliced_inputs_of
 from ..parity.check import ParityReport, measure, to_numpy
 from ..parity.runtimes.base import Session
 from ..toolchain import require
@@ -58,16 +59,22 @@ def wait(job, kind: str, conn: HubConnection) -> None:
         raise EdgexError(f"AI Hub {kind} job {job.job_id} failed on {conn.device}: {status.message or 'no reason given'} ({job.url})")
 
 
-def _dataset(component: Component, sent: list[list[np.ndarray]], specs: dict | None) -> dict:
+def _dataset(component: Component, sent: list[list[np.ndarray]], specs: dict | None, sliced: dict[str, int]) -> dict:
     """Inputs as AI Hub's dataset schema: ordered names -> one array per sample. `specs` are the
     compiled model's inputs (AI Hub may rename them or narrow int64 to int32 for the HTP); they are
-    matched by position, as compiled graphs keep the input order."""
-    if specs is not None and len(specs) != len(component.inputs):
-        raise EdgexError(f"AI Hub compiled {component.name} with {len(specs)} inputs, the component declares {len(component.inputs)}")
-    names = list(specs) if specs else [s.name for s in component.inputs]
+    matched by position, as compiled graphs keep the input order. A stacked input the ONNX file
+    takes per layer (`sliced`) is sent as its slices."""
+    columns = []
+    for i, spec in enumerate(component.inputs):
+        count = sliced.get(spec.name)
+        columns += ([(f"{spec.name}.{k}", [arrays[i][k] for arrays in sent]) for k in range(count)] if count
+                    else [(spec.name, [arrays[i] for arrays in sent])])
+    if specs is not None and len(specs) != len(columns):
+        raise EdgexError(f"AI Hub compiled {component.name} with {len(specs)} inputs, the component's file takes {len(columns)}")
+    names = list(specs) if specs else [name for name, _ in columns]
     dtypes = [spec[1] for spec in specs.values()] if specs else [None] * len(names)
-    return {name: [np.ascontiguousarray(arrays[i].astype(dtype) if dtype else arrays[i]) for arrays in sent]
-            for i, (name, dtype) in enumerate(zip(names, dtypes))}
+    return {name: [np.ascontiguousarray(a.astype(dtype) if dtype else a) for a in arrays]
+            for name, dtype, (_, arrays) in zip(names, dtypes, columns)}
 
 
 def run_on_device(conn: HubConnection, component: Component, submission: Submission, sent: list[list[np.ndarray]], download_to: Path) -> DeviceRun:
@@ -77,6 +84,7 @@ def run_on_device(conn: HubConnection, component: Component, submission: Submiss
     device = hub.Device(conn.device)
     name = f"edgex {component.name}"
     run = DeviceRun([], {})
+    sliced = sliced_inputs_of(submission.graph) if submission.graph is not None else {}
     if submission.compile_options is not None:
         with hub_errors(f"submitting the compile job for {component.name}"):
             compile_job = client.submit_compile_job(str(submission.upload), device, name=name, options=submission.compile_options)
@@ -93,7 +101,7 @@ def run_on_device(conn: HubConnection, component: Component, submission: Submiss
         specs = None
     with hub_errors(f"submitting the profile and inference jobs for {component.name}"):
         profile_job = client.submit_inference_job(model, device, inputs=None, name=name, profile=True)
-        inference_job = client.submit_inference_job(model, device, inputs=_dataset(component, sent, specs), name=name, profile=False)
+        inference_job = client.submit_inference_job(model, device, inputs=_dataset(component, sent, specs, sliced), name=name, profile=False)
     run.jobs["profile"] = {"id": profile_job.job_id, "url": profile_job.url}
     run.jobs["inference"] = {"id": inference_job.job_id, "url": inference_job.url}
     wait(profile_job, "profile", conn)
