@@ -179,6 +179,15 @@ def sliced_inputs_of(path: Path) -> dict[str, int]:
     return json.loads({p.key: p.value for p in model.metadata_props}.get(SLICED_INPUTS, "{}"))
 
 
+def sliced_feed(arrays: dict, sliced: dict[str, int]) -> dict:
+    """Inputs by name as the file takes them: each stacked array `sliced` names becomes its slices
+    (views, not copies) under `NAME.i`; every other array as it is."""
+    feed = {}
+    for name, array in arrays.items():
+        feed.update({f"{name}.{i}": array[i] for i in range(sliced[name])} if name in sliced else {name: array})
+    return feed
+
+
 def fuse_rms_norms(model) -> int:
     """Rewrite every fp32 RMSNorm that `edgex.nn.transformer.rms_norm` emits (seven nodes: x * x, its
     mean as a MatMul against a constant 1/n column, + eps, Sqrt, Reciprocal, x * that, * weight) into

@@ -20,7 +20,7 @@ import numpy as np
 from ..artifacts.files import file_record, move_into_place
 from ..component import Component
 from ..errors import EdgexError
-from ..exporters.onnx import sliced_inputs_of
+from ..exporters.onnx import sliced_feed, sliced_inputs_of
 from ..parity.check import ParityReport, measure, to_numpy
 from ..parity.runtimes.base import Session
 from ..toolchain import require
@@ -64,11 +64,8 @@ def _dataset(component: Component, sent: list[list[np.ndarray]], specs: dict | N
     compiled model's inputs (AI Hub may rename them or narrow int64 to int32 for the HTP); they are
     matched by position, as compiled graphs keep the input order. A stacked input the ONNX file
     takes per layer (`sliced`) is sent as its slices."""
-    columns = []
-    for i, spec in enumerate(component.inputs):
-        count = sliced.get(spec.name)
-        columns += ([(f"{spec.name}.{k}", [arrays[i][k] for arrays in sent]) for k in range(count)] if count
-                    else [(spec.name, [arrays[i] for arrays in sent])])
+    fed = [sliced_feed(dict(zip([s.name for s in component.inputs], arrays)), sliced) for arrays in sent]
+    columns = [(name, [sample[name] for sample in fed]) for name in (fed[0] if fed else [])]
     if specs is not None and len(specs) != len(columns):
         raise EdgexError(f"AI Hub compiled {component.name} with {len(specs)} inputs, the component's file takes {len(columns)}")
     names = list(specs) if specs else [name for name, _ in columns]

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...exporters.onnx import SLICED_INPUTS
+from ...exporters.onnx import SLICED_INPUTS, sliced_feed
 from ...toolchain import require, version
 from . import RUNTIMES
 from .base import SMOKE_INPUT, Runtime, Session, check_smoke
@@ -51,10 +51,7 @@ class OrtSession(Session):
 
     def run_named(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         """`run` with the inputs by name (the component's names, stacked inputs whole)."""
-        feed = {}
-        for name, array in arrays.items():
-            feed.update({f"{name}.{i}": array[i] for i in range(self._sliced[name])} if name in self._sliced else {name: array})
-        return self._session.run(None, feed)
+        return self._session.run(None, sliced_feed(arrays, self._sliced))
 
 
 @RUNTIMES.register("onnxruntime")
