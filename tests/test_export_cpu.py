@@ -89,6 +89,18 @@ def test_onnx_caches_are_fed_per_layer_without_a_copy(manifest):
     assert step["parity"]["min_snr_db"] > 90.0
 
 
+def test_onnx_runtime_artifacts_run_its_fused_kernels(manifest):
+    """ONNX Runtime artifacts get edgex's RMSNorm, residual + RMSNorm and NeoX RoPE as ONNX
+    Runtime's one-kernel ops (`edgex/exporters/onnx_fusions.py`): the talker step computes its RoPE
+    table from the position input, the predictor frame's is constant; both passed parity above."""
+    _, data = manifest
+    for name in ("talker_decode", "code_predictor"):
+        step = next(a for a in data["artifacts"] if (a["component"], a["format"], a["precision"]) == (name, "onnx", "fp32"))
+        details = step["details"]
+        assert min(details.get(k, 0) for k in ("fused_rms_norms", "fused_skip_rms_norms", "fused_rotary_embeddings")) > 0, details
+        assert step["parity"]["min_snr_db"] > 90.0
+
+
 @pytest.mark.benchmark
 def test_readme_demo_exports_every_component(tmp_path):
     """The README's first command as written (the suite's `cpu_export` leaves out the ExecuTorch

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
+from .onnx_fusions import fuse_for_onnxruntime
 
 if TYPE_CHECKING:
     from ..component import Component
@@ -84,12 +85,12 @@ class OnnxExporter(Exporter):
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """The ONNX Runtime artifact: `graph` with every stacked input sliced (`slice_stacked_inputs`)
-        and edgex's RMSNorms fused into ONNX Runtime's kernel (`fuse_rms_norms`)."""
+        and edgex's transformer pieces fused into ONNX Runtime's kernels (`onnx_fusions`)."""
         if precision in NBITS:
             with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
                 source = self.export(component, "fp32", Path(tmp) / dest.name)
                 details = quantize_matmuls(source.files[0], dest, component, NBITS[precision])
-            details |= {k: v for k, v in source.details.items() if k in ("sliced_inputs", "fused_rms_norms")}
+            details |= {k: v for k, v in source.details.items() if k == "sliced_inputs" or k.startswith("fused_")}
             data = dest.with_name(dest.name + ".data")
             return ExportResult([dest] + ([data] if data.exists() else []), "float32", details)
         return self.graph(component, precision, dest, for_onnxruntime=True)
@@ -114,13 +115,12 @@ class OnnxExporter(Exporter):
                 verbose=False,
             )
             optimize(program.model)  # the program still reads the module's tensors: save before they are restored
-            sliced, fused = (slice_stacked_inputs(program.model), fuse_rms_norms(program.model)) if for_onnxruntime else ({}, 0)
+            sliced, fused = (slice_stacked_inputs(program.model), fuse_for_onnxruntime(program.model)) if for_onnxruntime else ({}, {})
             program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
         opset = program.model_proto.opset_import[0].version
-        return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset} | ({"sliced_inputs": sliced} if sliced else {})
-                            | ({"fused_rms_norms": fused} if fused else {}))
+        return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset} | ({"sliced_inputs": sliced} if sliced else {}) | fused)
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every MatMulNBits weight dequantized as the op defines it
@@ -186,45 +186,6 @@ def sliced_feed(arrays: dict, sliced: dict[str, int]) -> dict:
     for name, array in arrays.items():
         feed.update({f"{name}.{i}": array[i] for i in range(sliced[name])} if name in sliced else {name: array})
     return feed
-
-
-def fuse_rms_norms(model) -> int:
-    """Rewrite every fp32 RMSNorm that `edgex.nn.transformer.rms_norm` emits (seven nodes: x * x, its
-    mean as a MatMul against a constant 1/n column, + eps, Sqrt, Reciprocal, x * that, * weight) into
-    ONNX Runtime's one-kernel `SimplifiedLayerNormalization` (fp32 statistics, the same formula).
-    The MatMul form is for XNNPACK, which does not delegate a 3-D mean; in ONNX Runtime the seven
-    nodes were 40 % of the 0.6b predictor frame's ~5,500 nodes per call. Returns how many were fused."""
-    import numpy as np
-    import onnx_ir as ir
-    from onnxscript.rewriter import pattern
-
-    class RmsNormAsMatmul(pattern.RewriteRuleClassBase):
-        def __init__(self, name: str, weight_first: bool):
-            super().__init__(name)
-            self._weight_first = weight_first
-
-        def pattern(self, op, x, mean_column, epsilon, weight):
-            normalized = op.Mul(x, op.Reciprocal(op.Sqrt(op.Add(op.MatMul(op.Mul(x, x), mean_column), epsilon))))
-            return op.Mul(weight, normalized) if self._weight_first else op.Mul(normalized, weight)
-
-        def check(self, op, x, mean_column, epsilon, weight, **_):
-            result = pattern.MatchResult()
-            column, eps = mean_column.const_value, epsilon.const_value
-            if x.dtype != ir.DataType.FLOAT or column is None or eps is None or eps.size != 1:
-                return result.fail("not an fp32 RMSNorm with constant statistics")
-            n = column.shape[0] if len(column.shape) == 2 and column.shape[1] == 1 else 0
-            if not n or not np.allclose(column.numpy(), 1.0 / n, rtol=1e-6, atol=0) or weight.shape != ir.Shape([n]):
-                return result.fail("the MatMul is not a mean over the last axis with a per-channel weight")
-            return result
-
-        def rewrite(self, op, x, mean_column, epsilon, weight, **_):
-            return op.SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=float(epsilon.const_value.numpy().item()),
-                                                   stash_type=1)
-
-    rules = pattern.RewriteRuleSet([RmsNormAsMatmul.rule(f"EdgexRmsNorm{first}", weight_first=first) for first in (True, False)])
-    fused = rules.apply_to_model(model)
-    ir.passes.common.RemoveUnusedNodesPass()(model)
-    return fused
 
 
 def _slice_readers(value) -> dict[int, list] | None:
