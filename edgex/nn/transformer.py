@@ -142,7 +142,8 @@ def attention(
     if mask is not None:
         scores = scores + group_mask(mask, groups, seq)
     probs = torch.softmax(scores, dim=-1).reshape(bsz * kv_heads, groups * seq, sum(slots))
-    parts = [probs] if len(blocks) == 1 else torch.split(probs, slots, dim=-1)
+    # two slices rather than torch.split: XNNPACK delegates slice_copy, not split_with_sizes
+    parts = [probs] if len(blocks) == 1 else [probs[..., : slots[0]], probs[..., slots[0] :]]
     outs = [torch.bmm(p, value.reshape(bsz * kv_heads, -1, head_dim)) for p, (_, value) in zip(parts, blocks)]
     out = outs[0] if len(outs) == 1 else outs[0] + outs[1]
     out = out.reshape(bsz, kv_heads * groups, seq, head_dim).transpose(1, 2).reshape(bsz, seq, -1)
