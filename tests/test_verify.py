@@ -44,12 +44,30 @@ def test_verify_reruns_parity_and_flags_exactly_the_tampered_artifacts(export_co
     assert all(a["min_snr_db"] >= a["threshold_db"] for a in good)
 
 
-def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_updated(tmp_path):
-    """Hashes are not the only line: layer 0's MLP silenced inside the ONNX file (its norm weight,
-    a named initializer, zeroed), the manifest's sha256 and sizes rewritten to match, and verify's
-    re-run parity still fails it. The untampered export passed its gate (exit 0)."""
-    import onnx
+def _silence_layer0_mlp(model) -> None:
+    """Layer 0's MLP silenced: its norm weight, a named initializer, zeroed."""
     from onnx import numpy_helper
+
+    (weight,) = [t for t in model.graph.initializer if t.name == "model.layers.0.post_attention_layernorm.weight"]
+    weight.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(weight)), weight.name))
+
+
+def _swap_layer_caches(model) -> None:
+    """Layers 0 and 1 read each other's slice of a sliced cache input (`edgex.sliced_inputs`): what a
+    runtime adapter feeding the per-layer inputs out of order would compute."""
+    sliced = json.loads({p.key: p.value for p in model.metadata_props}["edgex.sliced_inputs"])
+    name = next(iter(sliced))
+    swap = {f"{name}.0": f"{name}.1", f"{name}.1": f"{name}.0"}
+    for node in model.graph.node:
+        node.input[:] = [swap.get(i, i) for i in node.input]
+
+
+@pytest.mark.parametrize("tamper", [_silence_layer0_mlp, _swap_layer_caches], ids=["mlp-silenced", "layer-caches-swapped"])
+def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_updated(tmp_path, tamper):
+    """Hashes are not the only line: the ONNX file tampered with inside (`tamper`), the manifest's
+    sha256 and sizes rewritten to match, and verify's re-run parity still fails it. The untampered
+    export passed its gate (exit 0)."""
+    import onnx
 
     proc = run_cli("export", "spark-x2.5", "--preset", "tiny", "-c", "decode", "-f", "onnx", "-p", "fp32",
                    "--out", str(tmp_path), "--json")
@@ -59,8 +77,7 @@ def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_update
     (entry,) = manifest["artifacts"]
     path = root / entry["files"][0]["path"]
     model = onnx.load(str(path))
-    (weight,) = [t for t in model.graph.initializer if t.name == "model.layers.0.post_attention_layernorm.weight"]
-    weight.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(weight)), weight.name))
+    tamper(model)
     data = [r["path"] for r in entry["files"] if r["path"] != entry["files"][0]["path"]]
     onnx.save(model, str(path), save_as_external_data=bool(data), all_tensors_to_one_file=True,
               location=data[0].split("/")[-1] if data else None)
