@@ -124,29 +124,25 @@ def attention(
     v = attn.v_proj(hidden).view(bsz, seq, -1, head_dim).transpose(1, 2)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
+    keys = k if past_key is None else torch.cat((past_key, k), dim=2)
+    values = v if past_value is None else torch.cat((past_value, v), dim=2)
     # GQA without copying K/V: fold each KV head's query group into the query axis
     # ([B, KV*G, P, D] -> [B, KV, G*P, D]), which is exactly HF's repeat_kv head mapping (h -> h // G).
-    kv_heads = k.shape[1]
+    kv_heads = keys.shape[1]
     groups = q.shape[1] // kv_heads
-    q = q.reshape(bsz * kv_heads, groups * seq, head_dim)
-    # The cached and the new keys are scored apart and their probabilities split again, instead of
-    # concatenating cache and new entries: that concatenation copies the whole cache per layer and
-    # call (9 % of the 0.6b talker step's kernel time in ONNX Runtime, 256 slots); the scores are
-    # 128x smaller than the keys. 3-D bmm: a 4-D matmul decomposes with expand copies that XNNPACK
-    # does not delegate.
-    blocks = [(k, v)] if past_key is None else [(past_key, past_value), (k, v)]
-    scores = [torch.bmm(q, key.reshape(bsz * kv_heads, -1, head_dim).transpose(1, 2)) for key, _ in blocks]
-    slots = [s.shape[-1] for s in scores]
-    scores = (scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)).reshape(bsz, kv_heads, groups * seq, sum(slots))
-    scores = scores * head_dim**-0.5
+    q = q.reshape(bsz, kv_heads, groups * seq, head_dim)
+    # 3-D bmm: a 4-D matmul decomposes with expand copies that XNNPACK does not delegate.
+    slots = keys.shape[2]
+    scores = torch.bmm(
+        q.reshape(bsz * kv_heads, groups * seq, head_dim), keys.reshape(bsz * kv_heads, slots, head_dim).transpose(1, 2)
+    ).reshape(bsz, kv_heads, groups * seq, slots) * head_dim**-0.5
     if mask is not None:
         scores = scores + group_mask(mask, groups, seq)
-    probs = torch.softmax(scores, dim=-1).reshape(bsz * kv_heads, groups * seq, sum(slots))
-    # two slices rather than torch.split: XNNPACK delegates slice_copy, not split_with_sizes
-    parts = [probs] if len(blocks) == 1 else [probs[..., : slots[0]], probs[..., slots[0] :]]
-    outs = [torch.bmm(p, value.reshape(bsz * kv_heads, -1, head_dim)) for p, (_, value) in zip(parts, blocks)]
-    out = outs[0] if len(outs) == 1 else outs[0] + outs[1]
-    out = out.reshape(bsz, kv_heads * groups, seq, head_dim).transpose(1, 2).reshape(bsz, seq, -1)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.bmm(
+        probs.reshape(bsz * kv_heads, groups * seq, slots), values.reshape(bsz * kv_heads, slots, head_dim)
+    ).reshape(bsz, kv_heads * groups, seq, head_dim)
+    out = out.transpose(1, 2).reshape(bsz, seq, -1)
     return attn.o_proj(out), k, v
 
 
