@@ -33,3 +33,18 @@ class PeakRss:
     @property
     def mb(self) -> float:
         return round(self.peak / 2**20, 1)
+
+
+def return_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc `malloc_trim`). glibc keeps freed
+    memory of small and mid-size allocations in its arenas: after an artifact's lowering and
+    parity run are freed, the process stayed 3-6 GB above its model on the 0.6b export, and the
+    next job's peak stacked on top. No-op where glibc is not the allocator."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
