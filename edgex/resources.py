@@ -36,10 +36,10 @@ class PeakRss:
 
 
 def return_free_memory() -> None:
-    """Give the heap's free pages back to the system (glibc `malloc_trim`). glibc keeps freed
-    memory of small and mid-size allocations in its arenas: after an artifact's lowering and
-    parity run are freed, the process stayed 3-6 GB above its model on the 0.6b export, and the
-    next job's peak stacked on top. No-op where glibc is not the allocator."""
+    """Give the heap's free pages back to the system (glibc `malloc_trim`): glibc keeps freed
+    memory in its arenas, so a freed lowering or parity run could still count in the next job's
+    peak. On the 0.6b cpu export (session 11) it did not stop the process growing from job to job
+    (8.0, 8.2, 9.1, 10.9 GB after jobs 1-4); what stays is not found yet. No-op without glibc."""
     import ctypes
     import ctypes.util
 
