@@ -95,6 +95,7 @@ class Component:
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
+    _reads: dict = field(default_factory=dict, repr=False)
 
     def reference_outputs(self, sample: str) -> Inputs:
         """The eager reference on a named sample, computed once and shared by every artifact."""
@@ -122,6 +123,23 @@ class Component:
         with torch.no_grad():
             return tuple(self.reference(*inputs))
 
+    def module_reads(self) -> set[int]:
+        """ids of the module's parameters and buffers its forward reads on the example inputs: the
+        tensors torch.export (which traces those inputs) can put in a graph. A wrapper may hold far
+        more than its graph reads (a Qwen3-TTS talker graph holds the whole talker, its text
+        embedding and code predictor included), and casting the rest only costs memory."""
+        if "module" not in self._reads:
+            self._reads["module"] = tensors_read(self.module, [lambda: self.module(*self.example_inputs)])
+        return self._reads["module"]
+
+    def reference_reads(self) -> set[int]:
+        """ids of the module's parameters and buffers the eager reference reads on any sample (a
+        step graph's reference reads one head per step: every sample is run)."""
+        if "reference" not in self._reads:
+            runs = [lambda s=s: self.reference(*s) for s in self.samples.values()]
+            self._reads["reference"] = tensors_read(self.module, runs)
+        return self._reads["reference"]
+
     @property
     def example_inputs(self) -> Inputs:
         return next(iter(self.samples.values()))
@@ -135,3 +153,24 @@ class Component:
                 raise ValueError(
                     f"{self.name}.{spec.name}: got {tuple(tensor.shape)} {tensor.dtype}, spec {spec.shape} {spec.dtype}"
                 )
+
+
+def tensors_read(module: nn.Module, calls: Sequence[Callable[[], object]]) -> set[int]:
+    """ids of `module`'s parameters and buffers passed to any torch function while `calls` run
+    (a `TorchFunctionMode` sees every tensor argument, direct attribute reads such as
+    `table.weight[:n]` included, not only modules' own forwards)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    owned = {id(t) for t in (*module.parameters(), *module.buffers())}
+    read: set[int] = set()
+
+    class _Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            read.update(i for i in map(id, tree_leaves((args, kwargs or {}))) if i in owned)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), _Reads():
+        for call in calls:
+            call()
+    return read

@@ -32,7 +32,7 @@ from .parity.scheme import Reference, measure_split
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
-from .resources import PeakRss
+from .resources import PeakRss, return_free_memory
 from .status import status
 from .toolchain import versions
 
@@ -132,8 +132,10 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
                     "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
     entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
     # A lowered program is a web of graph objects in reference cycles that hold the weights they
-    # were made from: freed now, before the next artifact is lowered, not whenever the collector runs.
+    # were made from: freed now, before the next artifact is lowered, not whenever the collector runs,
+    # and the freed pages handed back to the system rather than kept in the allocator's arenas.
     gc.collect()
+    return_free_memory()
     return entries
 
 

@@ -57,3 +57,27 @@ def test_table_read_back_decodes_only_table_shaped_constants_from_the_file(tmp_p
         assert {a.shape for a in constants.values()} == {(300, 32)}, (name, {k: a.shape for k, a in constants.items()})
         block = tensor_parity(exporter, comp, files, 60.0, "fp32")
         assert block["verdict"] == "pass" and block["tensors"]["table"]["snr_db"] == float("inf"), (name, block)
+
+
+def test_fp16_casts_and_rounds_only_the_parameters_read():
+    """A talker graph's wrapper holds the whole talker (its text embedding: 311M parameters at
+    0.6b, read by no talker graph): the fp16 export leaves it alone, the fp16 scheme reference does
+    not round it, and a step graph's reference rounds the head of every sample's step."""
+    from edgex.exporters.base import module_in
+    from edgex.parity.scheme import rounded_to_fp16
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    prefill, step = recipe.components(recipe.load("tiny", None, 0), ["talker_prefill", "code_predictor_step"])
+    text, up = prefill.module.model.text_embedding.weight, prefill.module.model.layers[0].mlp.up_proj.weight
+    rounded = set(rounded_to_fp16(prefill).weights)
+    assert "model.text_embedding.weight" not in rounded and {"model.layers.0.mlp.up_proj.weight", "codec_head.weight"} <= rounded
+    with module_in(prefill, torch.float16):
+        assert (text.dtype, up.dtype) == (torch.float32, torch.float16)
+        assert all(b.dtype == torch.float16 for b in prefill.module.buffers() if b.is_floating_point())
+    assert up.dtype == torch.float32
+
+    steps = [int(s[2]) for s in step.samples.values()]  # heads read: step - 1 (step 0 reads head 0)
+    heads = {f"heads.{max(s - 1, 0)}.weight" for s in steps}
+    rounded = {n for n in rounded_to_fp16(step).weights if n.startswith("heads.")}
+    assert rounded == heads and len(heads) >= 3, (rounded, steps)

@@ -153,11 +153,21 @@ def module_in(component: Component, dtype: torch.dtype):
 
     A buffer that is a view (`scale.reshape(shape)`, LeRobot's `pos_enc.unsqueeze(0)`) keeps its
     float32 base when its data is swapped, and torch.export refuses the mismatch (`float32 !=
-    float16`): such buffers are replaced by a cast copy in their module and put back after."""
+    float16`): such buffers are replaced by a cast copy in their module and put back after.
+
+    Of the parameters, only those the module's fp32 forward reads on the example are cast
+    (`Component.module_reads`, the inputs torch.export traces): a talker graph's wrapper also holds
+    the text embedding and the code predictor, which it never reads. Every buffer is cast: a graph
+    may read other constants in another dtype (fp16 RMSNorm reads its ones column, fp32 its mean
+    column). A parameter read only in `dtype` would stay fp32 and fail the export or its runtime."""
+    import torch
+
     module = component.module
+    read = None if dtype == torch.float32 else component.module_reads()  # fp32: nothing to cast in practice
     views = [(owner, name, t) for owner in module.modules() for name, t in owner._buffers.items()
              if t is not None and t.is_floating_point() and t.dtype != dtype and t._base is not None]
-    tensors = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    params = [p for p in module.parameters() if read is None or id(p) in read]
+    tensors = [t for t in (*params, *module.buffers()) if t.is_floating_point()]
     replaced = {id(t) for _, _, t in views}
     saved = [(t, t.data) for t in tensors if t.dtype != dtype and id(t) not in replaced]
     try:

@@ -179,9 +179,13 @@ def rounded_to_fp16(component: Component) -> StoredScheme:
     kernels) is its lowering. Eager PyTorch run in half would not be a better reference: its own
     fp16 arithmetic differs from every runtime's (measured on the tiny preset: 61-62 dB against
     ONNX Runtime fp16, no closer than fp32 eager), while the weight rounding is exact and is what
-    dominates the conv decoder's fp16 error (Code2Wav: 53 dB from the weights, 60 dB lowering)."""
+    dominates the conv decoder's fp16 error (Code2Wav: 53 dB from the weights, 60 dB lowering).
+    Only the parameters the reference reads are rounded: the others cannot change its outputs, and
+    a wrapper can hold far more (a Qwen3-TTS talker graph holds the talker's text embedding and code
+    predictor, which it never reads)."""
+    read = component.reference_reads()
     weights = {n: StoredWeight(p.detach(), p.detach().to(torch.float16).to(torch.float32))
-               for n, p in component.module.named_parameters() if p.is_floating_point()}
+               for n, p in component.module.named_parameters() if p.is_floating_point() and id(p) in read}
     return StoredScheme("weights rounded to fp16 in PyTorch", weights)
 
 
