@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from bench_cpu import median_seconds
 
 K, N = 1024, 3072  # hidden and MLP width of the 0.6b talker and predictor
 
@@ -90,7 +89,7 @@ def time_onnx(model: bytes, threads: int, runs: int) -> float:
     options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = threads, 1, 3
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     feed = {"x": np.random.default_rng(1).standard_normal((1, 1, K)).astype(np.float32)}
-    return _median(lambda: session.run(None, feed), runs)
+    return median_seconds(lambda: session.run(None, feed), runs)[0]
 
 
 def xnnpack_8da4w(layers: int, dest: Path) -> Path:
@@ -119,18 +118,7 @@ def time_pte(path: Path, threads: int, runs: int) -> float:
     torch.set_num_threads(threads)  # XNNPACK's pool follows the process's thread setting
     method = Runtime.get().load_program(str(path)).load_method("forward")
     x = torch.randn(1, K)
-    return _median(lambda: method.execute([x]), runs)
-
-
-def _median(call, runs: int) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(lambda: method.execute([x]), runs)[0]
 
 
 def main(argv=None) -> int:
