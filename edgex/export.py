@@ -22,6 +22,7 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
+from .isolation import ChildDied, die_with_parent, forking_supported, run_forked
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
@@ -126,10 +127,7 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
     except EdgexError:
         raise
     except Exception as exc:
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        entries = [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
-                    "backend": exporter.backend, "precision": job.precision, "verdict": "error",
-                    "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
+        entries = _error_entries(job, exc)
     entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
     # A lowered program is a web of graph objects in reference cycles that hold the weights they
     # were made from: freed now, before the next artifact is lowered, not whenever the collector runs,
@@ -139,25 +137,56 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
     return entries
 
 
+def _error_entries(job: Job, exc: BaseException) -> list[dict]:
+    exporter = EXPORTERS.get(job.exporter)
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
+             "backend": exporter.backend, "precision": job.precision, "verdict": "error",
+             "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
+
+
+def _warm_up(plan_jobs: list[Job]) -> None:
+    """Each exporter's one-time costs, paid here once rather than in every forked job. Best effort:
+    an exporter that cannot warm up fails its jobs with the real error instead."""
+    if not forking_supported():
+        return
+    for name in dict.fromkeys(job.exporter for job in plan_jobs):
+        try:
+            EXPORTERS.get(name).warm_up()
+        except Exception:  # noqa: BLE001 - the job reports it
+            pass
+
+
+def _job_in_child(job: Job, component: Component, *args) -> tuple[list[dict], dict]:
+    before = component.computed()
+    entries = _export_guarded(job, component, *args)
+    return entries, component.added_since(before)
+
+
+def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
+    """`_export_guarded` in a child process (`edgex.isolation`): the memory the job allocates goes
+    with it. What the job computed for the component (eager reference outputs, calibration sets)
+    comes back for the next job of that component. A child that dies (the OOM killer) is that
+    job's "error", and the export goes on with the next."""
+    started = time.perf_counter()
+    try:
+        entries, added = run_forked(_job_in_child, job, component, *args)
+    except ChildDied as exc:
+        entries = _error_entries(job, exc)
+        entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
+        return entries
+    component.adopt(added)
+    return entries
+
+
 _WORKER: dict = {}
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel sends this worker SIGTERM when the export process dies (killed, even with
-    SIGKILL). Without it a worker outlives a killed export and lowers on for minutes as an orphan."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
 
 
 def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_worker) -> None:
     """Each worker rebuilds the (deterministic) eager model and components once. A failure is kept
     for the worker's first job to raise: an exception escaping an initializer is logged with its
     traceback by concurrent.futures and breaks the pool without a message."""
-    _die_with_parent()
+    die_with_parent()
     import torch
 
     from .logs import quiet_libraries
@@ -291,10 +320,11 @@ def export_model(
         else:
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
+            _warm_up(plan_jobs)
             entries = []
             for job in plan_jobs:
                 progress(f"{job.component} -> {job.exporter} {job.precision}", job)
-                job_entries = _export_guarded(job, built[job.component], *args)
+                job_entries = _export_isolated(job, built[job.component], *args)
                 entries += job_entries
                 progress(f"{job.component} {job.exporter} {job.precision}: {job_entries[0]['verdict']}", job)
         manifest = _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified)

@@ -81,3 +81,73 @@ def test_fp16_casts_and_rounds_only_the_parameters_read():
     heads = {f"heads.{max(s - 1, 0)}.weight" for s in steps}
     rounded = {n for n in rounded_to_fp16(step).weights if n.startswith("heads.")}
     assert rounded == heads and len(heads) >= 3, (rounded, steps)
+
+
+def test_a_forked_job_returns_its_result_and_its_memory_ends_with_it():
+    """`edgex.isolation.run_forked`: the child holds what it allocates, the parent never does."""
+    import psutil
+
+    from edgex.isolation import run_forked
+
+    before = psutil.Process().memory_info().rss
+
+    def allocate():
+        start = psutil.Process().memory_info().rss
+        block = torch.ones(64 * 2**20)  # 256 MB
+        return psutil.Process().memory_info().rss - start, float(block.sum())
+
+    grown, total = run_forked(allocate)
+    assert total == 64 * 2**20 and grown > 200 * 2**20  # the child held the block
+    assert psutil.Process().memory_info().rss - before < 100 * 2**20  # and took it with it
+
+
+def test_a_forked_job_raises_its_error_here_and_a_killed_one_says_how_it_died():
+    import os
+    import signal
+
+    import pytest
+
+    from edgex.errors import EdgexError
+    from edgex.isolation import ChildDied, run_forked
+
+    def bad_input():
+        raise EdgexError("no such thing")
+
+    with pytest.raises(EdgexError, match="no such thing"):
+        run_forked(bad_input)
+    with pytest.raises(ChildDied, match="SIGKILL.*out of memory"):
+        run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def test_an_export_job_killed_for_memory_is_an_error_and_the_export_goes_on(tmp_path, monkeypatch):
+    """The OOM killer's SIGKILL in one job (here sent by a sabotaged exporter) costs that artifact,
+    recorded as an error, not the export: the next job still runs and passes."""
+    import os
+    import signal
+
+    from edgex.export import export_model
+    from edgex.exporters.executorch import ExecuTorchExporter
+
+    monkeypatch.setattr(ExecuTorchExporter, "export", lambda *_a, **_k: os.kill(os.getpid(), signal.SIGKILL))
+    manifest = export_model("qwen3-tts", "cpu", tmp_path, preset="tiny", components=["talker_prefill"], precisions=["fp32"])
+    by_exporter = {a["exporter"]: a for a in manifest["artifacts"]}
+    assert by_exporter["executorch"]["verdict"] == "error" and "SIGKILL" in by_exporter["executorch"]["error"]
+    assert by_exporter["onnx"]["verdict"] == "pass"
+    assert manifest["status"] == "fail"
+    assert not list((tmp_path / "qwen3-tts" / "cpu").rglob("*.pte"))
+
+
+def test_what_a_forked_job_computed_for_its_component_comes_back(tmp_path):
+    """Eager reference outputs the job computed (every parity sample) are kept for the next job of
+    the component, not computed again in each child."""
+    from edgex.export import _export_isolated
+    from edgex.plan import Job
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    (comp,) = recipe.components(recipe.load("tiny", None, 0), ["talker_prefill"])
+    assert set(comp._reference_outputs) == {next(iter(comp.samples))}
+    (entry,) = _export_isolated(Job("talker_prefill", "talker", "onnx", "fp16"), comp, tmp_path, None, None, None, False)
+    assert entry["verdict"] == "pass"
+    assert set(comp._reference_outputs) == set(comp.samples)
+    assert set(comp._reads) == {"module", "reference"}  # fp16: what the cast and the scheme reference read

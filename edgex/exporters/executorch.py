@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 
 if TYPE_CHECKING:
     from torch import nn
@@ -194,6 +194,18 @@ class ExecuTorchExporter(Exporter):
                 data = np.frombuffer(constant(t.data_buffer_idx), dtype, count)
                 arrays[f"{plan.name}.values[{i}]"] = data.reshape(t.sizes).astype(np.float32)
         return arrays
+
+    def warm_up(self) -> None:
+        import torch
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+        from executorch.runtime import Runtime
+
+        super().warm_up()
+        Runtime.get()
+        module, inputs = warm_up_module()
+        with torch.no_grad():
+            to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[XnnpackPartitioner()]).to_executorch()
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import torch

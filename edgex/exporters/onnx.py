@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 from .onnx_fusions import fuse_for_onnxruntime
 
 if TYPE_CHECKING:
@@ -94,6 +94,16 @@ class OnnxExporter(Exporter):
             data = dest.with_name(dest.name + ".data")
             return ExportResult([dest] + ([data] if data.exists() else []), "float32", details)
         return self.graph(component, precision, dest, for_onnxruntime=True)
+
+    def warm_up(self) -> None:
+        import onnxruntime
+        import torch
+
+        super().warm_up()
+        module, inputs = warm_up_module()
+        with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+            torch.onnx.export(module, inputs, f"{tmp}/warm_up.onnx", dynamo=True, verbose=False)
+            onnxruntime.InferenceSession(f"{tmp}/warm_up.onnx", providers=["CPUExecutionProvider"])
 
     def graph(self, component: Component, precision: str, dest: Path, for_onnxruntime: bool = False) -> ExportResult:
         """The component's float ONNX graph with its declared inputs (what the QNN and MNN

@@ -1,0 +1,124 @@
+"""Run one export job in a forked child process, so that whatever the job allocates ends with it.
+
+Why: lowering and parity leave native memory behind that neither the garbage collector nor
+`malloc_trim` returns (ExecuTorch / XNNPACK lowering, ONNX Runtime sessions, allocator arenas):
+the 0.6b Qwen3-TTS cpu export grew 8.0, 8.2, 9.1, 10.9 GB after its first four jobs (session 11)
+and was stopped in its fifth. A job in its own process returns everything when it exits, so the
+export's peak is that of its largest job, not the sum of what every job left.
+
+Why fork and not a fresh process: the child shares the parent's eager model and the samples the
+recipe generated (minutes of eager frames at 0.6b) copy-on-write, without building them again.
+
+What fork costs: torch's CPU thread pool (GNU OpenMP in the PyPI wheels) does not survive a fork:
+a child that enters a parallel region with the parent's pool hangs. The child therefore runs torch
+on one thread (`torch.set_num_threads(1)`, which keeps it out of OpenMP). Lowering is
+single-threaded Python anyway; the runtimes that run the artifacts (ONNX Runtime, ExecuTorch's
+XNNPACK, llama.cpp) create their own thread pools in the child and keep the requested threads.
+
+Linux only (where fork after threads is what every Python data loader relies on); elsewhere the
+job runs in this process, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class ChildDied(RuntimeError):
+    """The job's process ended without a result: killed (the OOM killer's SIGKILL), or crashed."""
+
+
+def forking_supported() -> bool:
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent dies (killed, even with
+    SIGKILL). Without it a child outlives a killed export and lowers on for minutes as an orphan."""
+    import ctypes
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+def _child_setup() -> None:
+    import torch
+
+    die_with_parent()
+    torch.set_num_threads(1)
+    # Standard streams with locks of their own: a thread of the parent (a progress bar's refresh)
+    # may have held the old ones' locks at the instant of the fork, and no thread here releases them.
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            setattr(sys, name, open(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace", closefd=True))
+        except OSError:
+            pass
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {os.WEXITSTATUS(status)} without a result"
+
+
+def run_forked(fn: Callable[..., T], *args) -> T:
+    """`fn(*args)` in a forked child; its return value, or its exception re-raised here. The result
+    and any exception must pickle. Raises `ChildDied` if the child ends without one."""
+    if not forking_supported():
+        return fn(*args)
+    read_end, write_end = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's stack
+        code = 0
+        try:
+            os.close(read_end)
+            _child_setup()
+            try:
+                outcome = ("ok", fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
+                outcome = ("raise", exc)
+            try:
+                payload = pickle.dumps(outcome)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+                payload = pickle.dumps(("raise", RuntimeError(f"{type(exc).__name__} passing the job's result back: {exc}")))
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(payload)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            payload = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # interrupted (Ctrl-C): the child goes too
+        _stop(pid)
+        raise
+    if not payload:
+        raise ChildDied(f"the job's process {_describe(status)}")
+    kind, value = pickle.loads(payload)
+    if kind == "raise":
+        raise value
+    return value
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
