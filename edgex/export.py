@@ -145,12 +145,18 @@ def _error_entries(job: Job, exc: BaseException) -> list[dict]:
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
 
 
+_WARM: set[str] = set()  # exporters warmed up in this process
+
+
 def _warm_up(plan_jobs: list[Job]) -> None:
-    """Each exporter's one-time costs, paid here once rather than in every forked job. Best effort:
-    an exporter that cannot warm up fails its jobs with the real error instead."""
+    """Each exporter's one-time costs, paid in this process once rather than in every forked job.
+    Best effort: an exporter that cannot warm up fails its jobs with the real error instead."""
     if not forking_supported():
         return
     for name in dict.fromkeys(job.exporter for job in plan_jobs):
+        if name in _WARM:
+            continue
+        _WARM.add(name)
         try:
             EXPORTERS.get(name).warm_up()
         except Exception:  # noqa: BLE001 - the job reports it
