@@ -151,3 +151,35 @@ def test_what_a_forked_job_computed_for_its_component_comes_back(tmp_path):
     assert entry["verdict"] == "pass"
     assert set(comp._reference_outputs) == set(comp.samples)
     assert set(comp._reads) == {"module", "reference"}  # fp16: what the cast and the scheme reference read
+
+
+def test_xnnpack_lowering_shares_the_weights_and_leaves_them_untouched(tmp_path, monkeypatch):
+    """The partition XNNPACK preprocesses reads the module's own weight tensors (ExecuTorch alone
+    deep-copies them first: a second copy of every weight at the lowering's peak), preprocessing
+    leaves them unchanged, and the `.pte` still computes the module."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.runtime import Runtime
+
+    from edgex.exporters import EXPORTERS
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.LayerNorm(32)).eval()
+    x = torch.randn(1, 32)
+    comp = Component("mlp", "test", module, [TensorSpec("x", (1, 32), "float32")], [TensorSpec("y", (1, 32), "float32")],
+                     lambda t: (module(t),), {"s": (x,)})
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    seen = set()
+    preprocess = XnnpackBackend.preprocess
+
+    def recording(program, compile_specs):
+        seen.update(t.data_ptr() for t in program.state_dict.values())
+        return preprocess(program, compile_specs)
+
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(recording))
+    (pte,) = EXPORTERS.get("executorch").export(comp, "fp32", tmp_path / "mlp.pte").files
+    weights = {module[0].weight.data_ptr(), module[2].weight.data_ptr()}
+    assert weights <= seen, "the partition program holds copies of the module's weights"
+    assert all(torch.equal(p, before[name]) for name, p in module.named_parameters())
+    out = Runtime.get().load_program(str(pte)).load_method("forward").execute([x])[0]
+    with torch.no_grad():
+        assert torch.allclose(out, module(x), atol=1e-5)

@@ -10,7 +10,7 @@ but XNNPACK returns wrong numbers (docs/toolchains.md), and the parity gate is w
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,6 +89,38 @@ def _xnnpack_ready(program, precision: str):
         program = constant_prop_pass(program.run_decompositions({}))
     _mean_over_channels_as_pooling(program)
     return program
+
+
+@contextmanager
+def _partitions_share_weights():
+    """XNNPACK preprocessing without a second copy of the weights.
+
+    Before it preprocesses a partition, ExecuTorch deep-copies the partition's program, state dict
+    included (`BackendDetails.copy_exported_program_for_preprocess`, "in case backends change graph
+    inside preprocess"); preprocessing then serializes every weight into its named data store. At
+    peak a lowering so held the weights three times: the module's, the copy's and the serialized
+    bytes (a 100M-parameter stack: +803 MB over the module during lowering; the 1.7b Spark-X2.5
+    `.pte` fp32 did not fit 23 GB). Inside this context the copy takes the graph and shares the
+    tensors (+419 MB, the serialized bytes only, and the same `.pte`): XNNPACK's passes put new
+    constants beside the old ones rather than write into them, which
+    `tests/test_export_cost.py::test_xnnpack_lowering_shares_the_weights_and_leaves_them_untouched`
+    checks."""
+    import torch
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    def copy_sharing_tensors(cls, program, compile_specs):
+        held = (*program.state_dict.values(), *program.constants.values())
+        return copy.deepcopy(program, {id(t): t for t in held if isinstance(t, torch.Tensor)})
+
+    own = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")
+    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_tensors)
+    try:
+        yield
+    finally:
+        if own is None:
+            del XnnpackBackend.copy_exported_program_for_preprocess
+        else:
+            XnnpackBackend.copy_exported_program_for_preprocess = own
 
 
 def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
@@ -224,8 +256,9 @@ class ExecuTorchExporter(Exporter):
             # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
             # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
             # which runs the artifact, makes anyway.
-            lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
-                                                  compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            with _partitions_share_weights():
+                lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
+                                                      compile_config=EdgeCompileConfig(_check_ir_validity=False))
             del program
             delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
             program = lowered.to_executorch()
