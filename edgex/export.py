@@ -210,7 +210,8 @@ def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_wo
 def _worker_job(job: Job, args) -> list[dict]:
     if "error" in _WORKER:
         raise EdgexError(f"an export worker could not build the model: {_WORKER['error']}")
-    return _export_guarded(job, _WORKER["components"][job.component], *args)
+    _warm_up([job])
+    return _export_isolated(job, _WORKER["components"][job.component], *args)
 
 
 def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
