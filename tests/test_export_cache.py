@@ -118,8 +118,12 @@ def _errored(m):
     m["artifacts"][0]["verdict"] = "error"
 
 
-@pytest.mark.parametrize("damage", ["flipped-byte", "deleted-file", "no-key", "string-key", "errored-entry", "not-json",
-                                    "a-list", "no-manifest"])
+def _bad_status(m):
+    m["status"] = "maybe"
+
+
+@pytest.mark.parametrize("damage", ["flipped-byte", "deleted-file", "no-key", "string-key", "errored-entry", "bad-status",
+                                    "not-json", "a-list", "no-manifest"])
 def test_a_damaged_folder_or_manifest_is_a_miss_never_a_crash(exported, no_load, tmp_path, damage):
     out, folder = copy_of(exported, tmp_path)
     manifest_path = folder / "manifest.json"
@@ -137,8 +141,8 @@ def test_a_damaged_folder_or_manifest_is_a_miss_never_a_crash(exported, no_load,
         manifest_path.write_text("[]")
     elif damage == "no-manifest":
         manifest_path.unlink()
-    else:  # a manifest of an older edgex (no key), a corrupt key, an entry whose export errored
-        {"no-key": _no_key, "string-key": _string_key, "errored-entry": _errored}[damage](manifest)
+    else:  # a manifest of an older edgex (no key), a corrupt key, an entry whose export errored, no known status
+        {"no-key": _no_key, "string-key": _string_key, "errored-entry": _errored, "bad-status": _bad_status}[damage](manifest)
         manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(Loaded):
         export_model("qwen3-tts", "cpu", out, **ARGS)

@@ -26,6 +26,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import EdgexError
+from ..status import EXIT_CODES
 from .files import MANIFEST, intact
 from .keys import digest, environment, job_inputs, source_inputs, tree_sha256
 
@@ -38,7 +40,10 @@ def export_key(plan: ExportPlan, *, seed: int, settings: dict[str, str] | None, 
     """The key of one export call: what its artifacts, verdicts and manifest are a function of.
     A checkpoint is hashed file by file here, before anything reads it for the export."""
     overrides = dict(min_db or {})
-    checkpoint_sha256 = tree_sha256(plan.checkpoint) if plan.checkpoint else None
+    try:
+        checkpoint_sha256 = tree_sha256(plan.checkpoint) if plan.checkpoint else None
+    except OSError as exc:
+        raise EdgexError(f"cannot read checkpoint {plan.checkpoint}: {exc.strerror or exc}") from None
     inputs = {**environment(),
               **source_inputs(plan.recipe.name, plan.target.name, plan.preset or plan.recipe.default_preset, checkpoint_sha256,
                               seed, settings or {}),
@@ -55,6 +60,8 @@ def unchanged(folder: Path, key: dict) -> dict | None:
         manifest = json.loads(path.read_text())
         recorded = manifest.get("export_key") or {}
         if recorded.get("sha256") != key["sha256"] or any(a["verdict"] == "error" for a in manifest["artifacts"]):
+            return None
+        if manifest["status"] not in EXIT_CODES or not isinstance(manifest["created"], str):
             return None
         if not intact(manifest, path.parent):
             return None
