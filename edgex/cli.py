@@ -136,9 +136,16 @@ def export(
     hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (jobs, formats, precisions, artifact paths) and build nothing"),
+    force: bool = typer.Option(False, "--force", help="export even when the output folder holds an unchanged export of the same inputs"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
 ):
-    """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest."""
+    """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest.
+
+    An unchanged re-export is reused: when OUT/MODEL/TARGET/manifest.json was written by an export
+    of exactly these inputs (edgex source, tool versions, weights or checkpoint bytes, seed, --set,
+    the planned jobs, gates, threads, --allow-unverified) and every file it records still has its
+    sha256 and size, nothing is loaded or rebuilt: that manifest's table and exit code stand.
+    Anything else exports again and overwrites; --force always does; --hub never reuses."""
     # Every name is checked from light declarations first: torch and the toolchains load only
     # once there is work to do.
     from .parity.gates import parse_overrides
@@ -163,22 +170,28 @@ def export(
         if dry_run:
             _print_plan(checked, as_json)
             return
-        from .progress import JobCosts, JobProgress
+        manifest = None if force or hub_settings else _unchanged(checked, seed, recipe_settings, overrides, threads, allow_unverified)
+        if manifest is not None:
+            err.print(f"unchanged since {manifest['created']}: reused {len(manifest['artifacts'])} artifact(s) "
+                      f"(manifest {manifest['manifest_path']}; --force re-exports)", highlight=False, soft_wrap=True)
+        else:
+            from .progress import JobCosts, JobProgress
 
-        costs = JobCosts(checked)
-        width = err.width if err.is_terminal else _PIPED_WIDTH
-        with native_output_quiet() as stderr:
-            quiet_libraries()
-            from .export import export_model
+            costs = JobCosts(checked)
+            width = err.width if err.is_terminal else _PIPED_WIDTH
+            with native_output_quiet() as stderr:
+                quiet_libraries()
+                from .export import export_model
 
-            options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
-                           jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified)
-            if as_json:
-                manifest = export_model(model, target, out_dir, **options)
-            else:
-                with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
-                    manifest = export_model(model, target, out_dir, progress=progress, **options)
-        costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
+                # reuse=False: looked above already (or --force / --hub)
+                options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
+                               jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified, reuse=False)
+                if as_json:
+                    manifest = export_model(model, target, out_dir, **options)
+                else:
+                    with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
+                        manifest = export_model(model, target, out_dir, progress=progress, **options)
+            costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -189,6 +202,18 @@ def export(
     failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
           _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")))
+
+
+def _unchanged(checked, seed, settings, overrides, threads, allow_unverified) -> dict | None:
+    """The manifest of an unchanged earlier export into the plan's folder (`edgex.artifacts.reuse`),
+    found before the export pipeline (torch, the toolchains) is imported: a hit takes about a second.
+    Gate overrides are checked first, as `export_model` checks them: bad input fails either way."""
+    from .artifacts.reuse import export_key, unchanged
+    from .parity.gates import check_overrides
+
+    check_overrides(overrides, set(checked.recipe.components.values()))
+    key = export_key(checked, seed=seed, settings=settings, min_db=overrides, threads=threads, allow_unverified=allow_unverified)
+    return unchanged(checked.out_dir, key)
 
 
 def _print_plan(checked, as_json: bool) -> None:

@@ -18,6 +18,7 @@ from . import __version__
 from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
+from .artifacts.reuse import export_key, unchanged
 from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
@@ -289,11 +290,19 @@ def export_model(
     hub: HubSettings | None = None,
     settings: dict[str, str] | None = None,
     allow_unverified: bool = False,
+    reuse: bool = True,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
-    """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/).
+    """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/),
+    with `manifest_path` and `reused` added.
+
+    When <out>/<model>/<target>/ already holds an export of exactly these inputs with every file
+    intact (`edgex.artifacts.reuse`), that manifest is returned as it stands (`reused` true): no
+    model is loaded, nothing is written. `reuse=False` exports regardless (`--force`, or a caller
+    that has looked already). The manifest records the export's key (`export_key`) for the next call.
 
     With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
+    Such an export is never reused and records no key: a device run is not reproducible here.
 
     An artifact no runtime here could run (parity method `none`) makes the status "incomplete" and
     is kept under `unverified/`, unless `allow_unverified`: then it sits beside the passing ones,
@@ -308,6 +317,12 @@ def export_model(
     check_overrides(min_db or {}, set(checked.recipe.components.values()))
     out_dir = ensure_writable_dir(checked.out_dir)
     connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
+    key = None if hub else export_key(checked, seed=seed, settings=settings, min_db=min_db, threads=threads,
+                                      allow_unverified=allow_unverified)
+    if key is not None and reuse:
+        manifest = unchanged(out_dir, key)
+        if manifest is not None:
+            return manifest
 
     started = time.perf_counter()
     progress("loading model", None)
@@ -334,14 +349,13 @@ def export_model(
                 job_entries = _export_isolated(job, built[job.component], *args)
                 entries += job_entries
                 progress(f"{job.component} {job.exporter} {job.precision}: {job_entries[0]['verdict']}", job)
-        manifest = _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified)
+        manifest = _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified, key)
         write_json_atomic(out_dir / MANIFEST, manifest)
         publish(stage, out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
-    manifest["manifest_path"] = str(out_dir / MANIFEST)
-    return manifest
+    return {**manifest, "manifest_path": str(out_dir / MANIFEST), "reused": False}
 
 
-def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified) -> dict:
+def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified, key) -> dict:
     """The manifest as written: strict JSON (non-finite figures as strings, `strict_json`)."""
     return strict_json({
         "edgex_version": __version__,
@@ -361,4 +375,5 @@ def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries
         "allow_unverified": allow_unverified,
         "status": status((e["verdict"] for e in entries), allow_unverified),
         "seconds": round(time.perf_counter() - started, 3),
+        "export_key": key,
     })

@@ -38,6 +38,16 @@ def file_record(path: Path, root: Path) -> dict:
     return {"path": str(path.relative_to(root)), "sha256": sha256(path), "bytes": path.stat().st_size}
 
 
+def intact(manifest: dict, root: Path) -> bool:
+    """Every file the manifest records is under `root` with its recorded size and sha256."""
+    for artifact in manifest["artifacts"]:
+        for record in artifact.get("files", []):
+            path = root / record["path"]
+            if not path.is_file() or path.stat().st_size != record["bytes"] or sha256(path) != record["sha256"]:
+                return False
+    return True
+
+
 def file_records(path: Path, root: Path) -> list[dict]:
     """One record for a file; one per contained file for a folder artifact (a Core ML .mlpackage)."""
     if path.is_dir():

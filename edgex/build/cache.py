@@ -2,26 +2,11 @@
 
 An entry is the output of one `export_model` call for one job, stored at `<cache>/<key>/` with
 `key.json` beside it. The key is the sha256 of everything the artifact's bytes and its parity
-verdict are a function of:
-
-- `edgex_source`: the bytes of every file of the installed edgex package (recipes, exporters,
-  runtimes, gates, targets, this module): any code change re-exports;
-- `tool_versions`: `edgex.toolchain.versions()` (torch, executorch, onnx, onnxruntime, QAIRT,
-  gguf, llama.cpp ...), plus the Python version and machine architecture;
-- the weights: a preset name + seed (the preset's weights are generated from them by edgex source
-  already hashed), or the sha256 of every file in the checkpoint folder, by relative path; the seed
-  also drives the eager pipeline that makes the parity samples, so it is in the key either way;
-- the job: model, target, component, role, exporter, precision, exporter options (SoC, calibration
-  size), placement, recipe build options, the gate it is held to (the effective dB, so an override
-  that does not apply to it does not invalidate it), parity threads.
-
-Nothing else edgex passes to `export_model` changes it: edgex reads the environment only to quiet
-library logs and the clock only for the manifest's `created`, and the targets' tables live in the
-hashed source. Outside the key, and said so: the host CPU and the thread count torch runs the eager
-model with (`OMP_NUM_THREADS`). Reductions in another order can move eager activations in the last
-bits, hence calibration ranges of quantized schemes and parity figures in their last digits; and
-llama.cpp is built for the host CPU. A reused entry keeps the figures measured when it was made,
-on the host its manifest records.
+verdict are a function of, as `edgex.artifacts.keys` defines it (shared with `edgex export`'s
+unchanged re-export): the edgex source, tool versions, Python and machine; model, target, weights
+(preset, or every checkpoint file's sha256), seed and recipe options; and the job (component, role,
+exporter, precision, exporter options, placement, the gates it is held to, parity threads). What is
+outside the key (host CPU, eager thread count) is said there.
 
 Reuse re-hashes every recorded file (sha256 and size); an entry with a missing or altered file is
 deleted and exported again. An entry appears only by renaming a complete temporary folder to its
@@ -30,42 +15,25 @@ key, so a build killed mid-export leaves only a `.tmp-` folder, swept by the nex
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import shutil
 import tempfile
 from pathlib import Path
 
-from ..artifacts.files import MANIFEST, sha256, write_json_atomic
-from ..toolchain import versions
+from ..artifacts.files import MANIFEST, intact, write_json_atomic
+from ..artifacts.keys import digest, environment, job_inputs, source_inputs
 from .spec import BuildJob
 
-KEY_VERSION = 1
 TMP_PREFIX = ".tmp-"
 KEY_FILE = "key.json"
-
-
-def tree_sha256(root: Path, skip=lambda p: False) -> str:
-    """sha256 over (relative path, file sha256) of every file under `root`, in path order."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(root).rglob("*") if p.is_file() and not skip(p)):
-        digest.update(f"{path.relative_to(root).as_posix()}\0{sha256(path)}\n".encode())
-    return digest.hexdigest()
-
-
-def edgex_source_sha256() -> str:
-    package = Path(__file__).resolve().parent.parent
-    return tree_sha256(package, skip=lambda p: "__pycache__" in p.parts or p.suffix == ".pyc")
 
 
 class Cache:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.environment = {"key_version": KEY_VERSION, "edgex_source": edgex_source_sha256(), "tool_versions": versions(),
-                            "python": platform.python_version(), "machine": platform.machine()}
+        self.environment = environment()
 
     def sweep(self) -> int:
         """Remove temporary folders a killed build left behind (call only under the output lock)."""
@@ -75,18 +43,14 @@ class Cache:
         return len(stale)
 
     def key_inputs(self, job: BuildJob, checkpoint_sha256: str | None) -> dict:
-        weights = {"checkpoint_sha256": checkpoint_sha256} if job.checkpoint else {"preset": job.preset}
-        return {
-            **self.environment,
-            "model": job.model, **weights, "seed": job.seed, "settings": dict(job.settings),
-            "target": job.target, "component": job.component, "role": job.role, "exporter": job.exporter,
-            "precision": job.precision, "exporter_options": dict(job.exporter_options), "placement": dict(job.placement),
-            "gate_db": job.gate_db, "threads": job.threads,
-        }
+        return {**self.environment,
+                **source_inputs(job.model, job.target, job.preset, checkpoint_sha256 if job.checkpoint else None, job.seed,
+                                dict(job.settings)),
+                **job_inputs(job.planned, dict(job.min_db), job.threads)}
 
     @staticmethod
     def key(inputs: dict) -> str:
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True, allow_nan=False).encode()).hexdigest()
+        return digest(inputs)
 
     def path(self, key: str) -> Path:
         return self.root / key
@@ -128,12 +92,3 @@ class Cache:
 def files_root(entry: Path) -> Path:
     """`export_model` writes <entry>/<model>/<target>/manifest.json; its file paths are relative to that folder."""
     return next(entry.glob(f"*/*/{MANIFEST}")).parent
-
-
-def intact(manifest: dict, root: Path) -> bool:
-    for artifact in manifest["artifacts"]:
-        for record in artifact.get("files", []):
-            path = root / record["path"]
-            if not path.is_file() or path.stat().st_size != record["bytes"] or sha256(path) != record["sha256"]:
-                return False
-    return True

@@ -30,8 +30,9 @@ BUILD_JSON = "build.json"
 STAGING_PREFIX = ".staging-build-"
 # Errors that mean the output filesystem cannot take the build, not that an artifact is bad.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
-# Manifest fields that describe one export call rather than the folder
-PER_CALL = ("artifacts", "status", "seconds", "created", "gate_overrides", "manifest_path")
+# Manifest fields that describe one export call rather than the folder (a published folder gathers
+# many calls, so it records no `export_key`: `edgex export` into it is never an unchanged re-export)
+PER_CALL = ("artifacts", "status", "seconds", "created", "gate_overrides", "export_key", "manifest_path", "reused")
 
 
 @dataclass

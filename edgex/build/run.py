@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
+from ..artifacts.keys import tree_sha256
 from ..artifacts.lock import output_lock
 from ..errors import EdgexError
 from ..export import export_model
-from .cache import Cache, files_root, tree_sha256
+from .cache import Cache, files_root
 from .publish import DISK_ERRNOS, PER_CALL, Outcome, disk_error, publish, sweep
 from .reproducible import reproducibility
 from .shard import partition, recorded_costs

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..errors import EdgexError
 from ..parity.gates import threshold_db
-from ..plan import placement_overrides, plan
+from ..plan import Job, placement_overrides, plan
 from ..recipes import RECIPES
 from ..targets import get_target
 
@@ -71,6 +71,11 @@ class BuildJob:
     @property
     def folder(self) -> str:
         return f"{self.name}/{self.target}"
+
+    @property
+    def planned(self) -> Job:
+        """The planner's job this artifact is (what its cache key reads, as an export's key does)."""
+        return Job(self.component, self.role, self.exporter, self.precision, self.exporter_options, self.placement)
 
     @property
     def gate_db(self) -> float:

@@ -180,7 +180,7 @@ def _float_key(component: Component) -> str:
     """sha256 of what a component's fp32 ONNX graph is a function of (see `_Graphs`)."""
     import torch
 
-    from ..build.cache import edgex_source_sha256
+    from ..artifacts.keys import edgex_source_sha256
     from ..toolchain import versions
 
     specs = [component.name, [s.to_json() for s in component.inputs], [s.to_json() for s in component.outputs]]

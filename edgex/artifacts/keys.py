@@ -1,0 +1,89 @@
+"""What an artifact is a function of, as JSON-able key inputs and their sha256.
+
+One definition for the two places that reuse work: the build cache keys one artifact by it
+(`edgex.build.cache`), and `edgex export` keys a whole export call by its jobs in order
+(`edgex.artifacts.reuse`), so the two cannot disagree on what invalidates an artifact:
+
+- `environment()`: the bytes of every file of the installed edgex package (recipes, exporters,
+  runtimes, gates, targets, this module): any code change re-exports; `edgex.toolchain.versions()`
+  (torch, executorch, onnx, onnxruntime, QAIRT, gguf, llama.cpp ...), the Python version and the
+  machine architecture;
+- `source_inputs()`: the model, the target, the weights (a preset name, whose weights edgex source
+  already hashed generates from the seed, or the sha256 of every file in the checkpoint folder, by
+  relative path), the seed (it also drives the eager pipeline that makes the parity samples, so it is
+  in the key either way), the recipe build options as text (`--set`);
+- `job_inputs()`: per artifact, the component, role, exporter, precision, exporter options (SoC,
+  calibration size), placement, the gates it is held to (the effective dB of its parity gate and of
+  its lowering gate, so an override that does not apply to it does not invalidate it), parity threads.
+
+Nothing else edgex passes to `export_model` changes an artifact: edgex reads the environment only to
+quiet library logs and the clock only for the manifest's `created`, and the targets' tables live in
+the hashed source. Outside the key, and said so: the host CPU and the thread count torch runs the
+eager model with (`OMP_NUM_THREADS`, the worker count of `--jobs`). Reductions in another order can
+move eager activations in the last bits, hence calibration ranges of quantized schemes and parity
+figures in their last digits; and llama.cpp is built for the host CPU. A reused artifact keeps the
+figures measured when it was made, on the host its manifest records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import EdgexError
+from ..parity.gates import lowering_db, threshold_db
+from ..toolchain import versions
+from .files import sha256
+
+if TYPE_CHECKING:
+    from ..plan import Job
+
+KEY_VERSION = 2  # 2: the lowering gate joined the job's inputs
+
+
+def tree_sha256(root: Path, skip=lambda p: False) -> str:
+    """sha256 over (relative path, file sha256) of every file under `root`, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file() and not skip(p)):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def edgex_source_sha256() -> str:
+    package = Path(__file__).resolve().parent.parent
+    return tree_sha256(package, skip=lambda p: "__pycache__" in p.parts or p.suffix == ".pyc")
+
+
+def environment() -> dict:
+    return {"key_version": KEY_VERSION, "edgex_source": edgex_source_sha256(), "tool_versions": versions(),
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def source_inputs(model: str, target: str, preset: str | None, checkpoint_sha256: str | None, seed: int,
+                  settings: dict[str, str]) -> dict:
+    """The weights and what the eager model is built with: a checkpoint's content hash, else the preset."""
+    weights = {"checkpoint_sha256": checkpoint_sha256} if checkpoint_sha256 else {"preset": preset}
+    return {"model": model, **weights, "seed": seed, "settings": dict(settings), "target": target}
+
+
+def job_inputs(job: Job, overrides: dict[str, float], threads: int | None) -> dict:
+    return {"component": job.component, "role": job.role, "exporter": job.exporter, "precision": job.precision,
+            "exporter_options": dict(job.options), "placement": dict(job.placement),
+            "gate_db": threshold_db(job.role, job.precision, overrides),
+            "lowering_db": _lowering_gate(job.precision, overrides), "threads": threads}
+
+
+def _lowering_gate(precision: str, overrides: dict[str, float]) -> float | None:
+    """The lowering gate of a quantized or fp16 artifact (`--min-db lowering=...` moves it, and with
+    it the verdict); None for a precision that has none (fp32: no scheme reference to lower against)."""
+    try:
+        return lowering_db(precision, overrides)
+    except EdgexError:
+        return None
+
+
+def digest(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, allow_nan=False).encode()).hexdigest()

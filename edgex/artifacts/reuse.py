@@ -1,0 +1,71 @@
+"""An unchanged re-export: `edgex export` into a folder that already holds the same export.
+
+Every manifest `export_model` writes records its export key (`"export_key": {"sha256", "inputs"}`):
+the build cache's key inputs (`edgex.artifacts.keys`: edgex source, tool versions, Python, machine,
+model, target, weights, seed, recipe options) with every planned job's inputs in plan order
+(component, role, exporter, precision, exporter options, placement, gates, threads), plus what
+else changes the folder's manifest: the gate overrides as given and `allow_unverified`. An export
+whose key equals the one recorded in `<out>/<model>/<target>/manifest.json`, where every file that
+manifest records still has its size and sha256, is that export again: nothing is loaded or built and
+the manifest stands.
+
+A miss (the export runs and overwrites): another key (a code change, a tool upgrade, another
+precision, seed, gate, selection or checkpoint byte), an altered or missing file, a manifest with
+an entry whose export errored (an error may be transient, as in the build cache), a manifest
+written before export keys existed or by `edgex build` (its folders gather many calls' artifacts
+and record no key), and a missing, unreadable or corrupt manifest. An export with `--hub` records
+no key and never reuses: a device run is not reproducible from here.
+
+Light on import (no torch): the CLI looks before it imports the export pipeline, so a hit takes
+about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import EdgexError
+from ..status import EXIT_CODES
+from .files import MANIFEST, intact
+from .keys import digest, environment, job_inputs, source_inputs, tree_sha256
+
+if TYPE_CHECKING:
+    from ..plan import ExportPlan
+
+
+def export_key(plan: ExportPlan, *, seed: int, settings: dict[str, str] | None, min_db: dict[str, float] | None,
+               threads: int | None, allow_unverified: bool) -> dict:
+    """The key of one export call: what its artifacts, verdicts and manifest are a function of.
+    A checkpoint is hashed file by file here, before anything reads it for the export."""
+    overrides = dict(min_db or {})
+    try:
+        checkpoint_sha256 = tree_sha256(plan.checkpoint) if plan.checkpoint else None
+    except OSError as exc:
+        raise EdgexError(f"cannot read checkpoint {plan.checkpoint}: {exc.strerror or exc}") from None
+    inputs = {**environment(),
+              **source_inputs(plan.recipe.name, plan.target.name, plan.preset or plan.recipe.default_preset, checkpoint_sha256,
+                              seed, settings or {}),
+              "jobs": [job_inputs(job, overrides, threads) for job in plan.jobs],
+              "gate_overrides": overrides, "allow_unverified": allow_unverified}
+    return {"sha256": digest(inputs), "inputs": inputs}
+
+
+def unchanged(folder: Path, key: dict) -> dict | None:
+    """The manifest in `folder` if an export with `key` wrote it, none of its entries errored and
+    every file it records is intact (returned with `manifest_path` and `"reused": true`); else None."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+        recorded = manifest.get("export_key") or {}
+        if recorded.get("sha256") != key["sha256"] or any(a["verdict"] == "error" for a in manifest["artifacts"]):
+            return None
+        if manifest["status"] not in EXIT_CODES or not isinstance(manifest["created"], str):
+            return None
+        if not intact(manifest, path.parent):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable or not a manifest: a miss
+        return None
+    return {**manifest, "manifest_path": str(path), "reused": True}
+

@@ -1,0 +1,238 @@
+"""An unchanged re-export is reused (`edgex.artifacts.reuse`); anything different exports again.
+
+One real export (tiny talker_prefill, ONNX fp32) is shared by the module. Misses are shown without
+paying for an export: the recipe's `load` is made to raise, so a call that gets past the reuse check
+fails with `Loaded` before it writes anything. One miss (a flipped byte) is exported for real, to
+show the export runs again and passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import edgex.artifacts.keys
+from conftest import run_cli
+from edgex.artifacts.keys import job_inputs
+from edgex.artifacts.reuse import export_key
+from edgex.build.cache import Cache
+from edgex.build.spec import load_plan
+from edgex.export import export_model
+from edgex.plan import make_plan
+from edgex.recipes import RECIPES
+
+pytestmark = pytest.mark.xdist_group("export_cache")
+
+ARGS = dict(preset="tiny", components=["talker_prefill"], formats=["onnx"], precisions=["fp32"])
+CLI = ("export", "qwen3-tts", "--preset", "tiny", "-c", "talker_prefill", "-f", "onnx", "-p", "fp32")
+
+
+class Loaded(Exception):
+    """The export got past the reuse check and went on to load the model."""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("recache")
+    manifest = export_model("qwen3-tts", "cpu", out, **ARGS)
+    assert manifest["status"] == "pass" and manifest["reused"] is False, manifest
+    return out, manifest
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(RECIPES.get("qwen3-tts"), "load", load)
+
+
+def files_state(root: Path) -> dict:
+    """Every file under `root` with its inode, mtime and content: what a hit must leave untouched."""
+    return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def copy_of(exported, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the shared export: (output root, its <model>/<target> folder)."""
+    out, _ = exported
+    shutil.copytree(out, tmp_path / "out")
+    return tmp_path / "out", tmp_path / "out" / "qwen3-tts" / "cpu"
+
+
+def test_an_unchanged_reexport_is_a_hit_that_loads_nothing(exported, no_load):
+    out, first = exported
+    folder = out / "qwen3-tts" / "cpu"
+    recorded = json.loads((folder / "manifest.json").read_text())["export_key"]
+    assert recorded["sha256"] == first["export_key"]["sha256"] and len(recorded["inputs"]["jobs"]) == 1
+    assert recorded["inputs"]["jobs"][0]["component"] == "talker_prefill" and recorded["inputs"]["preset"] == "tiny"
+    before = files_state(out)
+    again = export_model("qwen3-tts", "cpu", out, **ARGS)  # the recipe's load raises: reaching it fails
+    assert again["reused"] is True and again["created"] == first["created"]
+    assert {k: v for k, v in again.items() if k != "reused"} == {k: v for k, v in first.items() if k != "reused"}
+    assert files_state(out) == before, "a hit writes nothing: same inodes, mtimes and bytes"
+    # the same inputs spelled otherwise: the default preset, the default gates given as nothing
+    assert export_model("qwen3-tts", "cpu", out, **{**ARGS, "preset": None}, min_db={})["reused"] is True
+
+
+@pytest.mark.parametrize("change", ["seed", "precision", "gate", "lowering-gate", "threads", "allow-unverified", "force",
+                                    "edgex-source", "tool-version"])
+def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
+    out, _ = exported
+    before = files_state(out)
+    args = dict(ARGS)
+    if change == "seed":
+        args["seed"] = 1
+    elif change == "precision":
+        args["precisions"] = ["fp16"]
+    elif change == "gate":
+        args["min_db"] = {"talker": 70.0}
+    elif change == "lowering-gate":  # moves no fp32 gate, but is recorded in the manifest's gate_overrides
+        args["min_db"] = {"lowering": 35.0}
+    elif change == "threads":
+        args["threads"] = 2
+    elif change == "allow-unverified":
+        args["allow_unverified"] = True
+    elif change == "force":
+        args["reuse"] = False
+    elif change == "edgex-source":
+        monkeypatch.setattr(edgex.artifacts.keys, "edgex_source_sha256", lambda: "0" * 64)
+    else:
+        monkeypatch.setattr(edgex.artifacts.keys, "versions", lambda: {"torch": "0.0"})
+    with pytest.raises(Loaded):
+        export_model("qwen3-tts", "cpu", out, **args)
+    assert files_state(out) == before
+
+
+def _no_key(m):
+    del m["export_key"]
+
+
+def _string_key(m):
+    m["export_key"] = "abc"
+
+
+def _errored(m):
+    m["artifacts"][0]["verdict"] = "error"
+
+
+def _bad_status(m):
+    m["status"] = "maybe"
+
+
+@pytest.mark.parametrize("damage", ["flipped-byte", "deleted-file", "no-key", "string-key", "errored-entry", "bad-status",
+                                    "not-json", "a-list", "no-manifest"])
+def test_a_damaged_folder_or_manifest_is_a_miss_never_a_crash(exported, no_load, tmp_path, damage):
+    out, folder = copy_of(exported, tmp_path)
+    manifest_path = folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    artifact = folder / manifest["artifacts"][0]["files"][0]["path"]
+    if damage == "flipped-byte":
+        data = bytearray(artifact.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        artifact.write_bytes(bytes(data))
+    elif damage == "deleted-file":
+        artifact.unlink()
+    elif damage == "not-json":
+        manifest_path.write_bytes(b"\x00{not json")
+    elif damage == "a-list":
+        manifest_path.write_text("[]")
+    elif damage == "no-manifest":
+        manifest_path.unlink()
+    else:  # a manifest of an older edgex (no key), a corrupt key, an entry whose export errored, no known status
+        {"no-key": _no_key, "string-key": _string_key, "errored-entry": _errored, "bad-status": _bad_status}[damage](manifest)
+        manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(Loaded):
+        export_model("qwen3-tts", "cpu", out, **ARGS)
+
+
+def test_a_flipped_byte_is_exported_again_and_passes(exported, tmp_path):
+    out, folder = copy_of(exported, tmp_path)
+    first = json.loads((folder / "manifest.json").read_text())
+    record = first["artifacts"][0]["files"][0]
+    data = bytearray((folder / record["path"]).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / record["path"]).write_bytes(bytes(data))
+    again = export_model("qwen3-tts", "cpu", out, **ARGS)
+    assert again["reused"] is False and again["status"] == "pass" and again["artifacts"][0]["verdict"] == "pass"
+    assert again["export_key"]["sha256"] == first["export_key"]["sha256"]
+    assert again["artifacts"][0]["files"][0] == record, "ONNX rebuilds to the same bytes"
+    assert json.loads((folder / "manifest.json").read_text())["created"] == again["created"], "the manifest was rewritten"
+
+
+def test_the_cli_says_reused_in_one_line_and_exits_with_the_manifest_status(exported, tmp_path):
+    out, first = exported
+    before = files_state(out)
+    proc = run_cli(*CLI, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [f"unchanged since {first['created']}: reused 1 artifact(s) (manifest "
+                                        f"{first['manifest_path']}; --force re-exports)"]
+    assert "talker_prefill" in proc.stdout and f"manifest: {first['manifest_path']}" in proc.stdout
+    data = json.loads(run_cli(*CLI, "--out", str(out), "--json").stdout)
+    assert data["reused"] is True and data["artifacts"] == first["artifacts"] and data["created"] == first["created"]
+    assert files_state(out) == before
+    # bad input is still one `edgex:` line and exit 2 before anything is reused
+    bad = run_cli(*CLI, "--out", str(out), "--min-db", "nosuch=3")
+    assert bad.returncode == 2 and bad.stderr.startswith("edgex: --min-db nosuch=...") and "Traceback" not in bad.stderr
+    # the exit code is the reused manifest's: 1 for a failed one (its verdict edited here: the files
+    # and the key are what a hit checks, the recorded verdicts stand as written)
+    copy, folder = copy_of(exported, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["artifacts"][0]["verdict"] = manifest["status"] = "fail"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    failed = run_cli(*CLI, "--out", str(copy))
+    assert failed.returncode == 1 and "reused 1 artifact(s)" in failed.stderr
+    assert "parity gate failed for 1 artifact(s): talker_prefill.fp32.onnx" in failed.stderr
+
+
+def test_cli_force_exports_without_looking(exported, monkeypatch):
+    """`--force` reaches `export_model` (which must not look again); without it a hit never does."""
+    from typer.testing import CliRunner
+
+    import edgex.export
+    from edgex.cli import app
+
+    out, first = exported
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(kwargs)
+        return {**first, "reused": False}
+
+    monkeypatch.setattr(edgex.export, "export_model", fake)
+    runner = CliRunner()
+    assert runner.invoke(app, [*CLI, "--out", str(out), "--json"]).exit_code == 0 and calls == []
+    result = runner.invoke(app, [*CLI, "--out", str(out), "--json", "--force"])
+    assert result.exit_code == 0 and len(calls) == 1 and calls[0]["reuse"] is False
+
+
+def test_a_changed_checkpoint_file_changes_the_key(tmp_path):
+    folder = tmp_path / "ckpt"
+    (folder / "speech_tokenizer").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "speech_tokenizer" / "model.safetensors").write_bytes(b"\x01" * 64)
+    plan = make_plan("qwen3-tts", "cpu", tmp_path, checkpoint=folder, components=["talker_prefill"], formats=["onnx"])
+    args = dict(seed=0, settings=None, min_db=None, threads=None, allow_unverified=False)
+    key = export_key(plan, **args)
+    assert key["inputs"]["checkpoint_sha256"] and "preset" not in key["inputs"]
+    assert export_key(plan, **args)["sha256"] == key["sha256"]
+    (folder / "speech_tokenizer" / "model.safetensors").write_bytes(b"\x01" * 63 + b"\x02")
+    assert export_key(plan, **args)["sha256"] != key["sha256"]
+
+
+def test_build_and_export_key_an_artifact_alike(tmp_path):
+    """One definition: the build cache's key inputs of a job are the export key's inputs for it."""
+    file = tmp_path / "b.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nformats = ["onnx"]\n'
+                    'precisions = ["fp16"]\nmin_db = { lowering = 35 }\nthreads = 2\n')
+    (job,) = load_plan(file).jobs
+    cache = Cache(tmp_path / "cache")
+    built = cache.key_inputs(job, None)
+    plan = make_plan("qwen3-tts", "cpu", tmp_path, components=["talker_decode"], formats=["onnx"], precisions=["fp16"])
+    key = export_key(plan, seed=0, settings={}, min_db={"lowering": 35.0}, threads=2, allow_unverified=False)["inputs"]
+    (exported_job,) = key.pop("jobs")
+    assert built == {**{k: v for k, v in key.items() if k not in ("gate_overrides", "allow_unverified")}, **exported_job}
+    assert built["lowering_db"] == 35.0, "the lowering gate moves an fp16 verdict: it is in the key"
+    assert job_inputs(plan.jobs[0], {}, 2)["lowering_db"] == 30.0
