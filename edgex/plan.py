@@ -38,6 +38,16 @@ def _job(name: str, role: str, target, placement, precision: str, calibration_si
     return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
 
 
+def exporter_name(name: str) -> str:
+    """An exporter named by itself (`executorch`) or by the format it writes (`pte`, as the summary
+    table and the manifest show it); an unknown name is the registry's one-line error."""
+    by_format = {EXPORTERS.get(n).format: n for n in EXPORTERS.names()}
+    if name not in EXPORTERS.names() and name in by_format:
+        return by_format[name]
+    EXPORTERS.get(name)
+    return name
+
+
 def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: list[str] | None,
          precisions: list[str] | None, calibration_size: int | None = None) -> list[Job]:
     """Every (component, exporter, precision) the target places, filtered by the user's choices.
@@ -45,8 +55,7 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     Unknown names fail here, before any model is built."""
     for p in precisions or []:
         get_precision(p)
-    for f in formats or []:
-        EXPORTERS.get(f)
+    formats = [exporter_name(f) for f in formats] if formats else formats
     recipe.check_components(components)
     roles = recipe.components
     jobs = []

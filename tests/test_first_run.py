@@ -93,6 +93,9 @@ def test_dry_run_plans_without_building(tmp_path):
     table = run_cli("export", "qwen3-tts", "-c", "code2wav", "-f", "onnx", "--dry-run", "--out", "o", cwd=tmp_path)
     assert table.returncode == 0 and "dry run" in table.stdout and "code2wav.fp16.onnx" in table.stdout, table.stdout
     assert table.stderr == "" and not (tmp_path / "o").exists()
+    by_format = run_cli("export", "qwen3-tts", "-c", "code2wav", "-f", "pte", "--dry-run", "--json", "--out", "o", cwd=tmp_path)
+    assert by_format.returncode == 0, by_format.stderr  # the format the table shows names its exporter
+    assert {j["format"] for j in json.loads(by_format.stdout)["jobs"]} == {"executorch"}
 
 
 _NOISY = """
