@@ -1,5 +1,6 @@
 """Export worker processes die with the export: a killed `edgex export --jobs 2` must not leave
-workers lowering on as orphans (they did, for minutes, before PR_SET_PDEATHSIG)."""
+workers, or the job processes they fork, lowering on as orphans (they did, for minutes, before
+PR_SET_PDEATHSIG)."""
 
 import os
 import signal
@@ -23,12 +24,13 @@ def test_workers_die_when_the_export_is_killed(tmp_path):
     while time.monotonic() < deadline and proc.poll() is None:
         # a worker is past its initializer once a job's scratch folder exists in the staging area
         if any(tmp_path.rglob(".job-*")):
-            workers = [c for c in parent.children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+            workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
             if len(workers) == 2:
                 break
         time.sleep(0.5)
     assert len(workers) == 2 and proc.poll() is None, "the export finished or never started its workers"
+    descendants = parent.children(recursive=True)  # the workers, and any job process one has forked
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    gone, alive = psutil.wait_procs(workers, timeout=30)
+    gone, alive = psutil.wait_procs(descendants, timeout=30)
     assert not alive, [p.pid for p in alive]
