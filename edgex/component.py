@@ -96,22 +96,12 @@ class Component:
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
     _reads: dict = field(default_factory=dict, repr=False)
-    _calibration_sets: dict = field(default_factory=dict, repr=False)
-
-    def calibration_sets(self, n: int) -> list[Inputs]:
-        """`calibration(n)`, drawn once per `n` and shared by every artifact of this component."""
-        if self.calibration is None:
-            raise ValueError(f"{self.name}: no calibration data")
-        if n not in self._calibration_sets:
-            self._calibration_sets[n] = self.calibration(n)
-        return self._calibration_sets[n]
 
     def computed(self) -> dict[str, dict]:
-        """What this component has computed and keeps (reference outputs, tensors read, calibration
-        sets), by cache: a job run in another process (`edgex.isolation`) hands back what it added,
-        so the next job does not compute it again."""
-        return {"_reference_outputs": dict(self._reference_outputs), "_reads": dict(self._reads),
-                "_calibration_sets": dict(self._calibration_sets)}
+        """What this component has computed and keeps (reference outputs, tensors read), by cache: a
+        job run in another process (`edgex.isolation`) hands back what it added, so the next job
+        does not compute it again."""
+        return {"_reference_outputs": dict(self._reference_outputs), "_reads": dict(self._reads)}
 
     def added_since(self, before: dict[str, dict]) -> dict[str, dict]:
         """The entries of `computed()` that `before` (an earlier `computed()`) did not have."""

@@ -172,9 +172,12 @@ def _job_in_child(job: Job, component: Component, *args) -> tuple[list[dict], di
 
 def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
     """`_export_guarded` in a child process (`edgex.isolation`): the memory the job allocates goes
-    with it. What the job computed for the component (eager reference outputs, calibration sets)
+    with it. What the job computed for the component (eager reference outputs, tensors read)
     comes back for the next job of that component. A child that dies (the OOM killer) is that
-    job's "error", and the export goes on with the next."""
+    job's "error", and the export goes on with the next. An exporter that is not `fork_safe` runs
+    its jobs here."""
+    if not EXPORTERS.get(job.exporter).fork_safe:
+        return _export_guarded(job, component, *args)
     started = time.perf_counter()
     try:
         entries, added = run_forked(_job_in_child, job, component, *args)

@@ -76,6 +76,9 @@ class GgufExporter(Exporter):
         "q4_0": "ggml Q4_0: int4 weights in blocks of 32, one fp16 scale per block; fp32 compute",
     }
     requires = ("gguf", "llama_cpp")
+    # llama.cpp's CPU backend runs its threads on GNU OpenMP: in a child forked from a process that
+    # has run a GGUF, decoding hangs (seen in the suite: `_Session._decode` idle forever).
+    fork_safe = False
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every non-F32 tensor dequantized by gguf-py, paired with the layout's

@@ -56,7 +56,7 @@ def quantize_qdq(source: Path, dest: Path, component: Component, precision: str,
 
     if component.calibration is None:
         raise EdgexError(f"{component.name} provides no calibration data, which {precision} needs")
-    sets = component.calibration_sets(size)
+    sets = component.calibration(size)
     names = [s.name for s in component.inputs]
 
     class Reader(CalibrationDataReader):
