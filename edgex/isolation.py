@@ -64,7 +64,10 @@ def _child_setup() -> None:
 def _describe(status: int) -> str:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == signal.SIGKILL else ""
         return f"killed by {name}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)} without a result"
