@@ -5,6 +5,8 @@ does not import torch."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -63,7 +65,34 @@ def doctor(runtimes: list[str] | None = None) -> dict:
     ]
     names = RUNTIMES.names() if runtimes is None else runtimes
     rows = [_smoke(name, RUNTIMES.get(name)) for name in names]
-    return {"packages": packages, "runtimes": rows, "ok": all(r["status"] != "failed" for r in rows)}
+    return {"machine": machine(), "packages": packages, "runtimes": rows, "ok": all(r["status"] != "failed" for r in rows)}
+
+
+def machine() -> dict:
+    """Cores, memory and free disk where exports stage their files (the temp folder): a large
+    preset's export needs GBs of both, and a full disk or a memory cap is the first thing to rule
+    out when exports fail on a CI runner."""
+    tmp = Path(tempfile.gettempdir())
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    available = _meminfo_gb("MemAvailable")
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(pages * os.sysconf("SC_PAGE_SIZE") / 1e9, 1) if pages else None,
+        "memory_available_gb": available,
+        "temp_dir": str(tmp),
+        "temp_free_gb": round(shutil.disk_usage(tmp).free / 1e9, 1),
+    }
+
+
+def _meminfo_gb(field: str) -> float | None:
+    """A /proc/meminfo field in GB (Linux), else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _smoke(name: str, runtime) -> dict:

@@ -535,6 +535,9 @@ def doctor(
         if not data["ok"]:
             raise typer.Exit(1)
         return
+    box = data["machine"]
+    out.print(f"machine: {box['cpus']} cores, {box['memory_gb']} GB memory ({box['memory_available_gb']} GB available), "
+              f"{box['temp_free_gb']} GB free in {box['temp_dir']}")
     table = Table(title="edgex doctor")
     for col in ("package", "version", "status", "needed for"):
         table.add_column(col)

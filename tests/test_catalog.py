@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from conftest import run_cli
 
@@ -29,6 +30,9 @@ def test_doctor_runs_every_runtime_s_smoke_program():
     assert data["ok"] and {r["status"] for r in runtimes.values()} == {"ok"}, runtimes
     assert runtimes["onnxruntime"]["required"] and runtimes["executorch"]["required"]
     assert "XNNPACK" in runtimes["executorch"]["detail"] and "simulator" in runtimes["qnn-htp"]["detail"]
+    box = data["machine"]
+    assert box["cpus"] == os.cpu_count() and box["temp_dir"] == tempfile.gettempdir()
+    assert 0 < box["memory_available_gb"] <= box["memory_gb"] and box["temp_free_gb"] > 0
 
 
 def _doctor_with(code: str, *runtimes: str) -> subprocess.CompletedProcess:
