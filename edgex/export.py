@@ -68,9 +68,8 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         **({"placement": dict(job.placement)} if job.placement else {}),
     }
     start = time.perf_counter()
-    with PeakRss() as peak:
-        result = exporter.export(component, job.precision, dest, **dict(job.options))
-    entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak.mb, io_float_dtype=result.io_float_dtype, details=result.details)
+    result, peak_mb = _lower_apart(exporter, component, job, dest)
+    entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
     gate = threshold_db(component.role, job.precision, overrides)
     tensors = tensor_parity(exporter, component, result.files, gate, job.precision, dict(job.options))
     if tensors is not None:
@@ -90,6 +89,29 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
                                        overrides, threads, hub, stage, allow_unverified))
     return entries
+
+
+def _lower(exporter: Exporter, component: Component, job: Job, dest: Path):
+    """The exporter's lowering, its files written to `dest`; with its peak RSS and what it computed
+    for the component."""
+    before = component.computed()
+    with PeakRss() as peak:
+        result = exporter.export(component, job.precision, dest, **dict(job.options))
+    return result, peak.mb, component.added_since(before)
+
+
+def _lower_apart(exporter: Exporter, component: Component, job: Job, dest: Path):
+    """`_lower` in a process forked for it, so that the job's parity run starts without whatever
+    the lowering left alive. Lowering does not free all it made when it returns: torch's fake-tensor
+    dispatch cache is class-wide and keys on the graph's arguments, among them ExecuTorch's lowered
+    delegate, which holds a copy of every weight (a 1.6 GB stack kept 1.67 GB after its `.pte` was
+    written). At Spark-X2.5 1.7b that was 9.4 GB, and the prefill `.pte`'s parity run was OOM-killed
+    beside it. Exporters that are not `fork_safe` lower in this process."""
+    if not (exporter.fork_safe and forking_supported()):
+        return _lower(exporter, component, job, dest)[:2]
+    result, peak_mb, added = run_forked(_lower, exporter, component, job, dest, label="the lowering's process")
+    component.adopt(added)
+    return result, peak_mb
 
 
 def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
@@ -180,7 +202,7 @@ def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
         return _export_guarded(job, component, *args)
     started = time.perf_counter()
     try:
-        entries, added = run_forked(_job_in_child, job, component, *args)
+        entries, added = run_forked(_job_in_child, job, component, *args, label="the job's process")
     except ChildDied as exc:
         entries = _error_entries(job, exc)
         entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)

@@ -73,9 +73,10 @@ def _describe(status: int) -> str:
     return f"exited with status {os.WEXITSTATUS(status)} without a result"
 
 
-def run_forked(fn: Callable[..., T], *args) -> T:
+def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -> T:
     """`fn(*args)` in a forked child; its return value, or its exception re-raised here. The result
-    and any exception must pickle. Raises `ChildDied` if the child ends without one."""
+    and any exception must pickle. Raises `ChildDied` (its message starts with `label`) if the
+    child ends without one."""
     if not forking_supported():
         return fn(*args)
     read_end, write_end = os.pipe()
@@ -112,7 +113,7 @@ def run_forked(fn: Callable[..., T], *args) -> T:
         _stop(pid)
         raise
     if not payload:
-        raise ChildDied(f"the job's process {_describe(status)}")
+        raise ChildDied(f"{label} {_describe(status)}")
     kind, value = pickle.loads(payload)
     if kind == "raise":
         raise value

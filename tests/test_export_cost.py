@@ -183,3 +183,59 @@ def test_xnnpack_lowering_shares_the_weights_and_leaves_them_untouched(tmp_path,
     out = Runtime.get().load_program(str(pte)).load_method("forward").execute([x])[0]
     with torch.no_grad():
         assert torch.allclose(out, module(x), atol=1e-5)
+
+
+_KEPT: list = []  # what the leaking stand-in exporter below keeps alive, as torch's caches do
+
+
+def _stack_component(layers: int, width: int) -> Component:
+    torch.manual_seed(0)
+    module = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).eval()
+    x = torch.randn(1, width)
+    return Component("stack", "test", module, [TensorSpec("x", (1, width), "float32")],
+                     [TensorSpec("y", (1, width), "float32")], lambda t: (module(t),), {"s": (x,)})
+
+
+def test_a_lowering_that_keeps_its_memory_keeps_it_only_in_its_own_process(tmp_path):
+    """`export._lower_apart`: what an exporter leaves alive after writing its files (here 256 MB a
+    stand-in exporter keeps, as torch's fake-tensor cache keeps a lowered `.pte`'s weight copy) stays
+    in the process forked for the lowering; lowered in the job's own process, it stays there."""
+    import psutil
+
+    from edgex.exporters.base import ExportResult, Exporter
+    from edgex.export import _lower, _lower_apart
+    from edgex.plan import Job
+
+    class Leaky(Exporter):
+        name, format, extension, runtime = "leaky", "bin", ".bin", "onnxruntime"
+
+        def export(self, component, precision, dest):
+            _KEPT.append(torch.ones(64 * 2**20))
+            dest.write_bytes(b"artifact")
+            return ExportResult([dest], "float32", {"kept_mb": 256})
+
+    comp, job, rss = _stack_component(1, 8), Job("stack", "test", "leaky", "fp32"), psutil.Process().memory_info
+    before = rss().rss
+    result, peak_mb = _lower_apart(Leaky(), comp, job, tmp_path / "apart.bin")
+    assert result.details == {"kept_mb": 256} and (tmp_path / "apart.bin").read_bytes() == b"artifact"
+    assert peak_mb > 256 and rss().rss - before < 64 * 2**20 and not _KEPT
+    result, peak_mb = _lower(Leaky(), comp, job, tmp_path / "here.bin")[:2]
+    assert rss().rss - before > 200 * 2**20 and len(_KEPT) == 1
+    _KEPT.clear()
+
+
+def test_a_pte_lowered_apart_leaves_the_job_s_process_as_it_was(tmp_path):
+    """The real case: a 67 MB Linear stack lowered to `.pte` in its own process; the job's
+    process, which runs parity next, does not grow by the weight copy the lowering leaves alive
+    (lowered here instead, it grows by it: checked when this test was written)."""
+    import psutil
+
+    from edgex.exporters import EXPORTERS
+    from edgex.export import _lower_apart
+    from edgex.plan import Job
+
+    comp = _stack_component(4, 2048)
+    before = psutil.Process().memory_info().rss
+    result, _ = _lower_apart(EXPORTERS.get("executorch"), comp, Job("stack", "test", "executorch", "fp32"), tmp_path / "s.pte")
+    assert psutil.Process().memory_info().rss - before < 32 * 2**20
+    assert result.files == [tmp_path / "s.pte"] and result.details["delegate_subgraphs"] >= 1
