@@ -239,3 +239,60 @@ def test_a_pte_lowered_apart_leaves_the_job_s_process_as_it_was(tmp_path):
     result, _ = _lower_apart(EXPORTERS.get("executorch"), comp, Job("stack", "test", "executorch", "fp32"), tmp_path / "s.pte")
     assert psutil.Process().memory_info().rss - before < 32 * 2**20
     assert result.files == [tmp_path / "s.pte"] and result.details["delegate_subgraphs"] >= 1
+
+
+class _Unrolled(nn.Module):
+    """One Linear stack run three times with an argmax between the runs: XNNPACK takes no argmax,
+    so each run is a partition of its own, and all three read the same weights (the code predictor
+    frame's shape: 15 steps, sampling between them)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stack = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+        self.embed = nn.Embedding(16, 64)
+
+    def forward(self, x):
+        codes = []
+        for _ in range(3):
+            code = torch.argmax(self.stack(x)[..., :16], dim=-1)
+            codes.append(code)
+            x = self.embed(code)
+        return (torch.stack(codes, -1),)
+
+
+def test_partitions_that_read_the_same_weights_share_them(tmp_path, monkeypatch):
+    """The weights a partition reads are the module's own tensors, not one copy per partition
+    (ExecuTorch's `duplicate_constant_node` deep-copies them), each weight is serialized into one
+    `bytes` object every partition's store shares, and the `.pte` still computes the module."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.runtime import Runtime
+
+    from edgex.exporters import EXPORTERS
+
+    module = _Unrolled().eval()
+    x = torch.randn(1, 1, 64)
+    comp = Component("unrolled", "test", module, [TensorSpec("x", (1, 1, 64), "float32")],
+                     [TensorSpec("codes", (1, 1, 3), "int64")], lambda t: module(t), {"s": (x,)})
+    partitions, blobs = [], {}
+    preprocess, add_named_data = XnnpackBackend.preprocess, NamedDataStore.add_named_data
+
+    def recording(program, compile_specs):
+        partitions.append({t.data_ptr() for t in program.state_dict.values()})
+        return preprocess(program, compile_specs)
+
+    def record_blob(store, key, data, *args, **kwargs):
+        blobs.setdefault(key, set()).add(id(data))
+        return add_named_data(store, key, data, *args, **kwargs)
+
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(recording))
+    monkeypatch.setattr(NamedDataStore, "add_named_data", record_blob)
+    result = EXPORTERS.get("executorch").export(comp, "fp32", tmp_path / "u.pte")
+    own = {p.data_ptr() for p in module.stack.parameters()}
+    assert result.details["delegate_subgraphs"] == len(partitions) == 3
+    assert all(seen == own for seen in partitions), "a partition reads copies of the module's weights"
+    assert len(blobs) == 4 and all(len(ids) == 1 for ids in blobs.values()), blobs  # 2 weights, 2 biases
+    out = Runtime.get().load_program(str(result.files[0])).load_method("forward").execute([x])[0]
+    with torch.no_grad():
+        assert torch.equal(out, module(x)[0])
