@@ -262,11 +262,12 @@ class _Unrolled(nn.Module):
 
 
 def test_partitions_that_read_the_same_weights_share_them(tmp_path, monkeypatch):
-    """The weights a partition reads are the module's own tensors, not one copy per partition
-    (ExecuTorch's `duplicate_constant_node` deep-copies them), each weight is serialized into one
-    `bytes` object every partition's store shares, and the `.pte` still computes the module."""
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    """The constants ExecuTorch duplicates for each further partition that reads them
+    (`duplicate_constant_node`: deep copies) alias the module's own weights, each weight is
+    serialized into one `bytes` object that every partition's store shares, and the `.pte` still
+    computes the module."""
     from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.backend import utils as backend_utils
     from executorch.runtime import Runtime
 
     from edgex.exporters import EXPORTERS
@@ -275,23 +276,24 @@ def test_partitions_that_read_the_same_weights_share_them(tmp_path, monkeypatch)
     x = torch.randn(1, 1, 64)
     comp = Component("unrolled", "test", module, [TensorSpec("x", (1, 1, 64), "float32")],
                      [TensorSpec("codes", (1, 1, 3), "int64")], lambda t: module(t), {"s": (x,)})
-    partitions, blobs = [], {}
-    preprocess, add_named_data = XnnpackBackend.preprocess, NamedDataStore.add_named_data
+    duplicates, blobs = [], {}
+    duplicate, add_named_data = backend_utils.duplicate_constant_node, NamedDataStore.add_named_data
 
-    def recording(program, compile_specs):
-        partitions.append({t.data_ptr() for t in program.state_dict.values()})
-        return preprocess(program, compile_specs)
+    def record_duplicates(program, name):
+        made = duplicate(program, name)
+        duplicates.extend({**program.state_dict, **program.constants}[copy].data_ptr() for copy in made)
+        return made
 
     def record_blob(store, key, data, *args, **kwargs):
         blobs.setdefault(key, set()).add(id(data))
         return add_named_data(store, key, data, *args, **kwargs)
 
-    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(recording))
+    monkeypatch.setattr(backend_utils, "duplicate_constant_node", record_duplicates)
     monkeypatch.setattr(NamedDataStore, "add_named_data", record_blob)
     result = EXPORTERS.get("executorch").export(comp, "fp32", tmp_path / "u.pte")
     own = {p.data_ptr() for p in module.stack.parameters()}
-    assert result.details["delegate_subgraphs"] == len(partitions) == 3
-    assert all(seen == own for seen in partitions), "a partition reads copies of the module's weights"
+    assert result.details["delegate_subgraphs"] == 3
+    assert len(duplicates) == 8 and set(duplicates) == own, "partitions read copies of the module's weights"
     assert len(blobs) == 4 and all(len(ids) == 1 for ids in blobs.values()), blobs  # 2 weights, 2 biases
     out = Runtime.get().load_program(str(result.files[0])).load_method("forward").execute([x])[0]
     with torch.no_grad():
