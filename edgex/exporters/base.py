@@ -179,15 +179,20 @@ def module_in(component: Component, dtype: torch.dtype):
     (`Component.module_reads`, the inputs torch.export traces): a talker graph's wrapper also holds
     the text embedding and the code predictor, which it never reads. Every buffer is cast: a graph
     may read other constants in another dtype (fp16 RMSNorm reads its ones column, fp32 its mean
-    column). A parameter read only in `dtype` would stay fp32 and fail the export or its runtime."""
+    column), except those a module lists in `FP32_BUFFERS`, such as RoPE frequencies, whose fp16
+    rounding grows with the position (`nn.transformer.register_rope`). A parameter read only in
+    `dtype` would stay fp32 and fail the export or its runtime."""
     import torch
+
+    from ..nn.transformer import FP32_BUFFERS
 
     module = component.module
     read = None if dtype == torch.float32 else component.module_reads()  # fp32: nothing to cast in practice
-    views = [(owner, name, t) for owner in module.modules() for name, t in owner._buffers.items()
-             if t is not None and t.is_floating_point() and t.dtype != dtype and t._base is not None]
+    buffers = [(owner, name, t) for owner in module.modules() for name, t in owner._buffers.items()
+               if t is not None and t.is_floating_point() and name not in getattr(owner, FP32_BUFFERS, ())]
+    views = [(owner, name, t) for owner, name, t in buffers if t.dtype != dtype and t._base is not None]
     params = [p for p in module.parameters() if read is None or id(p) in read]
-    tensors = [t for t in (*params, *module.buffers()) if t.is_floating_point()]
+    tensors = list({id(t): t for t in (*params, *(t for _, _, t in buffers)) if t.is_floating_point()}.values())
     replaced = {id(t) for _, _, t in views}
     saved = [(t, t.data) for t in tensors if t.dtype != dtype and id(t) not in replaced]
     try:

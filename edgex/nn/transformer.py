@@ -31,6 +31,19 @@ def rope_inv_freq(config) -> torch.Tensor:
     return 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
 
 
+FP32_BUFFERS = "edgex_fp32_buffers"  # module attribute: names of its buffers fp16 exports keep in float32
+
+
+def register_rope(module: nn.Module, name: str, inv_freq: torch.Tensor) -> None:
+    """`inv_freq` as a buffer of `module` that fp16 exports keep in float32 (`exporters.base.module_in`
+    reads `FP32_BUFFERS`). Rounded to fp16 (11 significant bits), a frequency is off by up to 2^-12 of
+    itself and each angle, position x frequency, by position times that: about 0.25 rad at position
+    1000 for the fastest pair. The tiny Spark-X2.5 decode graph run in eager fp16 at a 1k context
+    scored 27.2 dB on its logits with fp16 frequencies and 49.8 dB with float32 ones."""
+    module.register_buffer(name, inv_freq.to(torch.float32), persistent=False)
+    setattr(module, FP32_BUFFERS, frozenset({*getattr(module, FP32_BUFFERS, ()), name}))
+
+
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """NeoX rotate-half RoPE tables for integer `positions` [P] -> cos, sin [1, 1, P, head_dim]."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]

@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_stack, mask_from_valid,
-                              rope_cos_sin, rope_inv_freq, step_valid)
+                              register_rope, rope_cos_sin, rope_inv_freq, step_valid)
 
 
 class SemanticProjector(nn.Module):
@@ -111,7 +111,7 @@ class _HeadGraph(nn.Module):
         for layer in self.model.layers:  # Llama has no q/k norms; the shared attention helper skips Identity
             layer.self_attn.q_norm = layer.self_attn.k_norm = nn.Identity()
         attach_norm_constants(self.model)
-        self.register_buffer("inv_freq", rope_inv_freq(head.backbone_config), persistent=False)
+        register_rope(self, "inv_freq", rope_inv_freq(head.backbone_config))
         self.head_weight = head.output_weight()  # shared with the eager head: see output_weight
 
     def _run(self, embeds, positions, past_key, past_value, mask):

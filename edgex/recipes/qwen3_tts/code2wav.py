@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, rope_cos_sin, rope_inv_freq
+from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, register_rope, rope_cos_sin, rope_inv_freq
 
 _SNAKE_EPS = 1e-9  # SnakeBeta's guard against 1 / 0
 
@@ -121,7 +121,7 @@ class _DecoderGraph(nn.Module):
         self.transformer = decoder.pre_transformer
         self.window = int(decoder.config.sliding_window)
         self.upsample_per_frame = int(decoder.total_upsample)
-        self.register_buffer("inv_freq", rope_inv_freq(decoder.config), persistent=False)
+        register_rope(self, "inv_freq", rope_inv_freq(decoder.config))
 
     def _hold_codebooks(self):
         """For the graphs that take codes: buffers codebook_<group>_<k> (`_codebooks`)."""

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_layer, group_mask, mask_from_valid, rms_norm,
-                              rope_cos_sin, rope_inv_freq, step_valid)
+                              register_rope, rope_cos_sin, rope_inv_freq, step_valid)
 
 GROUPS = 15  # residual codebooks predicted per frame (codebooks 1..15)
 
@@ -30,7 +30,7 @@ class _PredictorGraph(nn.Module):
         self.tables = predictor.model.codec_embedding
         self.talker_table = talker.model.codec_embedding
         config = predictor.config
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        register_rope(self, "inv_freq", rope_inv_freq(config))
         self.groups = config.num_attention_heads // config.num_key_value_heads
 
     def _rope(self, positions, dtype):

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_stack, group_mask, mask_from_valid,
-                              rope_cos_sin, rope_inv_freq, step_valid)
+                              register_rope, rope_cos_sin, rope_inv_freq, step_valid)
 
 
 class _TalkerGraph(nn.Module):
@@ -22,7 +22,7 @@ class _TalkerGraph(nn.Module):
         self.model = talker.model
         self.codec_head = talker.codec_head
         attach_norm_constants(talker)
-        self.register_buffer("inv_freq", rope_inv_freq(talker.config), persistent=False)
+        register_rope(self, "inv_freq", rope_inv_freq(talker.config))
 
     def _run(self, embeds, positions, past_key, past_value, mask):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)

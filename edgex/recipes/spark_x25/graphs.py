@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.transformer import (apply_rope, attach_norm_constants, causal_valid, group_mask, mask_from_valid, rms_norm,
-                              rope_cos_sin)
+                              register_rope, rope_cos_sin)
 from .config import FULL, SLIDING, SparkConfig
 
 
@@ -63,8 +63,8 @@ class _SparkGraph(nn.Module):
         self.config: SparkConfig = model.config
         config = self.config
         attach_norm_constants(self.model)
-        self.register_buffer("inv_freq_sliding", rotary_inv_freq(config, SLIDING), persistent=False)
-        self.register_buffer("inv_freq_full", rotary_inv_freq(config, FULL), persistent=False)
+        register_rope(self, "inv_freq_sliding", rotary_inv_freq(config, SLIDING))
+        register_rope(self, "inv_freq_full", rotary_inv_freq(config, FULL))
 
     def _project(self, attn, normed, cos, sin):
         cfg = self.config
