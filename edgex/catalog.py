@@ -72,27 +72,17 @@ def machine() -> dict:
     """Cores, memory and free disk where exports stage their files (the temp folder): a large
     preset's export needs GBs of both, and a full disk or a memory cap is the first thing to rule
     out when exports fail on a CI runner."""
+    import psutil
+
     tmp = Path(tempfile.gettempdir())
-    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-    available = _meminfo_gb("MemAvailable")
+    memory = psutil.virtual_memory()
     return {
         "cpus": os.cpu_count(),
-        "memory_gb": round(pages * os.sysconf("SC_PAGE_SIZE") / 1e9, 1) if pages else None,
-        "memory_available_gb": available,
+        "memory_gb": round(memory.total / 1e9, 1),
+        "memory_available_gb": round(memory.available / 1e9, 1),
         "temp_dir": str(tmp),
         "temp_free_gb": round(shutil.disk_usage(tmp).free / 1e9, 1),
     }
-
-
-def _meminfo_gb(field: str) -> float | None:
-    """A /proc/meminfo field in GB (Linux), else None."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return round(int(line.split()[1]) * 1024 / 1e9, 1)
-    except OSError:
-        pass
-    return None
 
 
 def _smoke(name: str, runtime) -> dict:

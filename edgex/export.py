@@ -92,12 +92,10 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
 
 
 def _lower(exporter: Exporter, component: Component, job: Job, dest: Path):
-    """The exporter's lowering, its files written to `dest`; with its peak RSS and what it computed
-    for the component."""
-    before = component.computed()
+    """The exporter's lowering, its files written to `dest`, and its peak RSS."""
     with PeakRss() as peak:
         result = exporter.export(component, job.precision, dest, **dict(job.options))
-    return result, peak.mb, component.added_since(before)
+    return result, peak.mb
 
 
 def _lower_apart(exporter: Exporter, component: Component, job: Job, dest: Path):
@@ -107,11 +105,23 @@ def _lower_apart(exporter: Exporter, component: Component, job: Job, dest: Path)
     delegate, which holds a copy of every weight (a 1.6 GB stack kept 1.67 GB after its `.pte` was
     written). At Spark-X2.5 1.7b that was 9.4 GB, and the prefill `.pte`'s parity run was OOM-killed
     beside it. Exporters that are not `fork_safe` lower in this process."""
-    if not (exporter.fork_safe and forking_supported()):
-        return _lower(exporter, component, job, dest)[:2]
-    result, peak_mb, added = run_forked(_lower, exporter, component, job, dest, label="the lowering's process")
+    if not exporter.fork_safe:
+        return _lower(exporter, component, job, dest)
+    return _forked_for(component, "the lowering's process", _lower, exporter, component, job, dest)
+
+
+def _forked_for(component: Component, label: str, fn, *args):
+    """`fn(*args)` in a forked child (`edgex.isolation.run_forked`, which raises `ChildDied` with
+    `label`); what it computed for `component` (eager reference outputs, tensors read) comes back
+    and is kept here, so the next job of that component does not compute it again."""
+    result, added = run_forked(_computing, component, fn, *args, label=label)
     component.adopt(added)
-    return result, peak_mb
+    return result
+
+
+def _computing(component: Component, fn, *args):
+    before = component.computed()
+    return fn(*args), component.added_since(before)
 
 
 def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
@@ -186,29 +196,20 @@ def _warm_up(plan_jobs: list[Job]) -> None:
             pass
 
 
-def _job_in_child(job: Job, component: Component, *args) -> tuple[list[dict], dict]:
-    before = component.computed()
-    entries = _export_guarded(job, component, *args)
-    return entries, component.added_since(before)
-
-
 def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
-    """`_export_guarded` in a child process (`edgex.isolation`): the memory the job allocates goes
-    with it. What the job computed for the component (eager reference outputs, tensors read)
-    comes back for the next job of that component. A child that dies (the OOM killer) is that
-    job's "error", and the export goes on with the next. An exporter that is not `fork_safe` runs
-    its jobs here."""
+    """`_export_guarded` in a child process (`_forked_for`): the memory the job allocates goes
+    with it, what it computed for the component comes back. A child that dies (the OOM killer) is
+    that job's "error", and the export goes on with the next. An exporter that is not `fork_safe`
+    runs its jobs here."""
     if not EXPORTERS.get(job.exporter).fork_safe:
         return _export_guarded(job, component, *args)
     started = time.perf_counter()
     try:
-        entries, added = run_forked(_job_in_child, job, component, *args, label="the job's process")
+        return _forked_for(component, "the job's process", _export_guarded, job, component, *args)
     except ChildDied as exc:
         entries = _error_entries(job, exc)
         entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
         return entries
-    component.adopt(added)
-    return entries
 
 
 _WORKER: dict = {}
