@@ -42,20 +42,26 @@ def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) ->
     quantize_(module, configs[precision](), filter_fn=quantizable)
 
 
-def _mean_over_channels_as_pooling(program) -> int:
-    """Rewrite `mean(x, -1, keepdim)` of a rank-2 / rank-3 tensor as a 4D global average pool.
+def _last_axis_reductions_as_pooling(program) -> int:
+    """Rewrite `mean(x, -1, keepdim)` and `amax(x, -1, keepdim)` of a rank-2 / rank-3 tensor as 4D
+    pooling over the channels.
 
-    XNNPACK takes `mean.dim` only as 4D pooling over dims [2, 3] with keepdim; every LayerNorm /
-    RMSNorm written out by hand (`x.mean(-1, keepdim=True)`) otherwise stays outside the delegate and
+    XNNPACK takes a mean only as 4D average pooling over dims [2, 3] with keepdim, and a maximum only
+    as `max.dim` of a 4D tensor (max pooling); every LayerNorm / RMSNorm written out by hand
+    (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak) otherwise stays outside the delegate and
     splits it. Each split is a partition, and executorch legalizes and recompiles the whole graph once
     per partition and runs XNNPACK's passes per partition: the tiny `flow_chunk` (2 steps) went from 63
-    to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`, pooled over (C, 1) and reshaped back:
-    the same average. Returns how many were rewritten."""
+    to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`, reduced over C and reshaped back: the
+    same values. Returns how many were rewritten."""
+    import operator
+
     import torch
 
+    aten = torch.ops.aten
     graph = program.graph_module.graph
     rewritten = 0
-    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.mean.dim)):
+    for node in list(graph.find_nodes(op="call_function", target=aten.mean.dim)) + list(
+            graph.find_nodes(op="call_function", target=aten.amax.default)):
         val = node.args[0].meta.get("val")
         keepdim = len(node.args) > 2 and bool(node.args[2])
         if val is None or not 2 <= val.dim() <= 3 or not keepdim or node.kwargs.get("dtype") is not None:
@@ -64,9 +70,12 @@ def _mean_over_channels_as_pooling(program) -> int:
             continue
         *lead, channels = val.shape
         with graph.inserting_before(node):
-            pooled_in = graph.call_function(torch.ops.aten.reshape.default, (node.args[0], [1, -1, channels, 1]))
-            pooled = graph.call_function(torch.ops.aten.mean.dim, (pooled_in, [2, 3], True))
-            back = graph.call_function(torch.ops.aten.reshape.default, (pooled, [*lead, 1]))
+            pooled_in = graph.call_function(aten.reshape.default, (node.args[0], [1, -1, channels, 1]))
+            if node.target == aten.mean.dim:
+                pooled = graph.call_function(aten.mean.dim, (pooled_in, [2, 3], True))
+            else:
+                pooled = graph.call_function(operator.getitem, (graph.call_function(aten.max.dim, (pooled_in, 2, True)), 0))
+            back = graph.call_function(aten.reshape.default, (pooled, [*lead, 1]))
         node.replace_all_uses_with(back)
         graph.erase_node(node)
         rewritten += 1
@@ -87,7 +96,7 @@ def _xnnpack_ready(program, precision: str):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
         program = constant_prop_pass(program.run_decompositions({}))
-    _mean_over_channels_as_pooling(program)
+    _last_axis_reductions_as_pooling(program)
     return program
 
 

@@ -61,7 +61,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attach_norm_constants(module: nn.Module) -> None:
-    """Give every HF RMSNorm under `module` a non-persistent 1/n column buffer (see `rms_norm`).
+    """Give every HF RMSNorm under `module` the non-persistent constants `rms_norm` reads: the 1/n and
+    ones columns and sqrt(eps).
 
     Buffers are weights to torch.export; a tensor built during tracing would be an op instead."""
     for norm in module.modules():
@@ -69,9 +70,10 @@ def attach_norm_constants(module: nn.Module) -> None:
             n = norm.weight.shape[-1]
             norm.register_buffer("edgex_mean_column", torch.full((n, 1), 1.0 / n), persistent=False)
             norm.register_buffer("edgex_ones_column", torch.ones(n, 1), persistent=False)
+            norm.register_buffer("edgex_eps_root", torch.full((1,), norm.variance_epsilon**0.5), persistent=False)
 
 
-_HALF_SCALE = 16.0  # fp16 RMSNorm works on x / (16 sqrt(n)): see rms_norm
+_PEAK_FLOOR = 2.0**-14  # the smallest normal fp16: a row's peak is at least this (see rms_norm)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -80,16 +82,24 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     HF computes the norm in fp32. In fp16 graphs that fp32 island costs two dtype casts per norm,
     which XNNPACK does not delegate: the predictor frame then lowers as ~300 partitions and takes
-    many minutes. fp16 graphs therefore stay in fp16 and square x / (16 sqrt(n)) instead of x, the
-    same value after rescaling, which is finite and normal for an RMS between ~4e-3 and 4096 (an
-    overflow outside that range shows up as -inf dB at the parity gate)."""
+    many minutes. fp16 graphs therefore stay in fp16, and square each row divided by its own peak
+    magnitude: x / sqrt(mean(x^2) + eps) = y / sqrt(mean(y^2) + (sqrt(eps) / peak)^2) with
+    y = x / peak, for any peak > 0. Every y^2 lies in [0, 1] and the largest is 1, so the sum of
+    squares is between 1 and n whatever the row's scale, and (sqrt(eps) / peak)^2 stays finite with
+    the peak floored at the smallest normal fp16. A fixed scale cannot do this: squaring
+    x / (16 sqrt(n)) (edgex until session 14) underflowed each term for an RMS below ~5 at n = 2048,
+    and an embedding row (RMS ~0.02) came out of the norm at 16.7 dB, the Spark-X2.5 1.7b decode
+    `.pte` at 4.6 dB. ONNX Runtime hid it: its CPU kernels compute these fp16 ops in fp32. The row
+    maximum is an `amax`, which ExecuTorch's exporter hands to XNNPACK as max pooling."""
     if isinstance(norm, nn.Identity):
         return x
     if x.dtype == torch.float16:
-        scaled = x * (1.0 / (_HALF_SCALE * x.shape[-1] ** 0.5))
-        variance = torch.matmul(scaled * scaled, norm.edgex_ones_column)
-        inv = torch.rsqrt(variance + norm.variance_epsilon / _HALF_SCALE**2) * (1.0 / _HALF_SCALE)
-        return norm.weight * (x * inv)
+        n = x.shape[-1]
+        peak = x.abs().amax(dim=-1, keepdim=True) + _PEAK_FLOOR
+        y = x / peak
+        squares = torch.matmul(y * y, norm.edgex_ones_column)  # in [1, n]
+        inv = torch.rsqrt(squares * (1.0 / n) + torch.square(norm.edgex_eps_root / peak))
+        return norm.weight * (y * inv)
     x32 = _cast(x, torch.float32)
     variance = torch.matmul(x32 * x32, _cast(norm.edgex_mean_column, torch.float32))
     return norm.weight * _cast(x32 * torch.rsqrt(variance + norm.variance_epsilon), x.dtype)
