@@ -39,3 +39,44 @@ def test_hand_written_norms_and_constant_branches_lower_into_one_xnnpack_partiti
     (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.numpy()])
     with torch.no_grad():
         assert snr_db(module(x).numpy(), out) > 100
+
+
+class _RmsNormBlock(nn.Module):
+    """Linear -> edgex's RMSNorm (an HF RMSNorm's parameters) -> Linear, hidden 1024."""
+
+    def __init__(self):
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+        from edgex.nn.transformer import attach_norm_constants
+
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(64, 1024), Qwen3RMSNorm(1024, eps=1e-6), nn.Linear(1024, 64)
+        attach_norm_constants(self)
+
+    def forward(self, x):
+        from edgex.nn.transformer import rms_norm
+
+        return self.down(rms_norm(self.norm, self.up(x)))
+
+
+def test_fp16_rms_norm_lowers_into_one_partition_and_keeps_small_rows_exact(tmp_path):
+    """fp16 RMSNorm divides each row by its peak (an `amax`, rewritten to XNNPACK's max pooling) so
+    that its squares neither underflow on small rows nor overflow on large ones: rows at RMS 0.02 (an
+    embedding's scale) and 200 both pass. Squaring x / (16 sqrt(n)) underflowed the small rows (-inf
+    dB here); without the rewrite the `amax` splits the delegate."""
+    torch.manual_seed(0)
+    module = _RmsNormBlock().eval()
+    with torch.no_grad():
+        module.up.weight.mul_(0.1)
+    x = torch.randn(1, 6, 64)
+    x[0, :3] *= 0.02  # with up's weights scaled: rows at RMS ~0.01-0.02
+    x[0, 3:] *= 400.0  # RMS ~200
+    with torch.no_grad():
+        reference = module(x)
+    component = Component("rms", "decoder", module, [TensorSpec("x", (1, 6, 64), "float32")],
+                          [TensorSpec("y", (1, 6, 64), "float32")], reference=lambda x: (module(x),), samples={"s": (x,)})
+    result = ExecuTorchExporter().export(component, "fp16", tmp_path / "rms.pte")
+    assert result.details["delegate_subgraphs"] == 1
+    (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
+    for rows in (slice(0, 3), slice(3, 6)):
+        assert snr_db(reference[0, rows].numpy(), out[0, rows].astype("float32")) > 45, rows

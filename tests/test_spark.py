@@ -321,3 +321,25 @@ def test_fp16_graph_keeps_rope_frequencies_in_float32_at_a_1k_context():
     assert module.inv_freq_full.dtype == torch.float32 and module.model.layers[0].input_layernorm.weight.dtype == torch.float32
     reference = comp.reference_outputs(sample)[0]
     assert snr_db(reference.numpy(), logits.float().numpy()) > 40
+
+
+def test_fp16_pte_of_a_wide_model_passes_its_gate_on_small_activations(monkeypatch, tmp_path):
+    """fp16 RMSNorm at hidden 1024 on an embedding row (RMS ~0.02) run by XNNPACK, which computes
+    fp16 ops in fp16: squaring x / (16 sqrt(n)) underflowed every term, and the Spark-X2.5 1.7b
+    decode `.pte` fp16 failed at 4.6 dB while ONNX Runtime (fp16 ops computed in fp32) passed.
+    Scaling each row by its peak keeps the squares in [0, 1] at any scale (`nn.transformer.rms_norm`)."""
+    from dataclasses import replace
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+    from edgex.recipes.spark_x25 import config
+
+    tiny = config.PRESETS["tiny"]
+    wide = replace(tiny, name="wide", config=config.SparkConfig(4096, 1024, 256, 4, 4, 2, 256, sliding_window=16))
+    monkeypatch.setitem(config.PRESETS, "wide", wide)
+    recipe = RECIPES.get("spark-x2.5")
+    (comp,) = recipe.components(recipe.load("wide", None, 0), ["decode"])
+    exporter = EXPORTERS.get("executorch")
+    result = exporter.export(comp, "fp16", tmp_path / "decode.pte")
+    report = run_parity(comp, exporter, result.files, "float16", "fp16", None, 2)
+    assert report.verdict == "pass" and report.min_snr_db > 40, report.to_json()
