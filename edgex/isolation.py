@@ -15,17 +15,32 @@ on one thread (`torch.set_num_threads(1)`, which keeps it out of OpenMP). Loweri
 single-threaded Python anyway; the runtimes that run the artifacts (ONNX Runtime, ExecuTorch's
 XNNPACK, llama.cpp) create their own thread pools in the child and keep the requested threads.
 
+Temporary files: a child ends with `os._exit`, so nothing it registered with `atexit` runs, and
+libraries clean their temporary files there (coremltools' converted `tmp*.mlpackage`, edgex's own
+QNN graph folder) or never (qai-hub's zipped uploads and downloaded datasets). Each child therefore
+gets a private temporary folder, made here before the fork and set as its `tempfile.tempdir` and
+`TMPDIR` (for the tools it starts): this process removes it when the child has ended, however it
+ended (an exception, SIGKILL), so nothing a job's libraries put in temp outlives the job. What a job
+returns lies outside it: artifacts are written under the export's staging folder.
+
 Linux only (where fork after threads is what every Python data loader relies on); elsewhere the
-job runs in this process, as before.
+job runs in this process, as before, with the process's own temporary folder: what a job keeps there
+for the next (the QNN graph, the Core ML fp16 program its w8 / w4 jobs compress) must outlive it.
+The libraries' `atexit` clean-ups run when that process exits, and the calls that leave files even
+then run with `private_tempdir`.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import sys
-from typing import Callable, TypeVar
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -47,10 +62,28 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
 
 
-def _child_setup() -> None:
+@contextmanager
+def private_tempdir() -> Iterator[Path]:
+    """Python's temporary folder (`tempfile.gettempdir()`) is a fresh folder for the block, removed
+    with what is in it when the block ends. For library calls in this process that leave temporary
+    files behind (a forked job gets the same from `run_forked`). `TMPDIR` is left alone: setting the
+    environment is not safe while other threads may read it."""
+    folder = tempfile.mkdtemp(prefix="edgex-tmp-")
+    saved = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield Path(folder)
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _child_setup(scratch: str) -> None:
     import torch
 
     die_with_parent()
+    tempfile.tempdir = scratch
+    os.environ["TMPDIR"] = scratch
     torch.set_num_threads(1)
     # Standard streams with locks of their own: a thread of the parent (a progress bar's refresh)
     # may have held the old ones' locks at the instant of the fork, and no thread here releases them.
@@ -76,9 +109,17 @@ def _describe(status: int) -> str:
 def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -> T:
     """`fn(*args)` in a forked child; its return value, or its exception re-raised here. The result
     and any exception must pickle. Raises `ChildDied` (its message starts with `label`) if the
-    child ends without one."""
+    child ends without one. The child's temporary files are removed when it ends (module doc)."""
     if not forking_supported():
         return fn(*args)
+    scratch = tempfile.mkdtemp(prefix="edgex-job-")
+    try:
+        return _fork_and_wait(fn, args, label, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _fork_and_wait(fn: Callable[..., T], args: tuple, label: str, scratch: str) -> T:
     read_end, write_end = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -87,7 +128,7 @@ def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -
         code = 0
         try:
             os.close(read_end)
-            _child_setup()
+            _child_setup(scratch)
             try:
                 outcome = ("ok", fn(*args))
             except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it

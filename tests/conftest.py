@@ -6,6 +6,7 @@ session fixture carry one `xdist_group`, so that fixture is built on one worker 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,14 +25,23 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 # The CLI records each job's cost for its next progress estimate: tests keep theirs out of the
-# user's cache.
-os.environ.setdefault("EDGEX_CACHE_DIR", tempfile.mkdtemp(prefix="edgex-test-cache-"))
+# user's cache, in one folder per run, made by the process that imports this file first (pytest, or
+# xdist's controller: its workers inherit the variable) and removed by it when the session ends.
+_CACHE_DIR = None
+if "EDGEX_CACHE_DIR" not in os.environ:
+    _CACHE_DIR = os.environ["EDGEX_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgex-test-cache-")
 
 MAX_WORKERS = 4  # each worker holds torch and the tiny models, and exports spawn their own processes
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The workers already fill the cores: with a thread pool each (inherited by the CLI subprocesses),
     # OpenMP threads spin against each other (measured: a quarter more CPU time, no faster).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """xdist's controller gets here after its workers have finished theirs."""
+    if _CACHE_DIR is not None:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -44,6 +54,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cpu_export" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
+
+
+@pytest.fixture
+def fresh_tempdir(tmp_path, monkeypatch):
+    """An empty temporary folder for this test, for Python's `tempfile` here and in forked children
+    (`tempfile.tempdir`) and for the tools they start (`TMPDIR`): a test of what is left in temp
+    looks at it alone."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,16 @@ def test_device_parity_runs_compile_profile_and_inference(toy, ini, tmp_path):
     assert target.is_file() and target.stat().st_size == block["target_model"]["bytes"]
 
 
+def test_device_parity_leaves_temp_as_it_was(toy, ini, tmp_path, fresh_tempdir):
+    """qai-hub zips an uploaded folder into temp and leaves an empty file there per downloaded
+    dataset; neither outlives the device run, which may run in this process (not forked)."""
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        before = set(fresh_tempdir.iterdir())  # the fake's own folder
+        assert _parity(HubSettings(S25, 30), toy, tmp_path)["verdict"] == "pass"
+        assert set(fresh_tempdir.iterdir()) == before
+
+
 def test_a_numerically_broken_device_build_fails_the_gate(toy, ini, tmp_path):
     with FakeAIHub(noise=0.1) as hub:
         hub.write_config(ini)

@@ -305,6 +305,17 @@ def test_act_checkpoint_round_trip_and_bad_checkpoints(tmp_path):
         recipe.load(None, folder, 0)
 
 
+def test_a_checkpoint_s_config_leaves_temp_as_it_was(tmp_path, fresh_tempdir):
+    """LeRobot's `from_pretrained` copies the config to a temporary `.json` it never removes."""
+    from edgex.recipes._lerobot.policy import parse_config
+
+    config = RECIPES.get("act").load("tiny", None, 0).models.config
+    config.save_pretrained(tmp_path / "ckpt")
+    before = set(fresh_tempdir.iterdir())
+    assert parse_config(type(config), tmp_path / "ckpt", {}).chunk_size == config.chunk_size
+    assert set(fresh_tempdir.iterdir()) == before
+
+
 def test_smolvla_graphs_share_no_numerical_code_with_lerobot(monkeypatch):
     """Bugs others hit exporting SmolVLA (docs/models.md), planted in LeRobot's code: the graphs stay
     as they are while graph-vs-reference parity falls far below the 100 dB fp32 bar."""

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import shutil
 import tempfile
 import weakref
@@ -142,10 +143,15 @@ class _Graphs:
     draws from its seeded eager pipeline, so they are kept for the same component object only;
     within one export the scheme reference is then the compiled graph by construction, and `edgex
     verify` (a new process) makes it again and checks its digest against the binary's record. One
-    fp32 graph is kept at a time, in a private temporary folder."""
+    fp32 graph is kept at a time, in a private temporary folder.
+
+    The folder is removed by `clear`, at exit in the process that made it (`atexit`), and with the
+    job's temporary folder in a forked job (`edgex.isolation.run_forked`), whose `os._exit` runs
+    no `atexit`. A forked child inherits this object: it may read the parent's graphs, but its
+    `clear` only forgets a folder it did not make, which the parent still points to."""
 
     def __init__(self):
-        self._key, self._folder, self._owner, self._made = None, None, None, {}
+        self._key, self._folder, self._maker, self._owner, self._made = None, None, None, None, {}
 
     def get(self, component: Component, precision: str, calibration_size: int | None) -> tuple[Path, dict]:
         """(graph, quantization details; {} for fp16), read-only for callers."""
@@ -153,7 +159,7 @@ class _Graphs:
             key = _float_key(component)
             if key != self._key:
                 self.clear()
-                self._key, self._folder = key, Path(tempfile.mkdtemp(prefix="edgex-qnn-graphs-"))
+                self._key, self._folder, self._maker = key, Path(tempfile.mkdtemp(prefix="edgex-qnn-graphs-")), os.getpid()
             self._owner, self._made = weakref.ref(component), {k: v for k, v in self._made.items() if k == ("float", None)}
         key = (precision, calibration_size or component.calibration_size) if precision in _SCHEMES else ("float", None)
         if key not in self._made:
@@ -171,9 +177,9 @@ class _Graphs:
         return self._made[key]
 
     def clear(self) -> None:
-        if self._folder is not None:
+        if self._folder is not None and self._maker == os.getpid():
             shutil.rmtree(self._folder, ignore_errors=True)
-        self._key, self._folder, self._owner, self._made = None, None, None, {}
+        self._key, self._folder, self._maker, self._owner, self._made = None, None, None, None, {}
 
 
 def _float_key(component: Component) -> str:

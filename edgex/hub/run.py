@@ -21,6 +21,7 @@ from ..artifacts.files import file_record, move_into_place
 from ..component import Component
 from ..errors import EdgexError
 from ..exporters.onnx import sliced_feed, sliced_inputs_of
+from ..isolation import private_tempdir
 from ..parity.check import ParityReport, measure, to_numpy
 from ..parity.runtimes.base import Session
 from ..toolchain import require
@@ -153,7 +154,10 @@ def device_parity(conn: HubConnection, component: Component, files: list[Path], 
         if isinstance(submission, str):
             return base | ParityReport("none", runtime, reason=submission, threshold_db=gate).to_json()
         sent = [to_numpy(inputs, io_float_dtype) for inputs in component.samples.values()]
-        run = run_on_device(conn, component, submission, sent, Path(work) / "download")
+        # qai-hub leaves files in the temporary folder (an uploaded folder's zip, an empty file per
+        # downloaded dataset): its calls get a private one, removed after them
+        with private_tempdir():
+            run = run_on_device(conn, component, submission, sent, Path(work) / "download")
         report = measure(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, method="device")
         block = base | report.to_json() | _summary(run.profile) | {
             "submitted_as": submission.kind, "compile_options": submission.compile_options, "jobs": run.jobs}

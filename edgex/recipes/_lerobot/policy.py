@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from ...errors import EdgexError
+from ...isolation import private_tempdir
 from .lerobot_import import lerobot_modules
 
 NORMALIZER_FILES = ("policy_preprocessor_step_*_normalizer_processor.safetensors",
@@ -102,12 +103,15 @@ def read_config(folder: Path, policy_type: str) -> dict:
 
 
 def parse_config(config_class, folder: Path, overrides: dict):
-    """LeRobot's config from `config.json` (draccus), with edgex's overrides (no downloads)."""
+    """LeRobot's config from `config.json` (draccus), with edgex's overrides (no downloads).
+    `from_pretrained` writes the config less its `type` to a temporary `.json` it never removes:
+    it runs with a private temporary folder, removed after it."""
     import draccus
     from lerobot.configs.policies import PreTrainedConfig
 
     try:  # the base class resolves `type` to the registered config class, as LeRobot loads it
-        config = PreTrainedConfig.from_pretrained(str(folder))
+        with private_tempdir():
+            config = PreTrainedConfig.from_pretrained(str(folder))
     except (draccus.utils.ParsingError, ValueError, TypeError, KeyError, FileNotFoundError) as exc:
         raise EdgexError(f"checkpoint {folder}/config.json is not a valid LeRobot config: {str(exc).splitlines()[0]}") from None
     if not isinstance(config, config_class):
