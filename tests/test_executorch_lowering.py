@@ -42,7 +42,8 @@ def test_hand_written_norms_and_constant_branches_lower_into_one_xnnpack_partiti
 
 
 class _RmsNormBlock(nn.Module):
-    """Linear -> edgex's RMSNorm (an HF RMSNorm's parameters) -> Linear, hidden 1024."""
+    """Linear -> edgex's RMSNorm (an HF RMSNorm's parameters) over 1024 channels, then over each of 8
+    heads of 128 -> Linear."""
 
     def __init__(self):
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
@@ -51,19 +52,21 @@ class _RmsNormBlock(nn.Module):
 
         super().__init__()
         self.up, self.norm, self.down = nn.Linear(64, 1024), Qwen3RMSNorm(1024, eps=1e-6), nn.Linear(1024, 64)
+        self.head_norm = Qwen3RMSNorm(128, eps=1e-6)  # as Qwen3's q / k norms: per head, on a rank-4 tensor
         attach_norm_constants(self)
 
     def forward(self, x):
         from edgex.nn.transformer import rms_norm
 
-        return self.down(rms_norm(self.norm, self.up(x)))
+        heads = rms_norm(self.norm, self.up(x)).view(*x.shape[:2], 8, 128)
+        return self.down(rms_norm(self.head_norm, heads).view(*x.shape[:2], 1024))
 
 
 def test_fp16_rms_norm_lowers_into_one_partition_and_keeps_small_rows_exact(tmp_path):
     """fp16 RMSNorm divides each row by its peak (an `amax`, rewritten to XNNPACK's max pooling) so
     that its squares neither underflow on small rows nor overflow on large ones: rows at RMS 0.02 (an
     embedding's scale) and 200 both pass. Squaring x / (16 sqrt(n)) underflowed the small rows (-inf
-    dB here); without the rewrite the `amax` splits the delegate."""
+    dB here); without the rewrite each `amax` (rank 3 and rank 4) splits the delegate."""
     torch.manual_seed(0)
     module = _RmsNormBlock().eval()
     with torch.no_grad():

@@ -43,15 +43,15 @@ def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) ->
 
 
 def _last_axis_reductions_as_pooling(program) -> int:
-    """Rewrite `mean(x, -1, keepdim)` and `amax(x, -1, keepdim)` of a rank-2 / rank-3 tensor as 4D
+    """Rewrite `mean(x, -1, keepdim)` and `amax(x, -1, keepdim)` of a tensor of rank 2 or more as 4D
     pooling over the channels.
 
     XNNPACK takes a mean only as 4D average pooling over dims [2, 3] with keepdim, and a maximum only
     as `max.dim` of a 4D tensor (max pooling); every LayerNorm / RMSNorm written out by hand
-    (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak) otherwise stays outside the delegate and
-    splits it. Each split is a partition, and executorch legalizes and recompiles the whole graph once
-    per partition and runs XNNPACK's passes per partition: the tiny `flow_chunk` (2 steps) went from 63
-    to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`, reduced over C and reshaped back: the
+    (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak, Qwen3's rank-4 q / k norms too) otherwise
+    stays outside the delegate and splits it. Each split is a partition, and executorch legalizes and
+    recompiles the whole graph once per partition and runs XNNPACK's passes per partition: the tiny
+    `flow_chunk` (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`, reduced over C and reshaped back: the
     same values. Returns how many were rewritten."""
     import operator
 
@@ -64,7 +64,7 @@ def _last_axis_reductions_as_pooling(program) -> int:
             graph.find_nodes(op="call_function", target=aten.amax.default)):
         val = node.args[0].meta.get("val")
         keepdim = len(node.args) > 2 and bool(node.args[2])
-        if val is None or not 2 <= val.dim() <= 3 or not keepdim or node.kwargs.get("dtype") is not None:
+        if val is None or val.dim() < 2 or not keepdim or node.kwargs.get("dtype") is not None:
             continue
         if [d % val.dim() for d in node.args[1]] != [val.dim() - 1]:
             continue
