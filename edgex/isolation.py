@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import signal
 import sys
 import tempfile
@@ -68,14 +67,13 @@ def private_tempdir() -> Iterator[Path]:
     with what is in it when the block ends. For library calls in this process that leave temporary
     files behind (a forked job gets the same from `run_forked`). `TMPDIR` is left alone: setting the
     environment is not safe while other threads may read it."""
-    folder = tempfile.mkdtemp(prefix="edgex-tmp-")
     saved = tempfile.tempdir
-    tempfile.tempdir = folder
-    try:
-        yield Path(folder)
-    finally:
-        tempfile.tempdir = saved
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="edgex-tmp-", ignore_cleanup_errors=True) as folder:
+        tempfile.tempdir = folder
+        try:
+            yield Path(folder)
+        finally:
+            tempfile.tempdir = saved
 
 
 def _child_setup(scratch: str) -> None:
@@ -112,11 +110,8 @@ def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -
     child ends without one. The child's temporary files are removed when it ends (module doc)."""
     if not forking_supported():
         return fn(*args)
-    scratch = tempfile.mkdtemp(prefix="edgex-job-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="edgex-job-", ignore_cleanup_errors=True) as scratch:
         return _fork_and_wait(fn, args, label, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _fork_and_wait(fn: Callable[..., T], args: tuple, label: str, scratch: str) -> T:

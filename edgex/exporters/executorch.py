@@ -51,8 +51,8 @@ def _last_axis_reductions_as_pooling(program) -> int:
     (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak, Qwen3's rank-4 q / k norms too) otherwise
     stays outside the delegate and splits it. Each split is a partition, and executorch legalizes and
     recompiles the whole graph once per partition and runs XNNPACK's passes per partition: the tiny
-    `flow_chunk` (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`, reduced over C and reshaped back: the
-    same values. Returns how many were rewritten."""
+    `flow_chunk` (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`,
+    reduced over C and reshaped back: the same values. Returns how many were rewritten."""
     import operator
 
     import torch
