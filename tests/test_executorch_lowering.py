@@ -83,3 +83,43 @@ def test_fp16_rms_norm_lowers_into_one_partition_and_keeps_small_rows_exact(tmp_
     (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
     for rows in (slice(0, 3), slice(3, 6)):
         assert snr_db(reference[0, rows].numpy(), out[0, rows].astype("float32")) > 45, rows
+
+
+class _LayerNormBlock(nn.Module):
+    """Linear -> torch LayerNorm over 1024 channels (as Qwen3-TTS Code2Wav's ConvNeXt blocks and
+    SigLIP's layers use it), and over a [16, 16] trailing shape -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(64, 1024), nn.LayerNorm(1024), nn.Linear(256, 64)
+        self.square_norm = nn.LayerNorm((16, 16))
+        with torch.no_grad():
+            for norm in (self.norm, self.square_norm):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        h = self.norm(self.up(x) + 3.0)  # a mean far from 0 as well
+        h = self.square_norm(h[..., :256].unflatten(-1, (16, 16))).flatten(-2)
+        return self.down(h)
+
+
+def test_fp16_layer_norm_stays_exact_on_wide_rows_and_lowers_into_one_partition(tmp_path):
+    """ExecuTorch's portable `native_layer_norm` accumulates in fp16: before the exporter wrote
+    LayerNorm out (`xnnpack_rewrites.norm_decompositions`), this block's 1024-channel rows at RMS 1
+    came out at about -5 dB (40 dB and more now; eager fp16 scores about the same), and the norm ran outside the delegate, splitting it. Rows at RMS 300
+    and 0.001 check that the written-out norm neither overflows nor underflows fp16."""
+    torch.manual_seed(0)
+    module = _LayerNormBlock().eval()
+    x = torch.randn(1, 9, 64) / 8  # up's outputs at RMS ~1
+    x[0, 3:6] *= 300.0
+    x[0, 6:] *= 0.001
+    with torch.no_grad():
+        reference = module(x)
+    component = Component("ln", "decoder", module, [TensorSpec("x", (1, 9, 64), "float32")],
+                          [TensorSpec("y", (1, 9, 64), "float32")], reference=lambda x: (module(x),), samples={"s": (x,)})
+    result = ExecuTorchExporter().export(component, "fp16", tmp_path / "ln.pte")
+    assert result.details["delegate_subgraphs"] == 1
+    (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
+    for rows in (slice(0, 3), slice(3, 6), slice(6, 9)):
+        assert snr_db(reference[0, rows].numpy(), out[0, rows].astype("float32")) > 40, rows

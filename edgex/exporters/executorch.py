@@ -42,47 +42,6 @@ def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) ->
     quantize_(module, configs[precision](), filter_fn=quantizable)
 
 
-def _last_axis_reductions_as_pooling(program) -> int:
-    """Rewrite `mean(x, -1, keepdim)` and `amax(x, -1, keepdim)` of a tensor of rank 2 or more as 4D
-    pooling over the channels.
-
-    XNNPACK takes a mean only as 4D average pooling over dims [2, 3] with keepdim, and a maximum only
-    as `max.dim` of a 4D tensor (max pooling); every LayerNorm / RMSNorm written out by hand
-    (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak, Qwen3's rank-4 q / k norms too) otherwise
-    stays outside the delegate and splits it. Each split is a partition, and executorch legalizes and
-    recompiles the whole graph once per partition and runs XNNPACK's passes per partition: the tiny
-    `flow_chunk` (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`,
-    reduced over C and reshaped back: the same values. Returns how many were rewritten."""
-    import operator
-
-    import torch
-
-    aten = torch.ops.aten
-    graph = program.graph_module.graph
-    rewritten = 0
-    for node in list(graph.find_nodes(op="call_function", target=aten.mean.dim)) + list(
-            graph.find_nodes(op="call_function", target=aten.amax.default)):
-        val = node.args[0].meta.get("val")
-        keepdim = len(node.args) > 2 and bool(node.args[2])
-        if val is None or val.dim() < 2 or not keepdim or node.kwargs.get("dtype") is not None:
-            continue
-        if [d % val.dim() for d in node.args[1]] != [val.dim() - 1]:
-            continue
-        *lead, channels = val.shape
-        with graph.inserting_before(node):
-            pooled_in = graph.call_function(aten.reshape.default, (node.args[0], [1, -1, channels, 1]))
-            if node.target == aten.mean.dim:
-                pooled = graph.call_function(aten.mean.dim, (pooled_in, [2, 3], True))
-            else:
-                pooled = graph.call_function(operator.getitem, (graph.call_function(aten.max.dim, (pooled_in, 2, True)), 0))
-            back = graph.call_function(aten.reshape.default, (pooled, [*lead, 1]))
-        node.replace_all_uses_with(back)
-        graph.erase_node(node)
-        rewritten += 1
-    program.graph_module.recompile()
-    return rewritten
-
-
 def _xnnpack_ready(program, precision: str):
     """The exported program with the rewrites that let XNNPACK take more of it in fewer, larger
     partitions (lowering time grows with partitions x graph size). Float programs also get
@@ -92,11 +51,13 @@ def _xnnpack_ready(program, precision: str):
     into a float constant and undo the scheme. Propagation runs on the functionalized program: in
     torch.export's graph an in-place op may still write to a tensor that only looks constant
     (pi0's loop: "constant ... is mutated in the forward method")."""
+    from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
+
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
-        program = constant_prop_pass(program.run_decompositions({}))
-    _last_axis_reductions_as_pooling(program)
+        program = constant_prop_pass(program.run_decompositions(norm_decompositions()))
+    last_axis_reductions_as_pooling(program)
     return program
 
 
