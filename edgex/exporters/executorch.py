@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
 
 if TYPE_CHECKING:
     from torch import nn
@@ -248,7 +248,8 @@ class ExecuTorchExporter(Exporter):
         dtype = float_dtype(precision)
         # fp32 / fp16 lower the component's own module (cast in place, restored after) rather than a
         # deep copy of it; the quantized schemes rewrite their copy's layers.
-        with torch.no_grad(), (module_in(component, dtype) if precision in ("fp32", "fp16") else nullcontext()) as module:
+        with torch.no_grad(), provenance_by_reference(), \
+                (module_in(component, dtype) if precision in ("fp32", "fp16") else nullcontext()) as module:
             if module is None:
                 module, _ = prepare(component, precision)
             program = _xnnpack_ready(torch.export.export(module, cast_inputs(component.example_inputs, dtype), strict=False),

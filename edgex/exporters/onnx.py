@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
 from .onnx_fusions import fuse_for_onnxruntime
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class OnnxExporter(Exporter):
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        with torch.no_grad(), module_in(component, dtype) as module:
+        with torch.no_grad(), provenance_by_reference(), module_in(component, dtype) as module:
             program = torch.onnx.export(
                 module,
                 inputs,
