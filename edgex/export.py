@@ -68,6 +68,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         **({"placement": dict(job.placement)} if job.placement else {}),
     }
     start = time.perf_counter()
+    exporter.before_lowering(component, job.precision, **dict(job.options))
     result, peak_mb = _lower_apart(exporter, component, job, dest)
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
     gate = threshold_db(component.role, job.precision, overrides)

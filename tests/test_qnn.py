@@ -205,3 +205,30 @@ def test_a_bias_shared_by_several_nodes_quantizes_when_its_copy_name_is_taken(tm
     quantized = onnx.load(str(tmp_path / "q.onnx"))
     biases = [n.input[2] for n in quantized.graph.node if n.op_type == "InstanceNormalization"]
     assert len(set(biases)) == 2 and all(b.startswith("v_1.edgex_bias") for b in biases), biases
+
+
+def test_a_qnn_job_makes_the_graph_it_compiles_once_in_its_own_process(tmp_path, monkeypatch):
+    """The lowering runs in a process forked from the job's, and the job's scheme reference and
+    stored-tensor checks read the compiled graph again after it: the job's process makes that graph
+    (`QnnExporter.before_lowering`) and the lowering's reads it, so each job exports it once. When
+    only the lowering's process made it, every QNN job exported its fp32 ONNX graph twice."""
+    import os
+
+    import edgex.exporters.qnn as qnn
+    from edgex.export import export_model
+
+    log = tmp_path / "made"
+    graph = qnn.OnnxExporter.graph
+
+    def recording(self, component, precision, dest, **kwargs):
+        with open(log, "a") as f:
+            f.write(f"{component.name} {os.getpid()}\n")
+        return graph(self, component, precision, dest, **kwargs)
+
+    monkeypatch.setattr(qnn.OnnxExporter, "graph", recording)
+    manifest = export_model("qwen3-tts", "s25-htp", tmp_path / "out", preset="tiny", components=["talker_decode"],
+                            precisions=["fp16", "w8a16"], calibration_size=2, allow_unverified=True)
+    entries = [a for a in manifest["artifacts"] if "sidecar_of" not in a]
+    assert [a["parity"]["method"] for a in entries] == ["simulated", "simulated"]  # each job ran its binary
+    made = log.read_text().splitlines()
+    assert len(made) == 2 and len(set(made)) == 2, made  # one per job, each in its own job's process

@@ -94,6 +94,11 @@ class Exporter(ABC):
         for module in self.requires:
             importlib.import_module(module)
 
+    def before_lowering(self, component: Component, precision: str, **options) -> None:
+        """Work the export job does in its own process before `export` runs in a process forked for
+        it (`edgex.export._lower_apart`), for what the job reads again after the lowering: what the
+        lowering's process makes ends with it. Default: nothing."""
+
     @abstractmethod
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         """Write the artifact at `dest` (+ any side files beside it) and describe it."""

@@ -443,6 +443,13 @@ class QnnExporter(Exporter):
             found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
         return found
 
+    def before_lowering(self, component: Component, precision: str, *, calibration_size: int | None = None, **_target) -> None:
+        """The graph to compile (`_GRAPHS`), made in the job's process: the lowering's process reads
+        it from there, and so do the scheme reference and the stored-tensor checks after it, which
+        made it a second time when only the lowering's process had (the tiny predictor frame's fp32
+        ONNX export is minutes)."""
+        _GRAPHS.get(component, precision, calibration_size)
+
     def export(self, component: Component, precision: str, dest: Path, *, soc_model: int, htp_arch: int,
                calibration_size: int | None = None) -> ExportResult:
         details = {"qairt": qairt_version(), "onnxruntime_qnn": plugin_version(), "soc_model": soc_model,
