@@ -62,6 +62,20 @@ class _RmsNormBlock(nn.Module):
         return self.down(rms_norm(self.head_norm, heads).view(*x.shape[:2], 1024))
 
 
+def _fp16_pte_rows(module, x, dest, rows) -> tuple[int, list[float]]:
+    """`module` (same input and output shape) lowered in fp16 by the real exporter and run by the
+    real runtime on `x`: its XNNPACK partitions, and the SNR in dB of each slice of rows against the
+    float32 module."""
+    with torch.no_grad():
+        reference = module(x)
+    spec = [TensorSpec("x", tuple(x.shape), "float32")]
+    component = Component(dest.stem, "decoder", module, spec, [TensorSpec("y", tuple(x.shape), "float32")],
+                          reference=lambda x: (module(x),), samples={"s": (x,)})
+    result = ExecuTorchExporter().export(component, "fp16", dest)
+    (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
+    return result.details["delegate_subgraphs"], [snr_db(reference[0, r].numpy(), out[0, r].astype("float32")) for r in rows]
+
+
 def test_fp16_rms_norm_lowers_into_one_partition_and_keeps_small_rows_exact(tmp_path):
     """fp16 RMSNorm divides each row by its peak (an `amax`, rewritten to XNNPACK's max pooling) so
     that its squares neither underflow on small rows nor overflow on large ones: rows at RMS 0.02 (an
@@ -74,15 +88,9 @@ def test_fp16_rms_norm_lowers_into_one_partition_and_keeps_small_rows_exact(tmp_
     x = torch.randn(1, 6, 64)
     x[0, :3] *= 0.02  # with up's weights scaled: rows at RMS ~0.01-0.02
     x[0, 3:] *= 400.0  # RMS ~200
-    with torch.no_grad():
-        reference = module(x)
-    component = Component("rms", "decoder", module, [TensorSpec("x", (1, 6, 64), "float32")],
-                          [TensorSpec("y", (1, 6, 64), "float32")], reference=lambda x: (module(x),), samples={"s": (x,)})
-    result = ExecuTorchExporter().export(component, "fp16", tmp_path / "rms.pte")
-    assert result.details["delegate_subgraphs"] == 1
-    (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
-    for rows in (slice(0, 3), slice(3, 6)):
-        assert snr_db(reference[0, rows].numpy(), out[0, rows].astype("float32")) > 45, rows
+    partitions, row_db = _fp16_pte_rows(module, x, tmp_path / "rms.pte", (slice(0, 3), slice(3, 6)))
+    assert partitions == 1
+    assert min(row_db) > 45, row_db
 
 
 class _LayerNormBlock(nn.Module):
@@ -107,19 +115,13 @@ class _LayerNormBlock(nn.Module):
 def test_fp16_layer_norm_stays_exact_on_wide_rows_and_lowers_into_one_partition(tmp_path):
     """ExecuTorch's portable `native_layer_norm` accumulates in fp16: before the exporter wrote
     LayerNorm out (`xnnpack_rewrites.norm_decompositions`), this block's 1024-channel rows at RMS 1
-    came out at about -5 dB (40 dB and more now; eager fp16 scores about the same), and the norm ran outside the delegate, splitting it. Rows at RMS 300
-    and 0.001 check that the written-out norm neither overflows nor underflows fp16."""
+    came out at about -5 dB (40 dB and more now; eager fp16 scores about the same), and the
+    norm ran outside the delegate, splitting it. Rows at RMS 300 and 0.001 check that the written-out norm neither overflows nor underflows fp16."""
     torch.manual_seed(0)
     module = _LayerNormBlock().eval()
     x = torch.randn(1, 9, 64) / 8  # up's outputs at RMS ~1
     x[0, 3:6] *= 300.0
     x[0, 6:] *= 0.001
-    with torch.no_grad():
-        reference = module(x)
-    component = Component("ln", "decoder", module, [TensorSpec("x", (1, 9, 64), "float32")],
-                          [TensorSpec("y", (1, 9, 64), "float32")], reference=lambda x: (module(x),), samples={"s": (x,)})
-    result = ExecuTorchExporter().export(component, "fp16", tmp_path / "ln.pte")
-    assert result.details["delegate_subgraphs"] == 1
-    (out,) = ExecuTorchRuntime().load(result.files, 1).run([x.half().numpy()])
-    for rows in (slice(0, 3), slice(3, 6), slice(6, 9)):
-        assert snr_db(reference[0, rows].numpy(), out[0, rows].astype("float32")) > 40, rows
+    partitions, row_db = _fp16_pte_rows(module, x, tmp_path / "ln.pte", (slice(0, 3), slice(3, 6), slice(6, 9)))
+    assert partitions == 1
+    assert min(row_db) > 40, row_db
