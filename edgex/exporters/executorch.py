@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
+from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
     from torch import nn
@@ -51,8 +52,6 @@ def _xnnpack_ready(program, precision: str):
     into a float constant and undo the scheme. Propagation runs on the functionalized program: in
     torch.export's graph an in-place op may still write to a tensor that only looks constant
     (pi0's loop: "constant ... is mutated in the forward method")."""
-    from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
-
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 

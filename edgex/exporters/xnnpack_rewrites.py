@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 
-PEAK_FLOOR = 2.0**-14  # the smallest normal fp16: a row's peak is at least this
-
 
 def norm_decompositions() -> dict:
     """`run_decompositions` table: LayerNorm (which torch.export keeps as `aten.layer_norm`) as the
@@ -33,6 +31,8 @@ def _layer_norm_by_peak(x, normalized_shape, weight=None, bias=None, eps=1e-5, c
     y / sqrt(mean(y^2) + (sqrt(eps) / peak)^2) with y = (x - m) / peak, so every square is in [0, 1]
     and none overflows or underflows fp16 whatever the row's scale. Exact in float32 as well."""
     import torch
+
+    from ..nn.transformer import PEAK_FLOOR
 
     dims = len(normalized_shape)
     lead = x.shape[: x.dim() - dims]

@@ -73,7 +73,7 @@ def attach_norm_constants(module: nn.Module) -> None:
             norm.register_buffer("edgex_eps_root", torch.full((1,), norm.variance_epsilon**0.5), persistent=False)
 
 
-_PEAK_FLOOR = 2.0**-14  # the smallest normal fp16: a row's peak is at least this (see rms_norm)
+PEAK_FLOOR = 2.0**-14  # the smallest normal fp16: a row's peak is at least this (rms_norm; the ExecuTorch exporter's LayerNorm)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,7 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return x
     if x.dtype == torch.float16:
         n = x.shape[-1]
-        peak = x.abs().amax(dim=-1, keepdim=True) + _PEAK_FLOOR
+        peak = x.abs().amax(dim=-1, keepdim=True) + PEAK_FLOOR
         y = x / peak
         squares = torch.matmul(y * y, norm.edgex_ones_column)  # in [1, n]
         inv = torch.rsqrt(squares * (1.0 / n) + torch.square(norm.edgex_eps_root / peak))
