@@ -43,8 +43,8 @@ def _db(value) -> str:
 def _summary(manifest: dict) -> Table:
     table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
     device = manifest.get("hub") is not None
-    numeric = ("min SNR dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
-    for col in ("component", "format", "precision", "min SNR dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
+    numeric = ("e2e dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "e2e dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
                 *(("device dB", "device ms") if device else ()), "verdict"):
         table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
@@ -55,11 +55,21 @@ def _summary(manifest: dict) -> Table:
         size = sum(f["bytes"] for f in a.get("files", []))
         colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
         table.add_row(
-            a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _db(parity.get("threshold_db")),
+            a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _gate(parity),
             _split_figures(parity), agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
             parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
         )
     return table
+
+
+def _gate(parity: dict) -> str:
+    """The gate that decided the verdict, named where there are several (end-to-end, scheme,
+    lowering: `edgex.parity.check.deciding_gate`)."""
+    gate = parity.get("gate")
+    if not gate:
+        return _db(parity.get("threshold_db"))
+    name = "e2e" if gate["figure"] == "end-to-end" else gate["figure"]
+    return f"{_db(gate['threshold_db'])} ({name})" if parity.get("lowering") else _db(gate["threshold_db"])
 
 
 def _split_figures(parity: dict) -> str:
@@ -77,6 +87,14 @@ def _device_cells(block: dict) -> tuple[str, str]:
         return ("none" if block else "-"), "-"
     latency = block.get("latency_ms")
     return _db(block.get("min_snr_db")), f"{latency:.2f}" if latency else "-"
+
+
+def _why_failed(entry: dict) -> str:
+    """The first reason an artifact failed, one line: its export error, else its parity's first
+    failure (a NaN / inf first, `edgex.parity.check`), its stored tensors', or its device run's."""
+    reasons = [entry.get("error"), *(entry.get("parity") or {}).get("failures", [])[:1],
+               (entry.get("tensor_parity") or {}).get("failure"), *(entry.get("device_parity") or {}).get("failures", [])[:1]]
+    return next((r for r in reasons if r), "no reason recorded")
 
 
 def _unverified(rows: list[dict], reason) -> list[str]:
@@ -199,7 +217,8 @@ def export(
     else:
         out.print(_summary(manifest))
         out.print(f"manifest: {manifest['manifest_path']}")
-    failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
+    failed = [f"{a['component']}.{a['precision']}.{a['format']} ({_why_failed(a)})" for a in manifest["artifacts"]
+              if a["verdict"] in ("fail", "error")]
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
           _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")))
 
@@ -386,12 +405,12 @@ def verify(
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         table = Table(title=f"verify {report['manifest']}  ({report['status'].upper()})")
-        for col in ("component", "format", "precision", "files", "min SNR dB", "gate dB", "verdict", "problem"):
+        for col in ("component", "format", "precision", "files", "e2e dB", "gate dB", "verdict", "problem"):
             table.add_column(col)
         for a in report["artifacts"]:
             colour = {"pass": "green", "unverified": "yellow"}.get(a["verdict"], "red")
             table.add_row(a["component"], a["format"], a["precision"], a["files"], _db(a.get("min_snr_db")),
-                          _db(a.get("threshold_db")), f"[{colour}]{a['verdict']}[/{colour}]",
+                          _gate(a), f"[{colour}]{a['verdict']}[/{colour}]",
                           "; ".join(x for x in (a.get("problem"), a.get("note")) if x))
         out.print(table)
     _exit(report["status"], f"verification failed: {report['problem_count']} problem(s) in {report['manifest']}",

@@ -115,6 +115,8 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
     for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
         if figures[figure]:
             row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
+    if figures["gate"]:
+        row["gate"] = figures["gate"]
     recorded = entry.get("parity", {}).get("threshold_db")
     if recorded != report.threshold_db:
         row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"
@@ -139,10 +141,7 @@ def _tensor_rerun(exporter, component, files: list[Path], gate: float, precision
         problems.append(f"stored tensors unreadable: {_one_line(exc)}")
         return {"min_snr_db": None, "verdict": "fail"}
     if tensors is not None and tensors["verdict"] == "fail":
-        scored = {name: t for name, t in tensors["tensors"].items() if t["snr_db"] is not None}
-        worst = min(scored, key=lambda name: scored[name]["snr_db"])
-        row = f" (row {scored[worst]['worst_row']})" if "worst_row" in scored[worst] else ""
-        problems.append(f"stored tensor {worst}{row} {tensors['min_snr_db']:.1f} dB below gate {gate:.1f} dB")
+        problems.append(tensors["failure"])
     return tensors
 
 

@@ -10,6 +10,8 @@ model) for other figures. Every output is scored over every step:
 - LOGITS are scored by SNR and their top-1 flips go through the same tie rule.
 - State outputs a component declares in `written` are scored on the entries the call writes; the
   copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
+- A NaN or inf fails, with its own reason first on the report: in the artifact's output (its
+  figures are -inf) or in the reference (nothing can be compared with it).
 """
 
 from __future__ import annotations
@@ -47,11 +49,30 @@ class ParityReport:
     # and the artifact vs the scheme reference, each with its own gate; None for float schemes.
     scheme: dict | None = None
     lowering: dict | None = None
+    # The gate that decided the verdict (`deciding_gate`): {"figure", "min_snr_db", "threshold_db"}.
+    gate: dict | None = None
     seconds: float = 0.0
     verdict: str = "unverified"  # "pass" | "fail" | "unverified"
 
     def to_json(self) -> dict:
         return strict_json(asdict(self))
+
+
+END_TO_END = "end-to-end"  # the artifact vs fp32 eager: the figure a user of the artifact gets
+
+
+def deciding_gate(figures: dict[str, tuple[float | None, float, bool]]) -> dict:
+    """The gate that decided a verdict, from `{figure: (min SNR, gate, failed)}` in report order:
+    of the failed figures (all of them when none failed), the one with the least margin over its
+    gate (no figure, NaN: -inf), the first on a tie. A pass names the gate it passed closest to."""
+    failed = {k: v for k, v in figures.items() if v[2]} or figures
+
+    def margin(item):
+        snr, gate, _ = item[1]
+        return -math.inf if snr is None or math.isnan(snr) else snr - gate
+
+    name, (snr, gate, _) = min(failed.items(), key=margin)
+    return {"figure": name, "min_snr_db": snr, "threshold_db": gate}
 
 
 def to_numpy(inputs, float_dtype: str) -> list[np.ndarray]:
@@ -93,6 +114,18 @@ class SampleScore:
     scores: dict  # output -> figures
     divergences: list  # flips, each with its output name
     failures: list  # one line per reason this sample fails
+    nonfinite: list = field(default_factory=list)  # one line per output holding NaN / inf (also in failures)
+
+
+def _nonfinite(name: str, ref: np.ndarray, out: np.ndarray) -> str | None:
+    """Why `out` (or its reference) cannot pass whatever its figures say, or None."""
+    bad_ref = metrics.nonfinite_count(ref)
+    if bad_ref:
+        return f"{name}: the reference holds {bad_ref} NaN / inf value(s) of {ref.size}"
+    bad_out = metrics.nonfinite_count(out)
+    if bad_out:
+        return f"{name}: {bad_out} NaN / inf value(s) of {out.size} where the reference is finite"
+    return None
 
 
 def _figures(ref: np.ndarray, out: np.ndarray) -> dict:
@@ -143,6 +176,10 @@ def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray]
             result.scores[spec.name] = {"error": f"shape {out.shape} != reference {ref.shape}", "snr_db": -math.inf}
             result.failures.append(f"{spec.name}: shape {out.shape} != reference {ref.shape}")
             continue
+        why = _nonfinite(spec.name, ref, out)
+        if why:
+            result.nonfinite.append(why)
+            result.failures.append(why)
         if spec.kind == TOKENS:
             found = _token_flips(spec, refs, named_inputs, out, gate_db)
             result.scores[spec.name] = {"agreement": 1.0 - len(found) / max(ref.size, 1), "teacher_forced": spec.name in forced}
@@ -188,16 +225,17 @@ def measure(
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
-    snrs, agreements, top1, failures = [], [], [], []
+    snrs, agreements, top1, failures, nonfinite = [], [], [], [], []
     for sample, inputs in component.samples.items():
         result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db)
         report.samples[sample] = result.scores
         report.divergences += [{"sample": sample, **d} for d in result.divergences]
-        failures += [f"{sample}: {f}" for f in result.failures]
+        failures += [f"{sample}: {f}" for f in result.failures if f not in result.nonfinite]
+        nonfinite += [f"{sample}: {f}" for f in result.nonfinite]
         snrs += [s[k] for s in result.scores.values() for k in ("snr_db", "copied_snr_db") if k in s]
         agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
         top1 += [s["top1_agreement"] for s in result.scores.values() if "top1_agreement" in s]
-    report.min_snr_db = min(snrs) if snrs else None
+    report.min_snr_db = metrics.lowest(snrs)
     report.min_token_agreement = min(agreements) if agreements else None
     report.min_top1_agreement = min(top1) if top1 else None
     if not component.samples:
@@ -206,7 +244,8 @@ def measure(
         failures.append(f"{component.name}: no output was scored")
     if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
         failures.insert(0, f"min SNR {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
-    report.failures = failures
-    report.verdict = "fail" if failures else "pass"
+    report.failures = nonfinite + failures  # a NaN / inf is the reason, the -inf figure its consequence
+    report.verdict = "fail" if report.failures else "pass"
+    report.gate = deciding_gate({END_TO_END: (report.min_snr_db, threshold_db, bool(report.failures))})
     report.seconds = time.perf_counter() - start
     return report

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..component import Component
-from .check import ParityReport, measure
+from .check import END_TO_END, ParityReport, deciding_gate, measure
 from .runtimes.base import Session
 
 DYNAMIC = "dynamic"  # per-token (per row of the last axis) asymmetric, scale from each call's values
@@ -305,15 +305,18 @@ _FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "min_top1_agree
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
                   lowering_db: float, reference: Reference, method: str = "runtime",
                   simulator: str | None = None) -> ParityReport:
-    """Three figures on the same samples, the artifact run once:
+    """Three figures on the same samples, the artifact run once, each gated:
 
-    - the report itself: artifact vs fp32 eager (`min_snr_db` keeps meaning what it always has);
-    - `scheme`: the scheme reference vs fp32 eager, gated at `scheme_db` (a policy: is this
+    - the report itself: artifact vs fp32 eager, gated at `scheme_db`, the precision's gate (what
+      a user of the artifact gets: scheme and lowering errors add up, and each passing its own
+      gate does not make their sum pass);
+    - `scheme`: the scheme reference vs fp32 eager, gated at `scheme_db` too (a policy: is this
       quantization good enough for this component);
     - `lowering`: artifact vs the scheme reference, gated at `lowering_db` (near rounding).
 
-    The verdict passes only if both gated figures pass: a broken lowering fails however noisy the
-    scheme is, and a scheme too noisy for the component fails however faithful its lowering."""
+    The verdict passes only if all three pass: a broken lowering fails however noisy the scheme is,
+    a scheme too noisy for the component fails however faithful its lowering, and an artifact under
+    the precision's gate fails whichever of the two put it there. `gate` names the one that decided."""
     recorded = _Recorded(session)
     report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator)
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
@@ -322,7 +325,12 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     report.scheme = {"reference": reference.label, **reference.to_json(),
                      **{k: getattr(scheme, k) for k in _FIGURES}}
     report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}
-    report.failures = [f"scheme: {f}" for f in scheme.failures] + [f"lowering: {f}" for f in lowering.failures]
+    end_to_end = report.failures
+    report.failures = ([f"{END_TO_END}: {f}" for f in end_to_end] + [f"scheme: {f}" for f in scheme.failures]
+                       + [f"lowering: {f}" for f in lowering.failures])
     report.verdict = "fail" if report.failures else "pass"
+    report.gate = deciding_gate({END_TO_END: (report.min_snr_db, scheme_db, bool(end_to_end)),
+                                 "scheme": (scheme.min_snr_db, scheme_db, bool(scheme.failures)),
+                                 "lowering": (lowering.min_snr_db, lowering_db, bool(lowering.failures))})
     report.seconds += scheme.seconds
     return report

@@ -25,14 +25,23 @@ from . import metrics
 
 def row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:
     """SNR in dB of each row (first axis) of `stored` against `original`, float64; inf where a row
-    is exact, -inf where a row of zeros came back non-zero."""
+    is exact, -inf where a row of zeros came back non-zero or where either row holds a NaN / inf
+    (never NaN, which no gate comparison would count)."""
     ref = np.asarray(original, np.float64).reshape(original.shape[0], -1)
-    err = ref - np.asarray(stored, np.float64).reshape(ref.shape)
+    out = np.asarray(stored, np.float64).reshape(ref.shape)
+    err = ref - out
     signal, noise = (ref * ref).sum(1), (err * err).sum(1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         snr = 10 * np.log10(signal / noise)
     snr[noise == 0] = math.inf
+    snr[~(np.isfinite(ref).all(1) & np.isfinite(out).all(1))] = -math.inf
     return snr
+
+
+def _closeness(table: np.ndarray, candidate: np.ndarray) -> float:
+    """How close a stored constant is to a table, for finding the one that stores it: SNR with
+    NaN / inf counted as zeros, so a table with a corrupted row is still found (and then fails)."""
+    return metrics.snr_db(table, np.nan_to_num(candidate, nan=0.0, posinf=0.0, neginf=0.0))
 
 
 def may_hold_table(shape, tables: dict) -> bool:
@@ -65,7 +74,7 @@ def tables_read_back(tables: dict[str, np.ndarray], constants: dict[str, np.ndar
             for candidate in (array, array.T if array.ndim == 2 else None, stacked):
                 if candidate is None or candidate.shape != table.shape:
                     continue
-                db = metrics.snr_db(table, candidate)
+                db = _closeness(table, candidate)
                 if best is None or db > best_db:
                     best, best_db, where = candidate, db, key
         found[name] = StoredTensor(f"table, stored as {where!r}" if best is not None else "table", best, table, rows=True)
@@ -92,13 +101,32 @@ def tensor_parity(exporter, component: Component, files: list[Path], threshold_d
             rows = row_snr_db(t.original, t.stored)
             worst = int(np.argmin(rows))
             tensors[name] = {"type": t.type, "shape": list(t.original.shape), "snr_db": float(rows[worst]), "scored": "per row",
-                             "worst_row": worst, "rows_below_gate": int((rows < threshold_db).sum())}
+                             "worst_row": worst, "rows_below_gate": int((~(rows >= threshold_db)).sum())}
         else:
             tensors[name] = {"type": t.type, "shape": list(t.original.shape), "snr_db": metrics.snr_db(t.original, t.stored)}
-    snrs = [s["snr_db"] for s in tensors.values() if s["snr_db"] is not None]
-    lowest = min(snrs) if snrs else None
-    verdict = "fail" if lowest is not None and lowest < threshold_db else "unverified" if unverified else "pass"
+        if t.readable and t.stored is not None and t.original is not None and t.stored.shape == t.original.shape:
+            for key, array in (("nonfinite", t.stored), ("original_nonfinite", t.original)):
+                if count := metrics.nonfinite_count(array):
+                    tensors[name][key] = count
+    lowest = metrics.lowest(s["snr_db"] for s in tensors.values() if s["snr_db"] is not None)
+    verdict = "fail" if lowest is not None and not lowest >= threshold_db else "unverified" if unverified else "pass"
     block = {"threshold_db": threshold_db, "min_snr_db": lowest, "verdict": verdict, "tensors": tensors}
+    if verdict == "fail":
+        block["failure"] = _failure(tensors, threshold_db)
     if unverified:
         block["unverified"] = f"{', '.join(unverified)} not read back ({stored[unverified[0]].type.removeprefix('unverified: ')})"
     return block
+
+
+def _failure(tensors: dict, threshold_db: float) -> str:
+    """One line: the worst stored tensor (and row) and why it fails."""
+    name = min(tensors, key=lambda n: math.inf if tensors[n]["snr_db"] is None else tensors[n]["snr_db"])
+    t = tensors[name]
+    where = f"stored tensor {name}" + (f" (row {t['worst_row']})" if "worst_row" in t else "")
+    if "error" in t:
+        return f"{where}: {t['error']}"
+    if t.get("nonfinite"):
+        return f"{where} holds NaN / inf ({t['nonfinite']} value(s) in the tensor)"
+    if t.get("original_nonfinite"):
+        return f"{where}: the eager tensor it stands for holds NaN / inf ({t['original_nonfinite']} value(s))"
+    return f"{where} {t['snr_db']:.1f} dB below the {threshold_db:.1f} dB gate"

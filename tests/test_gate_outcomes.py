@@ -1,0 +1,154 @@
+"""Verdicts nobody can misread, on toy components (no export): a NaN or inf is a failure with its
+own reason, wherever it appears; the end-to-end figure is gated beside the scheme and lowering
+figures; the report names the gate that decided."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgex.component import Component, TensorSpec
+from edgex.exporters.base import StoredTensor
+from edgex.parity import metrics
+from edgex.parity.check import measure
+from edgex.parity.runtimes.base import Session
+from edgex.parity.scheme import measure_split
+from edgex.parity.tensors import row_snr_db, tensor_parity
+
+SHAPE = (4, 256)
+
+
+def _component(samples: int = 3, reference=None) -> Component:
+    gen = torch.Generator().manual_seed(0)
+    inputs = {f"s{i}": (torch.randn(SHAPE, generator=gen),) for i in range(samples)}
+    return Component("toy", "talker", nn.Identity(), [TensorSpec("x", SHAPE, "float32")],
+                     [TensorSpec("y", SHAPE, "float32"), TensorSpec("z", SHAPE, "float32")],
+                     reference or (lambda x: (2 * x, x + 1)), inputs)
+
+
+class _Run(Session):
+    """Runs `fn(call index, inputs)`."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def run(self, inputs):
+        self.calls += 1
+        return self.fn(self.calls - 1, inputs)
+
+
+def _faithful(_call, inputs):
+    return [2 * inputs[0], inputs[0] + 1]
+
+
+def test_a_nan_in_one_output_of_one_sample_fails_with_that_reason():
+    def nan_in_z_of_sample_2(call, inputs):
+        y, z = _faithful(call, inputs)
+        if call == 2:
+            z = z.copy()
+            z[1, 7] = np.nan
+        return [y, z]
+
+    report = measure(_component(), _Run(nan_in_z_of_sample_2), "toy", "float32", 60.0)
+    assert report.verdict == "fail" and report.min_snr_db == -math.inf
+    assert report.failures[0] == "s2: z: 1 NaN / inf value(s) of 1024 where the reference is finite", report.failures
+    assert report.gate == {"figure": "end-to-end", "min_snr_db": -math.inf, "threshold_db": 60.0}
+    assert measure(_component(), _Run(_faithful), "toy", "float32", 60.0).verdict == "pass"
+
+
+def test_an_inf_in_a_reference_fails_whatever_the_order_of_figures():
+    """An inf in the reference's second output of the second sample: its SNR came out NaN, and
+    Python's min over [inf, ..., nan, ...] skipped it."""
+    def reference(x):
+        y, z = 2 * x, x + 1
+        if float(x[0, 0]) == first_of_s1:
+            z = z.clone()
+            z[0, 0] = math.inf
+        return y, z
+
+    component = _component(reference=reference)
+    first_of_s1 = float(component.samples["s1"][0][0, 0])
+    report = measure(component, _Run(_faithful), "toy", "float32", 60.0)
+    assert report.verdict == "fail" and report.min_snr_db == -math.inf, report.min_snr_db
+    assert report.failures[0] == "s1: z: the reference holds 1 NaN / inf value(s) of 1024", report.failures
+
+
+def test_figures_are_never_nan():
+    ref = np.ones(4)
+    assert metrics.snr_db(np.array([1.0, math.inf, 1, 1]), np.array([1.0, math.inf, 1, 1])) == -math.inf
+    assert metrics.psnr_db(np.array([1.0, math.nan, 1, 1]), ref) == -math.inf
+    assert metrics.lowest([math.inf, 20.0, math.nan]) == -math.inf and metrics.lowest([]) is None
+    rows = row_snr_db(np.ones((3, 2)), np.array([[1, 1], [1, math.nan], [1, 1.5]]))
+    assert rows[0] == math.inf and rows[1] == -math.inf and np.isfinite(rows[2])
+
+
+class _Stores:
+    """An exporter whose file stores `tables` (as `StoredTensor`s)."""
+
+    def __init__(self, stored: dict[str, StoredTensor]):
+        self.stored = stored
+
+    def stored_tensors(self, component, files, precision, **options):
+        return self.stored
+
+
+def test_a_nan_row_in_a_stored_table_fails_with_its_row():
+    table = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    stored = table.copy()
+    stored[3] = np.nan
+    block = tensor_parity(_Stores({"token_embd.weight": StoredTensor("table", stored, table, rows=True)}), None, [], 30.0, "f16")
+    assert block["verdict"] == "fail" and block["min_snr_db"] == -math.inf
+    assert block["failure"] == "stored tensor token_embd.weight (row 3) holds NaN / inf (8 value(s) in the tensor)"
+    assert block["tensors"]["token_embd.weight"]["rows_below_gate"] == 1
+    good = tensor_parity(_Stores({"token_embd.weight": StoredTensor("table", table, table, rows=True)}), None, [], 30.0, "f16")
+    assert good["verdict"] == "pass"
+
+
+class _Scheme:
+    """A scheme reference: the eager outputs plus fixed noise at `db` (seeded per sample)."""
+
+    label = "toy scheme"
+
+    def __init__(self, component: Component, db: float):
+        self.component, self.db = component, db
+
+    def __call__(self, inputs, forced=None):
+        return tuple(torch.from_numpy(o) for o in _noisy(self.component.eager(inputs), self.db, seed=1))
+
+    def to_json(self):
+        return {"source": self.label}
+
+
+def _noisy(outputs, db: float, seed: int) -> list[np.ndarray]:
+    """Each output plus independent noise at exactly `db` below it."""
+    rng = np.random.default_rng(seed + int(1e6 * abs(float(outputs[0].reshape(-1)[0]))))
+    noisy = []
+    for out in outputs:
+        out = np.asarray(out, np.float64)
+        noise = rng.standard_normal(out.shape)
+        noise *= math.sqrt(np.sum(out**2) / np.sum(noise**2) * 10 ** (-db / 10))
+        noisy.append((out + noise).astype(np.float32))
+    return noisy
+
+
+def test_scheme_and_lowering_each_passing_do_not_pass_an_artifact_under_the_end_to_end_floor():
+    """Scheme 10.5 dB against a 10 dB gate, lowering 12.5 dB against 12 dB: their errors add up to
+    ~8.4 dB end to end, under the precision's 10 dB. Each figure alone passes; the artifact fails,
+    and the report says the end-to-end gate decided."""
+    component = _component()
+    scheme = _Scheme(component, 10.5)
+    session = _Run(lambda _call, inputs: _noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))],
+                                                12.5, seed=2))
+    report = measure_split(component, session, "toy", "float32", 10.0, 12.0, scheme)
+    assert report.scheme["verdict"] == "pass" and report.lowering["verdict"] == "pass"
+    assert abs(report.scheme["min_snr_db"] - 10.5) < 0.01 and abs(report.lowering["min_snr_db"] - 12.5) < 0.01
+    assert 7.5 < report.min_snr_db < 9.5, report.min_snr_db
+    assert report.verdict == "fail" and report.failures[0].startswith("end-to-end: min SNR"), report.failures
+    assert report.gate["figure"] == "end-to-end" and report.gate["threshold_db"] == 10.0
+    # the same figures with a floor under them pass, and name the gate they passed closest to
+    session.calls = 0
+    passing = measure_split(component, session, "toy", "float32", 7.0, 12.0, scheme)
+    assert passing.verdict == "pass" and passing.gate["figure"] == "lowering", passing.gate
