@@ -167,7 +167,7 @@ def export(
     # Every name is checked from light declarations first: torch and the toolchains load only
     # once there is work to do.
     from .parity.gates import parse_overrides
-    from .plan import make_plan
+    from .plan import coarse_warning, make_plan
     from .recipes.base import parse_settings
 
     set_verbose(verbose or is_verbose())
@@ -185,6 +185,9 @@ def export(
                          precisions=_split(precision), placements=read_placements(_split(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        for job in checked.jobs:
+            if job.coarse:
+                err.print(coarse_warning(model, job), highlight=False, soft_wrap=True)
         if dry_run:
             _print_plan(checked, as_json)
             return

@@ -66,6 +66,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         "outputs": [s.to_json() for s in component.outputs],
         "metadata": component.metadata,
         **({"placement": dict(job.placement)} if job.placement else {}),
+        **({"coarse_scheme": job.coarse} if job.coarse else {}),
     }
     start = time.perf_counter()
     exporter.before_lowering(component, job.precision, **dict(job.options))
@@ -78,7 +79,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
     scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
     entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
-                               allow_unverified, scheme)]
+                               allow_unverified, scheme, job.coarse)]
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
@@ -126,11 +127,11 @@ def _computing(component: Component, fn, *args):
 
 
 def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
-                    allow_unverified: bool, scheme_reference=None) -> dict:
+                    allow_unverified: bool, scheme_reference=None, coarse: str | None = None) -> dict:
     """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
     device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
     entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
-                                scheme_reference).to_json()
+                                scheme_reference, coarse).to_json()
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
     verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
@@ -266,20 +267,23 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
     return [entry for job_entries in entries for entry in job_entries]
 
 
-def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None) -> ParityReport:
+def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None,
+               coarse: str | None = None) -> ParityReport:
     """Parity of an exporter's artifact, run in the exporter's runtime, with its stored scheme
-    (`options`: those it was exported with)."""
+    (`options`: those it was exported with; `coarse`: see `parity_in`)."""
     return parity_in(exporter.runtime, None, component, files, io_float_dtype, precision, overrides, threads,
-                     partial(exporter.scheme_reference, component, precision, files, **(options or {})))
+                     partial(exporter.scheme_reference, component, precision, files, **(options or {})), coarse)
 
 
 def parity_in(runtime_name: str | None, reason: str | None, component, files, io_float_dtype, precision, overrides,
-              threads, scheme_reference: Callable[[], "Reference | None"] | None = None) -> ParityReport:
+              threads, scheme_reference: Callable[[], "Reference | None"] | None = None,
+              coarse: str | None = None) -> ParityReport:
     """Parity of `files` run in the runtime adapter `runtime_name`; None: nothing here runs them,
     method `none` with `reason`. With `scheme_reference` (the exporter's model of what the files
     compute, `Exporter.scheme_reference`), a quantized or fp16 artifact is gated twice: its scheme
     against fp32 eager (policy gate) and its lowering against that scheme reference (tight gate);
-    see `edgex.parity.scheme`."""
+    see `edgex.parity.scheme`. `coarse`: the recipe's reason this scheme is too coarse for the
+    component, on an artifact the user asked for by name: its lowering alone decides."""
     gate = threshold_db(component.role, precision, overrides)
     if runtime_name is None:
         return ParityReport("none", None, reason=reason, threshold_db=gate)
@@ -293,7 +297,7 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
         if reference is None:
             return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
         return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
-                             reference, runtime.method, runtime.simulator)
+                             reference, runtime.method, runtime.simulator, coarse)
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 

@@ -24,7 +24,7 @@ import numpy as np
 from .artifacts.files import sha256, strict_json, write_json_atomic
 from .errors import EdgexError
 from .exporters import EXPORTERS
-from .parity.gates import threshold_db
+from .parity.gates import threshold_db, tie_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
@@ -33,14 +33,6 @@ from .targets import get_target, parse_placement
 from .verify import find_manifest, load_manifest
 
 REPORT = "pipeline.json"
-
-# A free-running pipeline is judged against the eager model, not against the scheme: a token the
-# artifacts sample differently passes only as a near-tie at the level of a faithful lowering (the
-# fp16 and lowering gate, `edgex.parity.gates.LOWERING_DB`), whatever the stage's own gate. A
-# quantized stage's policy gate (8-15 dB) allows tie margins wide enough that a flip made by the
-# scheme passed, and after a flip the rest of the utterance differs: session 7's recommended HTP
-# placement passed in situ with its audio at 0.9 dB against the eager audio.
-IN_SITU_TIE_DB = 30.0
 
 
 @dataclass
@@ -66,8 +58,10 @@ class Stage:
 
     @property
     def tie_db(self) -> float:
-        """The gate whose tie margin decides whether a free-running flip is a near-tie."""
-        return max(self.gate_db, IN_SITU_TIE_DB)
+        """The level whose tie margin decides whether a free-running flip is a near-tie: the same
+        rule as a component's parity (`edgex.parity.gates.tie_db`), never the stage's loose policy
+        gate: after a flip the rest of an utterance differs."""
+        return tie_db(self.gate_db)
 
     def record(self) -> dict:
         return {"component": self.component, "folder": str(self.folder) if self.folder else None, "format": self.entry["format"], "exporter": self.entry["exporter"],

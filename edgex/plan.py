@@ -28,14 +28,25 @@ class Job:
     precision: str
     options: tuple = ()  # (key, value) pairs passed to the exporter as keyword arguments
     placement: tuple = ()  # (key, value) pairs: where it runs on the device, what parity here misses
+    # Why the recipe declares this precision too coarse for the component (`RecipeFacts.coarse`),
+    # when the user asked for it by name; None otherwise.
+    coarse: str | None = None
 
 
-def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None) -> Job:
+def _job(name: str, role: str, target, placement, precision: str, calibration_size: int | None,
+         coarse: str | None = None) -> Job:
     options = dict(target.exporter_options.get(placement.exporter, {}))
     calibration_size = placement.calibration or calibration_size
     if get_precision(precision).calibration and calibration_size:
         options["calibration_size"] = calibration_size
-    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()))
+    return Job(name, role, placement.exporter, precision, tuple(options.items()), tuple(placement.to_json().items()), coarse)
+
+
+def coarse_warning(recipe: str, job: Job) -> str:
+    """The one line printed for a job the user asked for although its recipe declares the
+    precision too coarse for the component."""
+    return (f"warning: {recipe} {job.component} {job.exporter}:{job.precision} is built on request only: {job.coarse}; "
+            "its scheme and end-to-end figures are reported, its lowering alone decides the verdict")
 
 
 def exporter_name(name: str) -> str:
@@ -51,6 +62,9 @@ def exporter_name(name: str) -> str:
 def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: list[str] | None,
          precisions: list[str] | None, calibration_size: int | None = None) -> list[Job]:
     """Every (component, exporter, precision) the target places, filtered by the user's choices.
+    A precision the recipe declares too coarse for a component (`RecipeFacts.coarse`) is left out
+    of the target's defaults, and built only when asked for by name (`precisions`, or a
+    `--placement` of the component or its role), its job carrying the reason.
 
     Unknown names fail here, before any model is built."""
     for p in precisions or []:
@@ -64,9 +78,11 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
             if formats and placement.exporter not in formats:
                 continue
             exporter = EXPORTERS.get(placement.exporter)
+            requested = bool(precisions) or placement.requested
             for p in precisions or placement.precisions:
-                if p in exporter.precisions:
-                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size))
+                coarse = recipe.coarse_reason(name, p)
+                if p in exporter.precisions and (requested or coarse is None):
+                    jobs.append(_job(name, roles[name], target, placement, p, calibration_size, coarse))
     placed = sorted({pl.exporter for n, r in roles.items() for pl in target.placements_for(r, n, n in recipe.fp32_components)})
     if formats and not set(formats) & set(placed):
         raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
@@ -154,7 +170,8 @@ class ExportPlan:
             "source": {"checkpoint": str(self.checkpoint)} if self.checkpoint else {"preset": self.preset or self.recipe.default_preset},
             "out_dir": str(self.out_dir),
             "jobs": [{"component": j.component, "role": j.role, "format": j.exporter, "precision": j.precision,
-                      "path": str(self.artifact_path(j)), **({"placement": dict(j.placement)} if j.placement else {})}
+                      "path": str(self.artifact_path(j)), **({"placement": dict(j.placement)} if j.placement else {}),
+                      **({"coarse_scheme": j.coarse} if j.coarse else {})}
                      for j in self.jobs],
         }
 

@@ -18,6 +18,9 @@ class Placement:
     # Calibration input sets for a calibrated scheme placed here (`ROLE=EXPORTER:PRECISION:N`, what
     # `edgex sweep` recommends); None: the command's --calibration, else the component's own default.
     calibration: int | None = None
+    # Placed by the user (`--placement`), not by the target: its precisions are asked for by name,
+    # so a precision the recipe declares too coarse for a component is built (with a warning).
+    requested: bool = False
 
     def to_json(self) -> dict:
         return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration)) if v}
@@ -52,7 +55,7 @@ class Target:
         placed = {}
         for key, news in overrides.items():
             role = (roles or {}).get(key, key)
-            placed[key] = tuple(self._keeping_facts(role, new) for new in news)
+            placed[key] = tuple(replace(self._keeping_facts(role, new), requested=True) for new in news)
         return replace(self, placements={**self.placements, **placed}, overridden=self.overridden | set(placed))
 
     def _keeping_facts(self, role: str, new: Placement) -> Placement:

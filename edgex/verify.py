@@ -77,13 +77,17 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
     names = list(dict.fromkeys(entry["component"] for entry, _, rerun in checks if rerun))
     components = _components(manifest, names) if names else {}
     overrides = manifest.get("gate_overrides") or {}
+    facts = RECIPES.facts(manifest["model"])
     rows = []
     for entry, problems, rerun in checks:
         row = {k: entry.get(k) for k in ("component", "format", "precision")}
         row["files"] = "ok" if not problems else "BAD"
         if rerun:
+            # A scheme asked for by name although declared too coarse is judged as at export, if
+            # the recipe still declares it so (the manifest's word alone waives nothing).
+            coarse = facts.coarse_reason(entry["component"], entry["precision"]) if entry.get("coarse_scheme") else None
             row.update(_rerun(entry, components[entry["component"]], [root / r["path"] for r in entry["files"]], overrides, threads,
-                              problems))
+                              problems, coarse))
         else:
             if entry.get("verdict") == "error":
                 problems.append(entry.get("error", "export error"))
@@ -95,7 +99,8 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
                         "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows})
 
 
-def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, problems: list[str]) -> dict:
+def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, problems: list[str],
+           coarse: str | None = None) -> dict:
     """Parity again for one entry whose files match the manifest, under the gate this code gives it
     with the recorded user overrides; stored tensors too for files that declare them (a sidecar's
     own: QNN's `.dlc`). Failures are appended to `problems`."""
@@ -106,7 +111,7 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         scheme = None if sidecar else partial(exporter.scheme_reference, component, entry["precision"], files,
                                               **(entry.get("export_options") or {}))
         report = parity_in(runtime, entry["parity"].get("reason"), component, files, entry["io_float_dtype"],
-                           entry["precision"], overrides, threads, scheme)
+                           entry["precision"], overrides, threads, scheme, coarse)
     except Exception as exc:  # noqa: BLE001 - an artifact its runtime cannot load or run fails, never crashes verify
         problems.append(f"parity run failed: {_one_line(exc)}")
         return {"verdict": "fail"}

@@ -193,3 +193,18 @@ def test_gate_lookup_per_role_and_precision():
     for typo in ("decodr=40", "decoder:fp61=40", "fp16:decoder=40"):
         with pytest.raises(EdgexError, match="no role"):
             check_overrides(parse_overrides([typo]), {"decoder", "talker"})
+
+
+def test_a_flip_under_a_loose_policy_gate_is_judged_at_the_fixed_tie_level():
+    """A 5 dB gate would allow flips up to 1.12 x rms(logits) (here 2.8, over the 0.5 margin): the
+    tie margin stays the one an error at 30 dB makes, 0.063 x rms(logits), so the flip fails."""
+    base, noise = _bases(step1_gap=0.5)
+    report = measure(_toy_component(base, noise), _Run(_picks_runner_up), "toy", "float32", 5.0)
+    (flip,) = report.divergences
+    assert flip["margin"] == pytest.approx(0.5) and flip["tie_db"] == 30.0
+    step1 = (base[0, 1] + 3.0 * nn.functional.one_hot(torch.tensor(0), VOCAB)).numpy()  # after code 0
+    assert flip["tie_margin"] == pytest.approx(tie_margin(30.0, step1)) and tie_margin(5.0, step1) > 0.5
+    assert report.verdict == "fail" and not flip["tie"]
+    # a stricter gate is not loosened: at fp32's 60 dB a 0.05 margin (a tie at 30 dB) fails
+    strict = measure(_toy_component(*_bases(step1_gap=0.05)), _Run(_picks_runner_up), "toy", "float32", 60.0)
+    assert strict.divergences[0]["tie_db"] == 60.0 and tie_margin(30.0, step1) > 0.05 and strict.verdict == "fail"

@@ -6,7 +6,8 @@ model) for other figures. Every output is scored over every step:
 
 - A sampled TOKENS output that differs from the reference's makes the reference run again,
   teacher-forced on the artifact's own tokens, so every other output is compared on the same
-  history. A differing token then passes only as a tie-break (`tie_margin`); any other flip fails.
+  history. A differing token then passes only as a tie-break (`tie_margin`, at
+  `gates.tie_db`: 30 dB or a stricter gate, never a loose policy gate); any other flip fails.
 - LOGITS are scored by SNR and their top-1 flips go through the same tie rule.
 - State outputs a component declares in `written` are scored on the entries the call writes; the
   copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
@@ -27,6 +28,7 @@ import torch
 from ..component import LOGITS, TOKENS, Component, Inputs, TensorSpec
 from ..artifacts.files import strict_json
 from . import metrics
+from .gates import tie_db
 from .runtimes.base import Session
 
 Reference = Callable[[Inputs, dict[str, torch.Tensor] | None], Inputs]
@@ -45,6 +47,10 @@ class ParityReport:
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
     divergences: list = field(default_factory=list)  # every token / top-1 flip, tie-break or not
     failures: list = field(default_factory=list)  # why the verdict is "fail", one line each
+    nonfinite: list = field(default_factory=list)  # the failures that are NaN / inf (never waived)
+    # Failures of the scheme and end-to-end figures that an explicit request for a scheme declared
+    # too coarse for the component accepts (`measure_split(accepted=...)`): shown, not deciding.
+    waived: list = field(default_factory=list)
     # Quantized artifacts (edgex.parity.scheme.measure_split): the scheme reference vs fp32 eager
     # and the artifact vs the scheme reference, each with its own gate; None for float schemes.
     scheme: dict | None = None
@@ -83,29 +89,32 @@ def to_numpy(inputs, float_dtype: str) -> list[np.ndarray]:
     return arrays
 
 
-def tie_margin(gate_db: float, reference_logits: np.ndarray) -> float:
-    """The largest score difference an error exactly at the gate can make at one position: the
-    gate allows noise of rms 10**(-gate/20) * rms(logits), and a flip moves two scores."""
+def tie_margin(level_db: float, reference_logits: np.ndarray) -> float:
+    """The largest score difference an error exactly at `level_db` can make at one position: noise
+    of rms 10**(-level/20) * rms(logits), and a flip moves two scores. Flips are judged at
+    `gates.tie_db(gate)`, never at a looser gate's level."""
     rms = math.sqrt(float(np.mean(np.asarray(reference_logits, np.float64) ** 2)))
-    return 2.0 * 10.0 ** (-gate_db / 20.0) * rms
+    return 2.0 * 10.0 ** (-level_db / 20.0) * rms
 
 
 def flips(scores: np.ndarray, logits: np.ndarray, chosen: np.ndarray, gate_db: float) -> list[dict]:
     """Positions (flat over all axes but the last) where `chosen` is not the argmax of the
     reference's `scores`, with the reference margin score[r] - score[a] and the tie margin from
-    the reference `logits` there. A choice outside the vocabulary has an infinite margin."""
+    the reference `logits` there, at `tie_db(gate_db)`: a 5 dB policy gate judges flips as a 30 dB
+    one does. A choice outside the vocabulary has an infinite margin."""
     vocab = scores.shape[-1]
     scores = np.asarray(scores, np.float64).reshape(-1, vocab)
     logits = np.asarray(logits, np.float64).reshape(-1, vocab)
     chosen = np.asarray(chosen).reshape(-1).astype(np.int64)
     best = np.argmax(scores, axis=-1)
+    level = tie_db(gate_db)
     found = []
     for p in np.nonzero(best != chosen)[0]:
         r, a = int(best[p]), int(chosen[p])
         margin = float(scores[p, r] - scores[p, a]) if 0 <= a < vocab else math.inf
-        allowed = tie_margin(gate_db, logits[p])
+        allowed = tie_margin(level, logits[p])
         found.append({"position": int(p), "reference": r, "artifact": a, "margin": margin, "tie_margin": allowed,
-                      "tie": margin <= allowed})
+                      "tie_db": level, "tie": margin <= allowed})
     return found
 
 
@@ -244,6 +253,7 @@ def measure(
         failures.append(f"{component.name}: no output was scored")
     if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
         failures.insert(0, f"min SNR {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
+    report.nonfinite = nonfinite
     report.failures = nonfinite + failures  # a NaN / inf is the reason, the -inf figure its consequence
     report.verdict = "fail" if report.failures else "pass"
     report.gate = deciding_gate({END_TO_END: (report.min_snr_db, threshold_db, bool(report.failures))})

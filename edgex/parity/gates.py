@@ -15,9 +15,11 @@ it is tight, far above the 0-6 dB broken graphs score, so a lowering bug fails e
 scheme itself is noisy (4-bit weights on random presets score ~20 dB, a broken graph would pass
 the old 5 dB gate).
 
-The same gate decides which flipped tokens pass: a sampled token or a logits top-1 that differs
+A flipped token is judged apart from the gate: a sampled token or a logits top-1 that differs
 from the reference passes only as a near-tie of the reference's own scores, within the score
-difference an error exactly at the gate can make (`edgex.parity.check.tie_margin`).
+difference an error at `TIE_DB` (or at the gate, where it is stricter) can make
+(`tie_db`, `edgex.parity.check.tie_margin`). The margin never widens with a loose gate: at a 5 dB
+policy gate it would be 1.12 x rms(logits), and nearly any flip would pass as a tie.
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 LOWERING_DB = {p: 30.0 for p in ("fp16", "8da8w", "8da4w", "w8", "w4", "f16", "q8_0", "q4_0")}
 LOWERING_DB |= {p: 12.0 for p in ("w8a16", "w8a8", "w4a16")}
 LOWERING = "lowering"  # `--min-db lowering=DB` / `--min-db lowering:PRECISION=DB`
+
+# The noise level whose score difference makes a tie: an error at 30 dB has rms 0.032 x rms(logits),
+# and a flip moves two scores, so the tie margin is 0.063 x rms(logits). 30 dB is the fp16 and
+# fp32-compute lowering gate (a faithful graph's rounding, `LOWERING_DB`); a scheme whose noise flips
+# tokens by more than that is too coarse for the component, whatever its SNR gate says.
+TIE_DB = 30.0
+
+
+def tie_db(gate_db: float) -> float:
+    """The level whose tie margin judges a flip under a gate: the gate where it is stricter than
+    `TIE_DB` (fp32's 60 dB), else `TIE_DB`; never a looser gate's."""
+    return max(gate_db, TIE_DB)
 
 
 def lowering_db(precision: str, overrides: dict[str, float] | None = None) -> float:

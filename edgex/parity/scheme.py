@@ -304,7 +304,7 @@ _FIGURES = ("threshold_db", "min_snr_db", "min_token_agreement", "min_top1_agree
 
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
                   lowering_db: float, reference: Reference, method: str = "runtime",
-                  simulator: str | None = None) -> ParityReport:
+                  simulator: str | None = None, accepted: str | None = None) -> ParityReport:
     """Three figures on the same samples, the artifact run once, each gated:
 
     - the report itself: artifact vs fp32 eager, gated at `scheme_db`, the precision's gate (what
@@ -316,7 +316,12 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
 
     The verdict passes only if all three pass: a broken lowering fails however noisy the scheme is,
     a scheme too noisy for the component fails however faithful its lowering, and an artifact under
-    the precision's gate fails whichever of the two put it there. `gate` names the one that decided."""
+    the precision's gate fails whichever of the two put it there. `gate` names the one that decided.
+
+    `accepted`: why the recipe declares this scheme too coarse for the component, when the user
+    asked for it by name (`RecipeFacts.coarse`). Its scheme and end-to-end failures are then
+    `waived` (kept on the report, not deciding): the lowering gate alone, which a broken graph
+    fails however coarse the scheme, decides, and a NaN / inf still fails."""
     recorded = _Recorded(session)
     report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator)
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
@@ -326,11 +331,17 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
                      **{k: getattr(scheme, k) for k in _FIGURES}}
     report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}
     end_to_end = report.failures
-    report.failures = ([f"{END_TO_END}: {f}" for f in end_to_end] + [f"scheme: {f}" for f in scheme.failures]
-                       + [f"lowering: {f}" for f in lowering.failures])
+    policy = [f"{END_TO_END}: {f}" for f in end_to_end] + [f"scheme: {f}" for f in scheme.failures]
+    report.failures = policy + [f"lowering: {f}" for f in lowering.failures]
+    figures = {END_TO_END: (report.min_snr_db, scheme_db, bool(end_to_end)),
+               "scheme": (scheme.min_snr_db, scheme_db, bool(scheme.failures)),
+               "lowering": (lowering.min_snr_db, lowering_db, bool(lowering.failures))}
+    if accepted:
+        kept = {f"{END_TO_END}: {f}" for f in report.nonfinite} | {f"scheme: {f}" for f in scheme.nonfinite}
+        report.waived = [f for f in policy if f not in kept]
+        report.failures = [f for f in report.failures if f not in report.waived]
+        figures = {"lowering": figures["lowering"]}
     report.verdict = "fail" if report.failures else "pass"
-    report.gate = deciding_gate({END_TO_END: (report.min_snr_db, scheme_db, bool(end_to_end)),
-                                 "scheme": (scheme.min_snr_db, scheme_db, bool(scheme.failures)),
-                                 "lowering": (lowering.min_snr_db, lowering_db, bool(lowering.failures))})
+    report.gate = deciding_gate(figures)
     report.seconds += scheme.seconds
     return report

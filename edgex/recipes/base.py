@@ -69,6 +69,16 @@ class RecipeFacts:
     # component -> why its arithmetic must stay fp32: a target whose placement for it builds no fp32
     # places it on its "fp32" placement instead (`Target.placements_for`)
     fp32_components: dict[str, str] = field(default_factory=dict)
+    # component -> precision -> the measured figure showing that precision's own error on that
+    # component lies in the band where broken graphs score (its scheme reference alone: top-1 tokens
+    # flipped beyond the tie margin, or an SNR a broken graph reaches). No target places it there by
+    # default; asked for by name (-p, --placement) it is built, with a one-line warning, and
+    # recorded in its manifest entry (`coarse_scheme`).
+    coarse: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def coarse_reason(self, component: str, precision: str) -> str | None:
+        """Why `precision` is too coarse for `component` (see `coarse`), or None."""
+        return self.coarse.get(component, {}).get(precision)
 
     def check_preset(self, preset: str | None) -> None:
         if preset is not None and preset not in self.presets:

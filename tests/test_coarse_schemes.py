@@ -1,0 +1,103 @@
+"""Schemes a recipe declares too coarse for a component (`RecipeFacts.coarse`): never placed by
+default, built when asked for by name with a warning and a manifest record, and then judged by
+their lowering alone; a broken lowering and a NaN still fail."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgex.component import Component, TensorSpec
+from edgex.parity.runtimes.base import Session
+from edgex.parity.scheme import measure_split
+from edgex.plan import coarse_warning, make_plan, plan
+from edgex.recipes import RECIPES
+from edgex.targets import get_target
+
+SHAPE = (4, 256)
+
+
+def _facts(**coarse):
+    return replace(RECIPES.facts("spark-x2.5"), coarse=coarse)
+
+
+def test_a_coarse_scheme_is_left_out_of_the_defaults_and_built_when_asked_for_by_name():
+    facts = _facts(decode={"w4": "scheme top-1 0.00"})
+    apple = get_target("apple")
+    placed = {(j.component, j.precision) for j in plan(facts, apple, None, None, None)}
+    assert ("decode", "w4") not in placed and {("decode", "w8"), ("prefill", "w4")} <= placed
+    (asked,) = [j for j in plan(facts, apple, ["decode"], None, ["w4"]) if j.precision == "w4"]
+    assert asked.coarse == "scheme top-1 0.00"
+    assert "decode coreml:w4 is built on request only: scheme top-1 0.00" in coarse_warning("spark-x2.5", asked)
+    placed_by_user = apple.with_overrides({"decode": (replace(apple.placements_for("llm")[0], precisions=("w4",)),)})
+    assert [(j.precision, j.coarse) for j in plan(facts, placed_by_user, ["decode"], None, None)] == [("w4", "scheme top-1 0.00")]
+    # a precision not declared coarse carries nothing
+    assert all(j.coarse is None for j in plan(facts, apple, ["prefill"], None, ["w4"]))
+
+
+class _Run(Session):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def run(self, inputs):
+        return self.fn(inputs)
+
+
+def _noisy(outputs, db: float, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    noisy = []
+    for out in outputs:
+        out = np.asarray(out, np.float64)
+        noise = rng.standard_normal(out.shape)
+        noise *= math.sqrt(np.sum(out**2) / np.sum(noise**2) * 10 ** (-db / 10))
+        noisy.append((out + noise).astype(np.float32))
+    return noisy
+
+
+class _Scheme:
+    """A scheme reference whose outputs are fp32 eager's plus noise at `db` (a coarse scheme)."""
+
+    label = "toy scheme"
+
+    def __init__(self, component: Component, db: float):
+        self.component, self.db = component, db
+
+    def __call__(self, inputs, forced=None):
+        return tuple(torch.from_numpy(o) for o in _noisy(self.component.eager(inputs), self.db, seed=1))
+
+    def to_json(self):
+        return {"source": self.label}
+
+
+def _toy() -> Component:
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    return Component("toy", "llm", nn.Identity(), [TensorSpec("x", SHAPE, "float32")], [TensorSpec("y", SHAPE, "float32")],
+                     lambda x: (2 * x,), {"s": (x,)})
+
+
+@pytest.mark.parametrize("lowering_db, nan, verdict", [(40.0, False, "pass"), (3.0, False, "fail"), (40.0, True, "fail")])
+def test_an_accepted_coarse_scheme_is_judged_by_its_lowering(lowering_db, nan, verdict):
+    """A 3 dB scheme (in the broken band) against a 5 dB gate: its scheme and end-to-end failures are
+    waived when the scheme was asked for by name; a broken lowering (3 dB against 30) and a NaN are not."""
+    component = _toy()
+    scheme = _Scheme(component, 3.0)
+
+    def artifact(inputs):
+        out = _noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))], lowering_db, seed=2)
+        if nan:
+            out[0][0, 0] = np.nan
+        return out
+
+    strict = measure_split(component, _Run(artifact), "toy", "float32", 5.0, 30.0, scheme)
+    assert strict.verdict == "fail" and strict.waived == []
+    report = measure_split(component, _Run(artifact), "toy", "float32", 5.0, 30.0, scheme, accepted="declared coarse")
+    assert report.verdict == verdict, report.failures
+    assert report.waived and all(w.startswith(("end-to-end: min SNR", "scheme: min SNR")) for w in report.waived)
+    assert report.scheme["verdict"] == "fail" and report.gate["figure"] == "lowering"
+    if nan:
+        assert "NaN" in report.failures[0]
