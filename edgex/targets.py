@@ -75,10 +75,6 @@ _MNN = (Placement("mnn", ("fp32", "fp16")),)
 # while its fp32 graph holds 73.7 dB. `-p fp16` still builds the fp16 variant on request.
 HIFT_FP32 = {"hift": "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source "
                      "(tiny: fp16 scheme 5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB)"}
-_MINICPM_Q4 = ("f16 + q8_0; q4_0 on request only (-p q4_0): its head logits keep 13.9-14.9 dB of fp32 eager, all of it "
-               "the 4-bit scheme (tiny: scheme 13.9 / 14.8 dB, lowering 37.2 / 37.6 dB), and tts_decode's top-1 token "
-               "agrees on none of its 3 samples")
-
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
@@ -150,14 +146,11 @@ TARGETS: dict[str, Target] = {
             "llama-cpp",
             "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
             # Spark-X2.5's q4_0 scores 7-9 dB on the tiny preset (below its 8 dB gate; docs/models.md: 4-bit
-            # weights without calibration break it on device too): on request only (`-p q4_0`).
-            # MiniCPM-o's head (tts_prefill / tts_decode) likewise: its q4_0 scheme loses the top-1 token
-            # (_MINICPM_Q4), so it is built on request only.
-            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),),
-             **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("gguf", ("f16", "q8_0")),))},
+            # weights without calibration break it on device too): on request only (`-p q4_0`). Schemes
+            # too coarse for one component are its recipe's declaration (`RecipeFacts.coarse`).
+            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),)},
             {
                 "runtimes": ["llama.cpp (libllama, cpu)"],
-                "precision_limits": {"tts_prefill": _MINICPM_Q4, "tts_decode": _MINICPM_Q4},
                 "not_placed": {
                     "predictor": "llama.cpp runs the code predictor only inside libmtmd, from an mmproj GGUF that must "
                                  "also hold a speaker encoder (mtmd refuses a file without an input encoder); "
@@ -185,7 +178,6 @@ TARGETS: dict[str, Target] = {
                 "action": (Placement("coreml", ("fp32", "fp16")),),
                 "action_step": (Placement("coreml", ("fp32",)),),
                 "hift": (Placement("coreml", ("fp32",)),),
-                **dict.fromkeys(("tts_prefill", "tts_decode"), (Placement("coreml", ("fp16", "w8")),)),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
@@ -200,10 +192,7 @@ TARGETS: dict[str, Target] = {
                                          "scheme 61.6; tiny, MIL interpreter) against the 30 dB gate: its sin / cos time "
                                          "embedding of t in fp16, as on the HTP and MNN. Built in fp32 (103.5 dB); "
                                          "--placement action_step=coreml:fp16 builds fp16",
-                "precision_limits": {**HIFT_FP32, **dict.fromkeys(("tts_prefill", "tts_decode"), (
-                    "fp16 + w8; w4 on request only (-p w4): int4 weights alone bring the head logits to 12.3-14.6 dB "
-                    "of fp32 eager (tiny: scheme 12.3 / 14.6 dB, lowering 57.6 / 55.3 dB), and tts_decode's top-1 "
-                    "token agrees on none of its 3 samples"))},
+                "precision_limits": HIFT_FP32,
             },
         ),
     )

@@ -11,6 +11,8 @@ import pytest
 from conftest import run_cli
 
 from edgex.errors import EdgexError
+from edgex.plan import make_plan
+from edgex.recipes import RECIPES
 
 pytestmark = pytest.mark.xdist_group("gguf")  # its module fixture is built once
 
@@ -26,9 +28,32 @@ TOP1_AT_LEAST = {"f16": 1.0, "q8_0": 1.0, "q4_0": 0.5}
 @pytest.fixture(scope="module")
 def gguf_export(tmp_path_factory):
     out = tmp_path_factory.mktemp("gguf-export")
-    proc = run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "--out", str(out), "--json")
+    # q4_0 by name: talker_prefill's is declared too coarse (`RecipeFacts.coarse`), so no default places it
+    proc = run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "-p", ",".join(PRECISIONS),
+                   "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: qwen3-tts talker_prefill gguf:q4_0 is built on request only: "
+                        f"{RECIPES.facts('qwen3-tts').coarse_reason('talker_prefill', 'q4_0')}; its scheme and end-to-end "
+                        "figures are reported, its lowering alone decides the verdict"]
     return out / "qwen3-tts" / "llama-cpp", json.loads(proc.stdout)
+
+
+def test_a_coarse_scheme_asked_for_by_name_is_recorded_and_judged_by_its_lowering(gguf_export):
+    """talker_prefill q4_0: the scheme's own flips (beyond the 30 dB tie margin) are waived, shown
+    in the manifest; the lowering decides, and `edgex verify` judges it the same way."""
+    folder, manifest = gguf_export
+    (entry,) = [a for a in manifest["artifacts"] if (a["component"], a["precision"]) == ("talker_prefill", "q4_0")]
+    parity = entry["parity"]
+    assert entry["coarse_scheme"] == RECIPES.facts("qwen3-tts").coarse_reason("talker_prefill", "q4_0")
+    assert parity["scheme"]["verdict"] == "fail" and parity["lowering"]["verdict"] == "pass"
+    assert any("tie margin" in w for w in parity["waived"]) and parity["gate"]["figure"] == "lowering"
+    assert entry["verdict"] == "pass"
+    others = [a for a in manifest["artifacts"] if a is not entry]
+    assert all("coarse_scheme" not in a and not a["parity"]["waived"] for a in others)
+    assert "q4_0" not in {j.precision for j in make_plan("qwen3-tts", "llama-cpp", folder, components=["talker_prefill"]).jobs}
+    verify = run_cli("verify", str(folder), "--json")
+    assert verify.returncode == 0, verify.stderr[-2000:]
 
 
 def test_llama_cpp_target_runs_every_gguf_in_llama_cpp(gguf_export):

@@ -281,8 +281,10 @@ def test_hift_is_placed_in_fp32_only_and_the_target_says_why(tmp_path, target):
 def test_the_head_s_failing_4_bit_scheme_is_on_request_only(tmp_path, target, kept, dropped, measured):
     jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=["tts_prefill", "tts_decode"]).jobs
     assert {(j.component, j.precision) for j in jobs} == {(c, p) for c in ("tts_prefill", "tts_decode") for p in kept}
-    assert measured in TARGETS[target].facts["precision_limits"]["tts_decode"]
+    assert measured in RECIPES.facts("minicpm-o").coarse_reason("tts_decode", dropped)  # the recipe's word, not the target's
     assert dropped in {j.precision for j in make_plan("qwen3-tts", target, tmp_path, preset="tiny").jobs}  # other talkers keep it
+    asked = make_plan("minicpm-o", target, tmp_path, components=["tts_decode"], precisions=[dropped]).jobs
+    assert [(j.precision, j.coarse) for j in asked] == [(dropped, RECIPES.facts("minicpm-o").coarse_reason("tts_decode", dropped))]
 
 
 # -- one CPU export through the CLI ---------------------------------------------------------------

@@ -97,17 +97,19 @@ def tie_margin(level_db: float, reference_logits: np.ndarray) -> float:
     return 2.0 * 10.0 ** (-level_db / 20.0) * rms
 
 
-def flips(scores: np.ndarray, logits: np.ndarray, chosen: np.ndarray, gate_db: float) -> list[dict]:
+def flips(scores: np.ndarray, logits: np.ndarray, chosen: np.ndarray, gate_db: float,
+          level_db: float | None = None) -> list[dict]:
     """Positions (flat over all axes but the last) where `chosen` is not the argmax of the
     reference's `scores`, with the reference margin score[r] - score[a] and the tie margin from
     the reference `logits` there, at `tie_db(gate_db)`: a 5 dB policy gate judges flips as a 30 dB
-    one does. A choice outside the vocabulary has an infinite margin."""
+    one does (`level_db`: another tie level, e.g. `gates.end_to_end_tie_db`). A choice outside the
+    vocabulary has an infinite margin."""
     vocab = scores.shape[-1]
     scores = np.asarray(scores, np.float64).reshape(-1, vocab)
     logits = np.asarray(logits, np.float64).reshape(-1, vocab)
     chosen = np.asarray(chosen).reshape(-1).astype(np.int64)
     best = np.argmax(scores, axis=-1)
-    level = tie_db(gate_db)
+    level = tie_db(gate_db) if level_db is None else level_db
     found = []
     for p in np.nonzero(best != chosen)[0]:
         r, a = int(best[p]), int(chosen[p])
@@ -166,7 +168,7 @@ def _sampled(spec: TensorSpec, by_name: dict[str, np.ndarray], outputs: dict[str
 
 
 def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray], reference: Reference,
-                 gate_db: float) -> SampleScore:
+                 gate_db: float, tie_level_db: float | None = None) -> SampleScore:
     """Every output of one artifact run against `reference` on the same inputs."""
     if len(outputs) != len(component.outputs):
         raise ValueError(f"{component.name}: artifact returned {len(outputs)} outputs, spec has {len(component.outputs)}")
@@ -190,14 +192,14 @@ def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray]
             result.nonfinite.append(why)
             result.failures.append(why)
         if spec.kind == TOKENS:
-            found = _token_flips(spec, refs, named_inputs, out, gate_db)
+            found = _token_flips(spec, refs, named_inputs, out, gate_db, tie_level_db)
             result.scores[spec.name] = {"agreement": 1.0 - len(found) / max(ref.size, 1), "teacher_forced": spec.name in forced}
         else:
             result.scores[spec.name] = _signal(component, spec, inputs, ref, out)
             found = []
             if spec.kind == LOGITS:
                 result.scores[spec.name]["top1_agreement"] = metrics.top1_agreement(ref, out)
-                found = flips(ref, ref, np.argmax(out, axis=-1), gate_db)
+                found = flips(ref, ref, np.argmax(out, axis=-1), gate_db, tie_level_db)
         for flip in found:
             result.divergences.append({"output": spec.name, "teacher_forced": bool(forced), **flip})
             if not flip["tie"]:
@@ -206,7 +208,8 @@ def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray]
     return result
 
 
-def _token_flips(spec: TensorSpec, refs: dict, inputs: dict, out: np.ndarray, gate_db: float) -> list[dict]:
+def _token_flips(spec: TensorSpec, refs: dict, inputs: dict, out: np.ndarray, gate_db: float,
+                 tie_level_db: float | None = None) -> list[dict]:
     """Sampled tokens: choices that are not the reference's own argmax of its scores (logits +
     noise). Other tokens must be equal: any difference is a flip with no margin to allow it."""
     if spec.sampled_from is None:
@@ -216,7 +219,7 @@ def _token_flips(spec: TensorSpec, refs: dict, inputs: dict, out: np.ndarray, ga
     logits_name, noise_name = spec.sampled_from
     logits = refs[logits_name]
     scores = logits.astype(np.float64) + (inputs[noise_name].astype(np.float64) if noise_name else 0.0)
-    return flips(scores, logits, out, gate_db)
+    return flips(scores, logits, out, gate_db, tie_level_db)
 
 
 def measure(
@@ -228,15 +231,18 @@ def measure(
     method: str = "runtime",
     simulator: str | None = None,
     reference: Reference | None = None,
+    tie_level_db: float | None = None,
 ) -> ParityReport:
     """Run `session` on every sample and gate it: min SNR >= threshold_db, no flip but tie-breaks,
-    and something scored at all (no samples or no scored output is a fail, never a pass)."""
+    and something scored at all (no samples or no scored output is a fail, never a pass). Flips are
+    judged at `tie_level_db`, by default `gates.tie_db(threshold_db)`."""
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
     snrs, agreements, top1, failures, nonfinite = [], [], [], [], []
     for sample, inputs in component.samples.items():
-        result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db)
+        result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db,
+                              tie_level_db)
         report.samples[sample] = result.scores
         report.divergences += [{"sample": sample, **d} for d in result.divergences]
         failures += [f"{sample}: {f}" for f in result.failures if f not in result.nonfinite]

@@ -33,6 +33,7 @@ from torch import nn
 
 from ..component import Component
 from .check import END_TO_END, ParityReport, deciding_gate, measure
+from .gates import end_to_end_tie_db
 from .runtimes.base import Session
 
 DYNAMIC = "dynamic"  # per-token (per row of the last axis) asymmetric, scale from each call's values
@@ -309,7 +310,7 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
 
     - the report itself: artifact vs fp32 eager, gated at `scheme_db`, the precision's gate (what
       a user of the artifact gets: scheme and lowering errors add up, and each passing its own
-      gate does not make their sum pass);
+      gate does not make their sum pass); its flips at `gates.end_to_end_tie_db`, two errors' tie;
     - `scheme`: the scheme reference vs fp32 eager, gated at `scheme_db` too (a policy: is this
       quantization good enough for this component);
     - `lowering`: artifact vs the scheme reference, gated at `lowering_db` (near rounding).
@@ -323,7 +324,8 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     `waived` (kept on the report, not deciding): the lowering gate alone, which a broken graph
     fails however coarse the scheme, decides, and a NaN / inf still fails."""
     recorded = _Recorded(session)
-    report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator)
+    report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator,
+                     tie_level_db=end_to_end_tie_db(scheme_db))
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
                        reference=reference)
     scheme = measure(component, _Eager(reference), "eager", "float32", scheme_db, "eager")

@@ -32,6 +32,13 @@ FACTS = RecipeFacts(
     description="MiniCPM-o 4.5 speech output: TTS head (prefill + decode) and Token2wav (flow-matching DiT + HiFT)",
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
+    # The TTS head's 4-bit schemes (tiny preset, seed 0): the scheme alone loses the top-1 token.
+    coarse=dict.fromkeys(("tts_prefill", "tts_decode"), {
+        "q4_0": "int4 weights alone bring the head logits to 13.9-14.9 dB of fp32 eager (tiny: scheme 13.9 / 14.8 dB, "
+                "lowering 37.2 / 37.6 dB), and tts_decode's top-1 token agrees on none of its 3 samples",
+        "w4": "int4 weights alone bring the head logits to 12.3-14.6 dB of fp32 eager (tiny: scheme 12.3 / 14.6 dB, "
+              "lowering 57.6 / 55.3 dB), and tts_decode's top-1 token agrees on none of its 3 samples",
+    }),
     options={
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
         "prompt": RecipeOption("prompt tokens the streaming encoder's caches hold (flow_encoder: prompt + 50 "

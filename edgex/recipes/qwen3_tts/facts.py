@@ -27,9 +27,23 @@ ROLES = {
     "latent2wav": "decoder",
 }
 
+# Schemes whose own error flips the component's tokens beyond the tie margin (0.063 x rms(logits),
+# `edgex.parity.gates.TIE_DB`): measured on the tiny preset, seed 0, by `scripts/scheme_table.py`
+# (docs/precisions.md, "Placed by default"); the scheme figure alone (the file's weights in eager
+# PyTorch) flips them, the lowering none.
+_PREFILL_4BIT = ("int4 weights alone flip the prefill's top-1 token beyond the tie margin (tiny: {figure}); "
+                 "talker_decode keeps every top-1 at the same scheme")
+COARSE = {
+    "talker_prefill": {
+        "q4_0": _PREFILL_4BIT.format(figure="scheme 15.7 dB, 13 of 15 flips not ties, top-1 0.44; lowering 41.8 dB"),
+        "w4": _PREFILL_4BIT.format(figure="scheme 16.7 dB, 9 of 12 flips not ties, top-1 0.62; lowering 61.8 dB"),
+    },
+}
+
 FACTS = RecipeFacts(
     name="qwen3-tts",
     description="Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)",
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
+    coarse=COARSE,
 )
