@@ -14,7 +14,7 @@ The model itself is built by `recipe.py`, which the registry imports only once w
 
 from __future__ import annotations
 
-from ..base import RecipeFacts
+from ..base import RecipeFacts, RecipeOption
 from .presets import PRESETS
 
 ROLES = {
@@ -32,4 +32,5 @@ FACTS = RecipeFacts(
     description="Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)",
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
+    options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)")},
 )
