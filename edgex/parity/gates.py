@@ -7,9 +7,12 @@ enough to need its own default, so there is no per-role table: a per-(role, prec
 override (`--min-db decoder:fp16=40`), recorded in the manifest (`gate_overrides`) and looked up
 here the same way at export and at `edgex verify`.
 
-Quantized and fp16 artifacts get two gates (`edgex.parity.scheme`). `DEFAULT_DB` is then the *scheme*
-gate, a policy on the eager model running the file's own quantization against fp32 eager (no
-graph involved: a broken lowering cannot score there). `LOWERING_DB` gates the artifact against
+Every artifact's end-to-end figure (artifact vs fp32 eager) must reach `DEFAULT_DB`: the floor a
+user of the artifact gets, the same promise at every precision. Quantized and fp16 artifacts get
+two more gates (`edgex.parity.scheme`). `DEFAULT_DB` is also their *scheme* gate, a policy on the
+eager model running the file's own quantization against fp32 eager (no graph involved: a broken
+lowering cannot score there); scheme and lowering errors add, so both passing does not make the
+artifact pass its floor (docs/parity.md, "The end-to-end floor"). `LOWERING_DB` gates the artifact against
 that quantized eager model, where only the lowering (and the format's compute precision) differ:
 it is tight, far above the 0-6 dB broken graphs score, so a lowering bug fails even where the
 scheme itself is noisy (4-bit weights on random presets score ~20 dB, a broken graph would pass

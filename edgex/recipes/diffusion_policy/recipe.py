@@ -155,7 +155,11 @@ class _Builder:
         def reference(x, timestep, cond):
             return (self.model.unet(x, timestep.long(), global_cond=cond),)
 
-        samples = {"obs_a_first": sample(1000 * self.seed + 1, 0), "obs_b_last": sample(1000 * self.seed + 2, -1)}
+        # the first, a middle and the last timestep of the host loop: a graph wrong only mid-trajectory
+        # (a timestep embedding off between the ends) fails too
+        middle = self.model.num_inference_steps // 2
+        samples = {"obs_a_first": sample(1000 * self.seed + 1, 0), "obs_b_last": sample(1000 * self.seed + 2, -1),
+                   f"obs_c_step{middle}": sample(1000 * self.seed + 3, middle)}
         return self._component(
             "denoise_step", DiffusionStep(self.p.policy), ["sample", "timestep", "global_cond"], samples, reference,
             "prediction", "(x_t, timestep, global conditioning) -> U-Net prediction, normalized action space",

@@ -256,7 +256,7 @@ class Builder(FlowBuilder):
         return self._component(
             "action_step", PI0Step(self.p.policy, self.p.stats),
             ["x_t", "t", "state", "prefix_key", "prefix_value", "prefix_mask"],
-            {"obs_a_t1": sample(1, 0), "obs_b_last": sample(2, -1)}, lambda *a: (self.velocity(*a),), ["velocity"],
+            {"obs_a_t1": sample(1, 0), "obs_b_last": sample(2, -1), f"obs_c_step{self.steps // 2}": sample(3, self.steps // 2)}, lambda *a: (self.velocity(*a),), ["velocity"],
             "(x_t, t, raw state, prefix K/V, mask) -> velocity (normalized action space; state normalization inside)",
             self.step_calibration(sample), {"chunk": self.config.chunk_size}, calibration_size=self.step_calibration_size)
 

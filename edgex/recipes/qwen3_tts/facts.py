@@ -14,7 +14,7 @@ The model itself is built by `recipe.py`, which the registry imports only once w
 
 from __future__ import annotations
 
-from ..base import RecipeFacts
+from ..base import RecipeFacts, RecipeOption
 from .presets import PRESETS
 
 ROLES = {
@@ -46,4 +46,5 @@ FACTS = RecipeFacts(
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
     coarse=COARSE,
+    options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)")},
 )

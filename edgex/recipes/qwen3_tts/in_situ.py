@@ -40,7 +40,14 @@ SAMPLES_PER_FRAME = 1920
 LEFT_CONTEXT = 72  # frames of codes a streaming server decodes before each chunk
 CHUNK = 25
 SCHEDULES = {"1 then 25": (1,), "ramp 2/4/8/16 then 25": (2, 4, 8, 16), "25": ()}
+DEFAULT_FRAMES = 40  # frames an in-situ run generates unless told (fewer where the talker has fewer KV slots)
 SEED_OFFSET = 500  # the pipeline's utterance: neither a parity sample (seed, seed + 1) nor calibration (seed + 1000 + i)
+
+
+def default_frames(slots: int, prefill_len: int) -> int:
+    """Frames of a default in-situ run: its last talker decode call is at position
+    prefill_len + frames - 1 (the talker decode graph samples that position too)."""
+    return min(slots - prefill_len, DEFAULT_FRAMES)
 
 
 def chunks(schedule: tuple[int, ...], frames: int) -> list[tuple[int, int]]:
@@ -204,7 +211,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
     models, options = loaded.models, loaded.options
     slots, prefill_len = options["max_context"], options["prefill_len"]
-    frames = settings.get("frames") or min(slots - prefill_len, 40)
+    frames = settings.get("frames") or default_frames(slots, prefill_len)
     # The schedules need more frames than the left context to show what it truncates: the eager
     # utterance goes on past the artifacts' frames (it is generated lazily, frame by frame, so its
     # first frames are the same however long it is).

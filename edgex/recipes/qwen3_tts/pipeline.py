@@ -33,8 +33,11 @@ class Utterance:
     position); `cache(n)` the talker cache's first n positions [L, 1, KV, n, D]; `codes` [1, 16, T]
     the whole utterance's codes as the decoder consumes them."""
 
-    def __init__(self, talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0):
+    def __init__(self, talker, prefill_len: int, frames: int, seed: int, temperature: float = 1.0, horizon: int | None = None):
+        """`horizon`: how many frames `frame` may generate (default `frames`, the length of `codes`):
+        a talker with more KV slots is sampled up to its last slot, past the decoder's frames."""
         self._talker, self._length, self._temperature = talker, frames, temperature
+        self._horizon = max(frames, horizon or 0)
         self._gen = torch.Generator().manual_seed(seed)
         cfg = talker.config
         text_vocab = talker.model.text_embedding.num_embeddings
@@ -53,8 +56,8 @@ class Utterance:
         self._frames: list[dict] = []
 
     def frame(self, index: int) -> dict:
-        if not 0 <= index < self._length:
-            raise IndexError(f"frame {index} outside the utterance's {self._length} frames")
+        if not 0 <= index < self._horizon:
+            raise IndexError(f"frame {index} outside the utterance's {self._horizon} frames")
         while len(self._frames) <= index:
             self._step()
         return self._frames[index]

@@ -31,6 +31,7 @@ STREAM_CHUNK = 25  # frames per code2latent / latent2wav call
 PREDICTOR_SLOTS = 15  # past positions a predictor step can see (16 per frame, last never cached)
 PREDICTOR_STEPS = PREDICTOR_SLOTS + 1  # step graph calls per frame (codebook 0 position, then 15 codebooks)
 UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
+LAST_SAMPLED_FRAME = 30  # the talker decode's fixed samples: frames 10 and 30
 
 
 def _spec(name, tensor, kind=SIGNAL, sampled_from=None) -> TensorSpec:
@@ -53,8 +54,11 @@ class Qwen3TTSRecipe(Recipe):
             name = preset or self.default_preset
             models = build_from_preset(get_preset(name), seed)
             sizes = _SIZES.get(name, _REAL_SIZES)
-        options = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed}
-        return LoadedModel(self.name, models, models.source, options)
+        slots = (options or {}).get("max_context", sizes[1])
+        if slots <= sizes[0] + LAST_SAMPLED_FRAME:
+            raise EdgexError(f"--set max_context={slots}: at least {sizes[0] + LAST_SAMPLED_FRAME + 1} (the {sizes[0]}-position "
+                             f"prompt and the {LAST_SAMPLED_FRAME + 1} frames the talker decode samples reach)")
+        return LoadedModel(self.name, models, models.source, {"prefill_len": sizes[0], "max_context": slots, "seed": seed})
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         names = list(ROLES) if not names else names
@@ -86,7 +90,8 @@ class _ComponentBuilder:
             seed = self._seeds.get(which)
             if seed is None:  # "cal<i>"
                 seed = self._calibration_seed + int(which.removeprefix("cal"))
-            self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed)
+            self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed,
+                                          horizon=self.slots - self.prefill_len)
         return self._utts[which]
 
     def _calibration(self, make, per_utterance: int):
@@ -130,14 +135,30 @@ class _ComponentBuilder:
             prefill_len=self.prefill_len,
         )
 
-    def _decode_sample(self, which: str, frame: int):
+    def _decode_sample(self, which: str, frame: int, stale_from: str | None = None):
+        """The talker decode call of a frame: its cache zero-padded as the runners hold it, or with
+        the slots the call ignores (position onwards) holding another utterance's entries there,
+        as a runner that does not clear its cache between utterances leaves them."""
         utt = self.utt(which)
         rec = utt.frame(frame)
         pos = rec["position"]
         if pos >= self.slots:
             raise EdgexError(f"talker sample position {pos} exceeds max_context {self.slots}")
-        key, value = utt.cache(pos)
-        return rec["next_embeds"], torch.tensor([pos]), padded_cache(key, self.slots), padded_cache(value, self.slots)
+        key, value = (padded_cache(t, self.slots) for t in utt.cache(pos))
+        if stale_from is not None:
+            stale_key, stale_value = self.utt(stale_from).cache(self.slots)
+            key[:, :, :, pos:], value[:, :, :, pos:] = stale_key[:, :, :, pos:], stale_value[:, :, :, pos:]
+        return rec["next_embeds"], torch.tensor([pos]), key, value
+
+    def _decode_samples(self) -> dict:
+        """Frames 10 and 30; the default in-situ run's last decode call, its ignored slots stale;
+        the last slot (a call at position max_context - 1: the most RoPE rotation and the
+        longest attention the graph computes)."""
+        in_situ_last = situ.default_frames(self.slots, self.prefill_len) - 1
+        last = self.slots - 1 - self.prefill_len
+        return {"utterance_a_frame10": self._decode_sample("a", 10), "utterance_b_frame30": self._decode_sample("b", LAST_SAMPLED_FRAME),
+                f"utterance_a_frame{in_situ_last}_stale_slots": self._decode_sample("a", in_situ_last, stale_from="b"),
+                f"utterance_b_frame{last}_last_slot": self._decode_sample("b", last)}
 
     def talker_decode(self) -> Component:
         return self._component(
@@ -146,8 +167,10 @@ class _ComponentBuilder:
             ["inputs_embeds", "position", "past_key", "past_value"],
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.decode_reference, self.talker),
-            {"utterance_a_frame10": self._decode_sample("a", 10), "utterance_b_frame30": self._decode_sample("b", 30)},
-            self._calibration(lambda u, k: self._decode_sample(u, 4 + 5 * k), 8),
+            self._decode_samples(),
+            # every position up to the last slot: a static quantizer calibrated on early positions only
+            # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
+            self._calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
             layouts={"gguf": talker_layout(self.talker, DECODE_FEED)},
             max_context=self.slots,
         )

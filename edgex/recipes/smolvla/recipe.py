@@ -217,7 +217,8 @@ class Builder(FlowBuilder):
         def reference(x, t, keys, values, valid):
             return (self.velocity(x, t, keys, values, valid),)
 
-        samples = {"obs_a_t1": sample(1, 0), "obs_b_last": sample(2, -1)}
+        # the first, a middle and the last Euler step of the host loop
+        samples = {"obs_a_t1": sample(1, 0), "obs_b_last": sample(2, -1), f"obs_c_step{self.steps // 2}": sample(3, self.steps // 2)}
         return self._component(
             "action_step", SmolVLAStep(self.p.policy), ["x_t", "t", "prefix_key", "prefix_value", "prefix_mask"],
             samples, reference, ["velocity"], "(x_t, t, prefix K/V, mask) -> velocity (normalized action space)",
