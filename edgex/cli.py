@@ -199,9 +199,13 @@ def export(
     else:
         out.print(_summary(manifest))
         out.print(f"manifest: {manifest['manifest_path']}")
-    failed = [f"{a['component']}.{a['precision']}.{a['format']}" for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
+    from .parity.quantized import summary as quantized_summary
+
+    failed = [f"{a['component']}.{a['precision']}.{a['format']}" + (f" ({why})" if (why := quantized_summary(a.get("quantized_parity"))) else "")
+              for a in manifest["artifacts"] if a["verdict"] in ("fail", "error")]
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
-          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")))
+          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")
+                      or a.get("quantized_parity", {}).get("unverified")))
 
 
 def _unchanged(checked, seed, settings, overrides, threads, allow_unverified) -> dict | None:
