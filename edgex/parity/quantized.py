@@ -38,28 +38,38 @@ class QuantizedTensor:
     """One quantized tensor of a file: `stored` dequantized from the file and `original` the eager
     weight it was made from, both as rows of output channels reduced along the last axis (the
     layout `scheme` quantizes). `scheme` None: the format stores the tensor in fp16 (a fallback for
-    rows that are not whole blocks), checked as fp16 rounding. `source` says where `stored` was read."""
+    rows that are not whole blocks), checked as fp16 rounding. `fixed`: what the tensor must hold
+    where that is not a scheme of its own (a bias quantized at a scale derived from other tensors'),
+    named by `scheme_name`. `source` says where `stored` was read."""
 
     stored: np.ndarray
     original: np.ndarray
     scheme: WeightScheme | None
     source: str = "file"
+    fixed: np.ndarray | None = None
+    scheme_name: str | None = None
 
 
-def expected(original: np.ndarray, scheme: WeightScheme | None) -> np.ndarray:
-    if scheme is None:
-        return np.asarray(original, np.float32).astype(np.float16).astype(np.float32)
-    return fake_quantize(original, scheme)
+def expected(tensor: QuantizedTensor) -> np.ndarray:
+    if tensor.fixed is not None:
+        return tensor.fixed
+    if tensor.scheme is None:
+        return np.asarray(tensor.original, np.float32).astype(np.float16).astype(np.float32)
+    return fake_quantize(tensor.original, tensor.scheme)
 
 
 def score(tensor: QuantizedTensor) -> dict:
+    if tensor.original.size == 0:
+        why = tensor.source if tensor.source != "file" else "stands for no weight of the component"
+        return {"error": why, "agreement_db": -math.inf, "verdict": "fail"}
     if tensor.stored.shape != tensor.original.shape:
         return {"error": f"shape {list(tensor.stored.shape)} != eager {list(tensor.original.shape)}", "agreement_db": -math.inf,
                 "verdict": "fail"}
-    want = expected(tensor.original, tensor.scheme)
-    figures = {"scheme": tensor.scheme.name if tensor.scheme else "float16", "shape": list(tensor.original.shape),
+    want = expected(tensor)
+    figures = {"scheme": tensor.scheme_name or (tensor.scheme.name if tensor.scheme else "float16"), "shape": list(tensor.original.shape),
                "agreement_db": metrics.snr_db(want, tensor.stored), "snr_db": metrics.snr_db(tensor.original, tensor.stored),
-               "expected_snr_db": metrics.snr_db(tensor.original, want)}
+               "expected_snr_db": metrics.snr_db(tensor.original, want),
+               "per": f"block of {tensor.scheme.block}" if tensor.scheme and tensor.scheme.block else "row"}
     if tensor.source != "file":
         figures["source"] = tensor.source
     ok = figures["agreement_db"] >= AGREEMENT_DB  # NaN fails too

@@ -196,9 +196,9 @@ SCHEMES: dict[tuple[str, str], WeightScheme] = {
 # ONNX QDQ weight types (QuantizeLinear's output type) -> the scheme ONNX Runtime's static quantizer
 # gives them for the HTP: asymmetric per channel for unsigned and int4 weights, symmetric for int8.
 QDQ_SCHEMES = {
-    "uint8": WeightScheme("QDQ uint8 per channel", 8, 0, 255, RANGE_WITH_ZERO),
-    "int4": WeightScheme("QDQ int4 per channel", 4, -8, 7, RANGE_WITH_ZERO),
-    "int8": WeightScheme("QDQ int8 symmetric per channel", 8, -127, 127, ABSMAX, divisor=127.0),
+    "uint8": WeightScheme("QDQ uint8 asymmetric", 8, 0, 255, RANGE_WITH_ZERO),
+    "int4": WeightScheme("QDQ int4 asymmetric", 4, -8, 7, RANGE_WITH_ZERO),
+    "int8": WeightScheme("QDQ int8 symmetric", 8, -127, 127, ABSMAX, divisor=127.0),
 }
 
 
