@@ -15,6 +15,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from .errors import EdgexError
+from .parity.quantized import summary as quantized_summary
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
@@ -91,9 +92,11 @@ def _device_cells(block: dict) -> tuple[str, str]:
 
 def _why_failed(entry: dict) -> str:
     """The first reason an artifact failed, one line: its export error, else its parity's first
-    failure (a NaN / inf first, `edgex.parity.check`), its stored tensors', or its device run's."""
+    failure (a NaN / inf first, `edgex.parity.check`), its stored tensors', its stored quantized
+    tensors' (`edgex.parity.quantized`), or its device run's."""
     reasons = [entry.get("error"), *(entry.get("parity") or {}).get("failures", [])[:1],
-               (entry.get("tensor_parity") or {}).get("failure"), *(entry.get("device_parity") or {}).get("failures", [])[:1]]
+               (entry.get("tensor_parity") or {}).get("failure"), quantized_summary(entry.get("quantized_parity")),
+               *(entry.get("device_parity") or {}).get("failures", [])[:1]]
     return next((r for r in reasons if r), "no reason recorded")
 
 
@@ -223,7 +226,8 @@ def export(
     failed = [f"{a['component']}.{a['precision']}.{a['format']} ({_why_failed(a)})" for a in manifest["artifacts"]
               if a["verdict"] in ("fail", "error")]
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
-          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")))
+          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")
+                      or a.get("quantized_parity", {}).get("unverified")))
 
 
 def _unchanged(checked, seed, settings, overrides, threads, allow_unverified) -> dict | None:

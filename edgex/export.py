@@ -30,6 +30,7 @@ from .parity.check import ParityReport, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
+from .parity.quantized import quantized_parity
 from .parity.scheme import Reference, measure_split
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
@@ -76,6 +77,9 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     tensors = tensor_parity(exporter, component, result.files, gate, job.precision, dict(job.options))
     if tensors is not None:
         entry["tensor_parity"] = tensors
+    quantized = quantized_parity(exporter, component, result.files, job.precision, dict(job.options))
+    if quantized is not None:
+        entry["quantized_parity"] = quantized
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
     scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
     entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
@@ -88,6 +92,9 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         side_tensors = tensor_parity(exporter, component, sidecar.files, gate, job.precision, dict(job.options))
         if side_tensors is not None:
             side["tensor_parity"] = side_tensors
+        side_quantized = quantized_parity(exporter, component, sidecar.files, job.precision, dict(job.options))
+        if side_quantized is not None:
+            side["quantized_parity"] = side_quantized
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
                                        overrides, threads, hub, stage, allow_unverified))
     return entries
@@ -134,21 +141,23 @@ def _gate_and_place(entry: dict, component, files, runtime, reason, precision, o
                                 scheme_reference, coarse).to_json()
     if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
         entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
-    verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
+    verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity",
+                                                                          "quantized_parity")))
     placed = move_into_place(files, _folder(stage, verdict, allow_unverified))
     entry["files"] = [record for p in placed for record in file_records(p, stage)]
     entry["verdict"] = verdict
     return entry
 
 
-def combined_verdict(local: str, tensors: str | None = None, device: str | None = None) -> str:
+def combined_verdict(local: str, tensors: str | None = None, device: str | None = None, quantized: str | None = None) -> str:
     """One entry's verdict from its parity blocks: any failure fails it; it passes when a run of it
     passed, here or on the AI Hub device (which verifies what nothing here can run), and every
-    stored tensor no run reads was read back (tensors not "unverified"); else unverified.
-    Stored-tensor parity alone never passes an artifact: it does not run it."""
-    if "fail" in (local, tensors, device):
+    stored tensor no run reads was read back (tensors not "unverified"), and every stored quantized
+    tensor too (`quantized`, `edgex.parity.quantized`); else unverified. Stored-tensor parity alone
+    never passes an artifact: it does not run it."""
+    if "fail" in (local, tensors, device, quantized):
         return "fail"
-    return "pass" if "pass" in (local, device) and tensors != "unverified" else "unverified"
+    return "pass" if "pass" in (local, device) and "unverified" not in (tensors, quantized) else "unverified"
 
 
 def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub, allow_unverified) -> list[dict]:

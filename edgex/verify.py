@@ -21,6 +21,7 @@ from .artifacts.files import sha256, strict_json
 from .errors import EdgexError
 from .export import MANIFEST, combined_verdict, parity_in
 from .exporters import EXPORTERS
+from .parity.quantized import quantized_parity, summary
 from .parity.tensors import tensor_parity
 from .recipes import RECIPES
 from .status import status
@@ -134,8 +135,28 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         row["tensor_min_snr_db"] = tensors["min_snr_db"]
         if tensors.get("unverified") and report.method != "none":
             row["reason"] = tensors["unverified"]
-    row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"])
+    quantized = _quantized_rerun(exporter, component, files, entry["precision"], entry.get("export_options"), problems)
+    if quantized is not None:
+        row["quantized_min_agreement_db"] = quantized.get("min_agreement_db")
+        if quantized.get("unverified") and report.method != "none":
+            row["reason"] = quantized["unverified"]
+    row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"], None,
+                                                               quantized and quantized["verdict"])
     return row
+
+
+def _quantized_rerun(exporter, component, files: list[Path], precision: str, options: dict | None,
+                     problems: list[str]) -> dict | None:
+    """Every stored quantized tensor read from the files again and scored against the independent
+    quantizer (`edgex.parity.quantized`); a failing one is named in `problems`."""
+    try:
+        block = quantized_parity(exporter, component, files, precision, options)
+    except Exception as exc:  # noqa: BLE001 - a file its own reader cannot parse is a failed check, not a crash
+        problems.append(f"stored quantized tensors unreadable: {_one_line(exc)}")
+        return {"min_agreement_db": None, "verdict": "fail"}
+    if block is not None and block["verdict"] == "fail":
+        problems.append(summary(block))
+    return block
 
 
 def _tensor_rerun(exporter, component, files: list[Path], gate: float, precision: str, options: dict | None,

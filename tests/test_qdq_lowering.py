@@ -1,8 +1,9 @@
-"""QNN static QDQ: the lowering gate compares the context binary (HTP simulator) with the QDQ ONNX
-graph it was compiled from, run on ONNX Runtime CPU; the scheme figure compares that graph with
-fp32 eager. A context binary compiled from a graph with one wrong weight scale (what a lowering
-that misreads a DequantizeLinear computes) fails the lowering gate while its scheme figure is the
-faithful artifact's, to the bit: the scheme reference is the graph edgex built, not the binary."""
+"""QNN static QDQ: the lowering gate compares the context binary (HTP simulator) with the eager
+model running the weights and activation scales of the QDQ graph it was compiled from (the graph
+is read, never run); the scheme figure compares that eager model with fp32 eager. A context binary
+compiled from a graph with one wrong weight scale (what a lowering that misreads a
+DequantizeLinear computes) fails the lowering gate while its scheme figure is the faithful
+artifact's, to the bit: the scheme reference is made from the graph edgex built, not the binary."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_faithful_qdq_binary_passes_a_tight_lowering_gate(reports):
     report = reports["faithful"]
     assert report.method == "simulated" and report.verdict == "pass", report.failures
     assert report.lowering["threshold_db"] == LOWERING_DB[PRECISION]
-    assert report.scheme["source"].startswith("QDQ ONNX on ONNX Runtime CPU") and report.scheme["graph_sha256"]
+    assert report.scheme["source"].startswith("eager model with the QDQ graph's weights") and report.scheme["graph_sha256"]
     print(f"faithful: e2e {report.min_snr_db:.1f}, scheme {report.scheme['min_snr_db']:.1f}, lowering {report.lowering['min_snr_db']:.1f} dB")
 
 

@@ -142,6 +142,14 @@ class Exporter(ABC):
 
     unreadable = "this format's stored constants cannot be read back here"
 
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **options) -> "dict | str | None":
+        """Every quantized tensor the files store, dequantized from them, beside the eager weight it
+        was made from (`edgex.parity.quantized.QuantizedTensor` by the file's name for it): export
+        and `edgex verify` score each against an independent quantization of that weight. None for
+        files that store no quantized weight; a string where the format's quantized weights cannot
+        be read here (why), which leaves the entry unverified. Default: None."""
+        return None
+
     def stored_constants(self, component: Component, files: list[Path], precision: str, **options) -> dict[str, np.ndarray] | None:
         """Every constant tensor the files store as data a graph op reads (a gather's table), by
         the file's own name, decoded to float32 as the runtime sees it (dequantized where stored

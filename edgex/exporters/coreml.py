@@ -157,8 +157,6 @@ class CoreMLExporter(Exporter):
         import torch
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
 
-        from ..parity.mil.interpreter import load_program
-        from ..parity.runtimes.coreml import package_root
         from ..parity.scheme import StoredScheme, StoredWeight
 
         if precision not in ("w8", "w4"):
@@ -169,9 +167,7 @@ class CoreMLExporter(Exporter):
                    | dict(component.module.named_buffers(remove_duplicate=False)))
         by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
         weights, unnamed = {}, []
-        for op in load_program(package_root(files)).operations:
-            if op.op_type != "constexpr_blockwise_shift_scale":
-                continue
+        for op in self._compressed_ops(files):
             args = [op.inputs[n].val if n in op.inputs else None for n in ("data", "scale", "offset")]
             stored = torch.from_numpy(compression.constexpr_blockwise_shift_scale.decompress(*args).astype("float32"))
             original = next((t for n, t in by_name if n in op.name and t.numel() == stored.numel()), None)
@@ -185,6 +181,38 @@ class CoreMLExporter(Exporter):
             weights[op.name] = StoredWeight(original, stored)
         notes = [f"compressed constants with no module tensor named in them: {', '.join(unnamed)}"] if unnamed else []
         return StoredScheme("read from the file (constexpr_blockwise_shift_scale)", weights, notes=notes)
+
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every compressed weight of the saved program (`constexpr_blockwise_shift_scale`), decompressed
+        by coremltools' definition of the op, beside the module tensor it was converted from (as
+        `stored_scheme` pairs them), laid out by the scales the file stores."""
+        import numpy as np
+
+        from ..parity.quantized import QuantizedTensor, blockwise
+        from ..parity.quantizer import scheme_for, with_block
+
+        if precision not in ("w8", "w4"):
+            return None
+        scheme = scheme_for(self.name, precision)
+        stored = self.stored_scheme(component, precision, files).weights
+        found = {}
+        for op in self._compressed_ops(files):
+            weight = stored.get(op.name)
+            if weight is None:  # no module tensor named in it: compared with nothing, it fails
+                found[op.name] = QuantizedTensor(np.zeros((1,), np.float32), np.zeros((0,), np.float32), scheme)
+                continue
+            scales = op.inputs["scale"].val.shape
+            rows, block = blockwise(weight.stored.numpy(), scales)
+            original, _ = blockwise(weight.original.detach().float().numpy(), scales)
+            found[op.name] = QuantizedTensor(rows, original, with_block(scheme, block))
+        return found
+
+    @staticmethod
+    def _compressed_ops(files: list[Path]):
+        from ..parity.mil.interpreter import load_program
+        from ..parity.runtimes.coreml import package_root
+
+        return [op for op in load_program(package_root(files)).operations if op.op_type == "constexpr_blockwise_shift_scale"]
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """Every `const` of the saved ML program and every compressed constant (`constexpr_*`)

@@ -100,6 +100,29 @@ class GgufExporter(Exporter):
             weights[tensor.name] = StoredWeight(torch.from_numpy(original), torch.from_numpy(np.ascontiguousarray(stored, np.float32)))
         return StoredScheme("read from the file (gguf-py dequantize)", weights)
 
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every non-F32 tensor of the file, dequantized by gguf-py, beside the layout's float tensor:
+        block-quantized ones against ggml's block format, F16 fallbacks against fp16 rounding."""
+        import gguf
+        import numpy as np
+
+        from ..parity.quantized import QuantizedTensor
+        from ..parity.quantizer import scheme_for
+
+        if precision not in ("q8_0", "q4_0"):
+            return None
+        originals = component.layouts["gguf"].tensors()
+        found = {}
+        for tensor in gguf.GGUFReader(str(files[0])).tensors:
+            if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
+                continue
+            shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml ne -> numpy order
+            stored = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32).reshape(shape)
+            original = np.asarray(originals.get(tensor.name, np.zeros((0,))), np.float32)
+            scheme = None if tensor.tensor_type == gguf.GGMLQuantizationType.F16 else scheme_for(self.name, tensor.tensor_type.name.lower())
+            found[tensor.name] = QuantizedTensor(stored, original, scheme)
+        return found
+
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import gguf
         import numpy as np

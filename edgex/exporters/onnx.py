@@ -142,6 +142,10 @@ class OnnxExporter(Exporter):
             return super().stored_scheme(component, precision, files)
         return read_matmul_nbits(component, files[0])
 
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every MatMulNBits weight, read from the file (`matmul_nbits_quantized`)."""
+        return matmul_nbits_quantized(component, files[0], precision) if precision in NBITS else None
+
 
 SLICED_INPUTS = "edgex.sliced_inputs"  # model metadata: JSON {input name: slices along axis 0}
 
@@ -340,19 +344,15 @@ def _once_per_weight(quantize):
     return once
 
 
-def read_matmul_nbits(component: Component, path: Path):
-    """The StoredScheme of a MatMulNBits file (see `OnnxExporter.stored_scheme`)."""
+def matmul_nbits_weights(model):
+    """(weight initializer name, dequantized [N, K] float32, node attributes) for each MatMulNBits
+    weight of `model`, once per weight: (code - zero point) x block scale, as the op defines it."""
     import numpy as np
     import onnx
-    import torch
     from onnx import numpy_helper
 
-    from ..parity.scheme import BLOCKWISE, ActivationQuant, StoredScheme, StoredWeight
-
-    model = onnx.load(str(path))
     tensors = {i.name: i for i in model.graph.initializer}
-    modules = dict(component.module.named_modules(remove_duplicate=False))  # a layer may be named by its alias
-    weights, activations, notes, seen = {}, {}, [], set()
+    seen = set()
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.input[1] in seen:
             continue
@@ -366,16 +366,52 @@ def read_matmul_nbits(component: Component, path: Path):
         else:
             zero = 2 ** (bits - 1)  # the op's default zero point (symmetric blocks)
         blocks = codes.reshape(n, scales.shape[1], block).astype(np.float32) - zero
-        stored = torch.from_numpy((blocks * scales[..., None]).reshape(n, -1)[:, :k].copy())
-        layer = node.input[1].removeprefix(LINEAR_PREFIX).rsplit("_Q", 1)[0]
-        module = modules.get(layer)
-        if not node.input[1].startswith(LINEAR_PREFIX) or module is None:
-            notes.append(f"MatMulNBits weight {node.input[1]} names no layer of the component")
+        yield node.input[1], (blocks * scales[..., None]).reshape(n, -1)[:, :k].copy(), attrs
+
+
+def _layer_of(weight: str) -> str | None:
+    """The nn.Linear a MatMulNBits weight was made from (`LINEAR_PREFIX` + module path), or None."""
+    return weight.removeprefix(LINEAR_PREFIX).rsplit("_Q", 1)[0] if weight.startswith(LINEAR_PREFIX) else None
+
+
+def read_matmul_nbits(component: Component, path: Path):
+    """The StoredScheme of a MatMulNBits file (see `OnnxExporter.stored_scheme`)."""
+    import onnx
+    import torch
+
+    from ..parity.scheme import BLOCKWISE, ActivationQuant, StoredScheme, StoredWeight
+
+    modules = dict(component.module.named_modules(remove_duplicate=False))  # a layer may be named by its alias
+    weights, activations, notes = {}, {}, []
+    for name, stored, attrs in matmul_nbits_weights(onnx.load(str(path))):
+        layer = _layer_of(name)
+        if layer is None or layer not in modules:
+            notes.append(f"MatMulNBits weight {name} names no layer of the component")
             continue
-        weights[f"{layer}.weight"] = StoredWeight(module.weight.detach(), stored)
+        weights[f"{layer}.weight"] = StoredWeight(modules[layer].weight.detach(), torch.from_numpy(stored))
         if attrs.get("accuracy_level", 0) == ACCURACY_LEVEL:
-            activations[layer] = ActivationQuant(BLOCKWISE, bits=8, block=block)
+            activations[layer] = ActivationQuant(BLOCKWISE, bits=8, block=attrs["block_size"])
     return StoredScheme("read from the file (MatMulNBits weights)", weights, activations, notes)
+
+
+def matmul_nbits_quantized(component: Component, path: Path, precision: str) -> dict:
+    """Every MatMulNBits weight of the file as a `QuantizedTensor` beside its layer's eager weight;
+    a weight that names no layer of the component is compared with nothing (a zero-size original
+    fails it)."""
+    import numpy as np
+    import onnx
+
+    from ..parity.quantized import QuantizedTensor
+    from ..parity.quantizer import scheme_for, with_block
+
+    modules = dict(component.module.named_modules(remove_duplicate=False))
+    scheme = scheme_for("onnx", precision)
+    found = {}
+    for name, stored, attrs in matmul_nbits_weights(onnx.load(str(path))):
+        module = modules.get(_layer_of(name) or "")
+        original = module.weight.detach().float().numpy() if module is not None else np.zeros((0,), np.float32)
+        found[name] = QuantizedTensor(stored, original, with_block(scheme, attrs["block_size"]))
+    return found
 
 
 def _unpack(packed, bits: int):

@@ -338,14 +338,20 @@ class QnnExporter(Exporter):
 
     def scheme_reference(self, component: Component, precision: str, files: list[Path], *,
                          calibration_size: int | None = None, **_target):
-        """QDQ schemes: the QDQ ONNX graph the context binary was compiled from, run on ONNX Runtime
-        CPU, which executes every QuantizeLinear / DequantizeLinear exactly: the HTP's lowering is
-        then all that separates the artifact from it. The graph is made again with the same
-        quantizer config and calibration sets (deterministic) and must have the digest the export
-        recorded in the EPContext model (`QDQ_DIGEST`), so it is the graph that was compiled."""
+        """QDQ schemes: the eager model with the integers, scales and zero points of the QDQ graph the
+        context binary was compiled from, dequantized and swapped in, and each linear layer's input
+        fake-quantized at the scale that graph records (`qdq_scheme`): the graph's
+        numbers, applied by eager PyTorch, never its operators. The graph is made again with the
+        same quantizer config and calibration sets (deterministic) and must have the digest the
+        export recorded in the EPContext model (`QDQ_DIGEST`), so they are the numbers that were
+        compiled; `stored_quantized` checks each against the independent quantizer. The fp32 graph
+        the QDQ graph was made from is scored against eager at the fp32 gate too: a bug in the
+        wrapper or the ONNX export would otherwise be in the QDQ graph's weights and scales alike."""
         import onnx
 
-        from ..parity.graph_reference import GraphReference, graph_digest
+        from ..parity.graph_reference import graph_digest
+        from ..parity.scheme import build, called_modules
+        from .qdq_scheme import qdq_stored_scheme
 
         if precision not in _SCHEMES:
             return super().scheme_reference(component, precision, files)
@@ -356,8 +362,40 @@ class QnnExporter(Exporter):
         if recorded != digest:
             raise RuntimeError(f"the QDQ graph made again (sha256 {digest[:12]}) is not the one the context binary was compiled "
                                f"from ({QDQ_DIGEST} {str(recorded)[:12]})")
-        return GraphReference(component, model, "QDQ ONNX on ONNX Runtime CPU (the graph the context binary was compiled from)",
-                              {"quantization": details})
+        float_graph, _ = _GRAPHS.get(component, "fp16", None)
+        scheme = qdq_stored_scheme(component, model, onnx.load(str(float_graph)), called_modules(component))
+        float_report = _float_graph_parity(component, float_graph)
+        scheme.details = {"graph_sha256": digest, "quantization": details,
+                          "float_graph": {k: float_report[k] for k in ("min_snr_db", "threshold_db", "verdict")}}
+        scheme.failures = [f"the fp32 graph the QDQ graph was made from: {f}" for f in float_report["failures"]]
+        return build(component, scheme)
+
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
+                         **_target):
+        """QDQ schemes. The context binary tiles its weights in the HTP's own layout, so its
+        quantized constants are those of the QDQ graph it was compiled from (made again, its digest
+        checked against the one recorded in the EPContext model, as for the scheme reference),
+        each against the independent quantizer. The `.dlc`: the same constants, each read from the
+        `.dlc` itself where its integers are found byte for byte in `model.params.bin` and its
+        scales (float32) in `model`; a constant not found there fails."""
+        import onnx
+
+        from .qdq_scheme import qdq_tensors
+
+        if precision not in _SCHEMES:
+            return None
+        graph, _ = _GRAPHS.get(component, precision, calibration_size)
+        model = onnx.load(str(graph))
+        if files[0].suffix != ".dlc":
+            from ..parity.graph_reference import graph_digest
+
+            if _metadata(files[0]).get(QDQ_DIGEST) != graph_digest(model):
+                return {"QDQ graph": _mismatch("the QDQ graph made again is not the one the context binary records")}
+        float_graph, _ = _GRAPHS.get(component, "fp16", None)
+        found = qdq_tensors(model, onnx.load(str(float_graph)))
+        if files[0].suffix == ".dlc":
+            found = _in_dlc(files[0], model, found)
+        return found
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                          **_target):
@@ -471,6 +509,49 @@ class QnnExporter(Exporter):
             shutil.move(written[0], dlc)
         dlc_entry = Sidecar([dlc], "qnn-dlc", self.backend, reason=DLC_UNRUN)
         return ExportResult([dest, _context_binary(dest)], "float32", details, sidecars=[dlc_entry])
+
+
+def _float_graph_parity(component: Component, graph: Path) -> dict:
+    """The fp32 ONNX graph run on ONNX Runtime CPU against eager, gated at the fp32 gate."""
+    from ..parity.check import measure
+    from ..parity.gates import DEFAULT_DB
+    from ..parity.runtimes import RUNTIMES
+
+    runtime = RUNTIMES.get("onnxruntime")
+    report = measure(component, runtime.load([graph]), runtime.name, "float32", DEFAULT_DB["fp32"])
+    return {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "verdict": report.verdict,
+            "failures": report.failures}
+
+
+def _mismatch(why: str):
+    import numpy as np
+
+    from ..parity.quantized import QuantizedTensor
+
+    return QuantizedTensor(np.zeros((1,), np.float32), np.zeros((0,), np.float32), None, source=why)
+
+
+def _in_dlc(path: Path, model, tensors: dict) -> dict:
+    """`tensors` (the QDQ graph's) as the `.dlc` stores them: each constant's integers must be in
+    `model.params.bin` (as stored or in QAIRT's layouts) and its scale values, as float32, in the
+    graph member `model`; then the graph's dequantized values stand for the `.dlc`'s. A constant
+    missing from either fails (compared with an empty tensor)."""
+    import numpy as np
+
+    from .qdq_scheme import dequantized_constants
+
+    members = dlc_members(path)
+    data, graph = members["model.params.bin"], members["model"]
+    qdq = dequantized_constants(model)
+    for name, tensor in tensors.items():
+        _, q, scale, _zero, _axis = qdq[name]
+        layouts = [q, *(q.transpose(p) for p in _QAIRT_LAYOUTS.get(q.ndim, ()))]
+        codes = q.size < 2 or any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
+        scales = graph.find(np.ascontiguousarray(scale, np.float32).tobytes()) >= 0
+        if not (codes and scales):
+            what = " and ".join(w for w, ok in (("integers", codes), ("scales", scales)) if not ok)
+            tensors[name] = _mismatch(f"{what} not found in the .dlc")
+    return tensors
 
 
 _FOLDED = ("unverified: read only by nodes whose inputs are all constants, which QAIRT folds into new constants when "

@@ -89,12 +89,17 @@ class StoredScheme:
 
     `source` says where the weights came from: read back from the file, or the exporter's scheme
     re-applied in PyTorch (when the format's weights cannot be read), in words for the manifest.
-    `activations` maps a module name under `component.module` to the fake quantization of its input."""
+    `activations` maps a module name under `component.module` to the fake quantization of its input;
+    a list gives one per call of the module, in call order (a layer an unrolled graph calls several times, each call with its
+    own recorded scale). `failures`: checks the reference itself failed while it was made (the float
+    graph a QDQ graph was made from, scored against eager), which fail the artifact."""
 
     source: str
     weights: dict[str, StoredWeight]
-    activations: dict[str, ActivationQuant] = field(default_factory=dict)
+    activations: dict[str, ActivationQuant | list[ActivationQuant]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what the reference does not model
+    failures: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)  # for the manifest (e.g. the float graph's figures)
 
 
 class Reference(Protocol):
@@ -141,7 +146,7 @@ class SchemeReference:
             for param, data in self.swaps:
                 param.data = data
             for name, quant in self.scheme.activations.items():
-                hooks.append(modules[name].register_forward_pre_hook(_input_hook(quant)))
+                hooks.append(modules[name].register_forward_pre_hook(_input_hook(_per_call(quant))))
             yield
         finally:
             for hook in hooks:
@@ -150,8 +155,13 @@ class SchemeReference:
                 param.data = data
 
     def to_json(self) -> dict:
-        return {"source": self.scheme.source, "notes": self.scheme.notes, "coverage": self.coverage,
-                "activations": {n: q.to_json() for n, q in sorted(self.scheme.activations.items())}}
+        out = {"source": self.scheme.source, "notes": self.scheme.notes, "coverage": self.coverage,
+               "activations": {n: _quant_json(q) for n, q in sorted(self.scheme.activations.items())}}
+        return out | self.scheme.details
+
+    @property
+    def failures(self) -> list[str]:
+        return self.scheme.failures
 
 
 def called_modules(component: Component, kind: type[nn.Module] = nn.Linear) -> set[str]:
@@ -190,11 +200,24 @@ def rounded_to_fp16(component: Component) -> StoredScheme:
     return StoredScheme("weights rounded to fp16 in PyTorch", weights)
 
 
-def _input_hook(quant: ActivationQuant):
+def _quant_json(quant) -> dict | list:
+    return [q.to_json() for q in quant] if isinstance(quant, list) else quant.to_json()
+
+
+def _per_call(quant):
+    """A callable applying the quantizer of each call in turn (one quantizer: every call)."""
+    if not isinstance(quant, list):
+        return quant
+    calls = iter(range(1 << 62))
+    return lambda x: quant[next(calls) % len(quant)](x)
+
+
+def _input_hook(quant):
     def hook(_module, args):
         return (quant(args[0]), *args[1:])
 
     return hook
+
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -343,6 +366,7 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
         report.waived = [f for f in policy if f not in kept]
         report.failures = [f for f in report.failures if f not in report.waived]
         figures = {"lowering": figures["lowering"]}
+    report.failures += [f"reference: {f}" for f in getattr(reference, "failures", [])]
     report.verdict = "fail" if report.failures else "pass"
     report.gate = deciding_gate(figures)
     report.seconds += scheme.seconds

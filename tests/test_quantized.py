@@ -1,0 +1,190 @@
+"""Stored quantized tensors against an independent quantizer (edgex.parity.quantizer / .quantized),
+and QNN's scheme reference made from the QDQ graph's numbers in eager PyTorch, never its operators."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from conftest import run_cli
+from edgex.parity.metrics import snr_db
+from edgex.parity.quantizer import QDQ_SCHEMES, SCHEMES, fake_quantize
+
+_W = (np.random.default_rng(0).standard_normal((96, 128)) * 0.05).astype(np.float32)
+
+
+def _tool_dequantized(key):
+    """What each format's own tool stores for `_W`, dequantized (the libraries the exporters use)."""
+    exporter, precision = key
+    if exporter == "gguf":
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType[precision.upper()]
+        return gguf.quants.dequantize(gguf.quants.quantize(_W, qtype), qtype).reshape(_W.shape)
+    if exporter == "executorch":
+        import torch
+        from torchao.quantization import quantize_
+        from torchao.quantization.granularity import PerAxis, PerGroup
+        from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+        granularity = PerAxis(0) if precision == "8da8w" else PerGroup(32)
+        layer = torch.nn.Sequential(torch.nn.Linear(128, 96, bias=False))
+        layer[0].weight.data = torch.from_numpy(_W.copy())
+        quantize_(layer, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8 if precision == "8da8w" else torch.int4,
+                                                               weight_granularity=granularity))
+        return layer[0].weight.dequantize().float().numpy()
+    if exporter == "coreml":
+        from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
+        from coremltools.optimize._utils import compute_qparams
+
+        bits, blocks = (8, [1, 0]) if precision == "w8" else (4, [1, 32])
+        q, scale, _ = compute_qparams(_W.astype(np.float16), bits, True, "LINEAR_SYMMETRIC", None, blocks)
+        return compression.constexpr_blockwise_shift_scale.decompress(q, scale, None).astype(np.float32)
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType, quantize_nparray
+
+    qtype, symmetric = {"uint8": (TensorProto.UINT8, False), "int4": (TensorProto.INT4, False), "int8": (TensorProto.INT8, True)}[precision]
+    qmin, qmax = get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
+    rows = []
+    for row in _W:
+        zero, scale = compute_scale_zp(np.array(row.min()), np.array(row.max()), qmin, qmax, symmetric)
+        rows.append((quantize_nparray(qtype, row, scale, zero).astype(np.float32) - float(zero)) * scale)
+    return np.array(rows, np.float32)
+
+
+@pytest.mark.parametrize("key", [k for k in SCHEMES if k[0] in ("gguf", "executorch", "coreml")] + [("qdq", t) for t in QDQ_SCHEMES])
+def test_the_independent_quantizer_reproduces_each_formats_codes(key):
+    """Written from the formats' definitions, it reproduces their own tools' codes exactly on a
+    Gaussian weight (the agreement `parity.quantized` gates at 60 dB); its own SNR is recorded."""
+    scheme = QDQ_SCHEMES[key[1]] if key[0] == "qdq" else SCHEMES[key]
+    ours = fake_quantize(_W, scheme)
+    assert np.array_equal(ours, _tool_dequantized(key)), key
+    assert snr_db(_W, ours) > (38 if scheme.bits == 8 else 17)
+
+
+@pytest.fixture(scope="module")
+def onnx_8da4w(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quantized")
+    proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "--target", "cpu", "-c", "talker_decode", "-f", "onnx",
+                   "-p", "8da4w", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / "qwen3-tts" / "cpu"
+
+
+def test_8da4w_onnx_with_doubled_down_projection_scales_fails_verify_naming_the_tensor(onnx_8da4w, tmp_path):
+    """The run alone passes such a file (its scheme reference is read from the same file: 15.1 dB
+    against the 5 dB gate); the stored-tensor check fails it at export and in `edgex verify`."""
+    import shutil
+
+    from edgex.artifacts.files import file_records
+
+    manifest = json.loads((onnx_8da4w / "manifest.json").read_text())
+    (entry,) = manifest["artifacts"]
+    assert entry["verdict"] == "pass" and entry["quantized_parity"]["verdict"] == "pass"
+    assert entry["quantized_parity"]["tensors_checked"] == 15 and entry["quantized_parity"]["min_agreement_db"] > 100
+    broken = tmp_path / "cpu"
+    shutil.copytree(onnx_8da4w, broken)
+    path = broken / "talker_decode.8da4w.onnx"
+    model = onnx.load(str(path))
+    scales = next(i for i in model.graph.initializer if i.name == "edgex.linear.model.layers.0.mlp.down_proj_scales")
+    scales.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scales) * 2, scales.name))
+    (broken / (path.name + ".data")).unlink()
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data")
+    manifest["artifacts"][0]["files"] = [r for p in (path, broken / (path.name + ".data")) for r in file_records(p, broken)]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("verify", str(broken), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (row,) = json.loads(proc.stdout)["artifacts"]
+    assert row["files"] == "ok" and row["min_snr_db"] >= row["threshold_db"]  # the run alone passes it
+    assert "edgex.linear.model.layers.0.mlp.down_proj_Q4" in row["problem"] and row["verdict"] == "fail"
+
+
+@pytest.fixture(scope="module")
+def talker_decode():
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    (component,) = recipe.components(recipe.load("tiny", None, 0), ["talker_decode"])
+    return component
+
+
+def test_gguf_tensor_with_zero_points_off_or_a_head_zeroed_fails(talker_decode, tmp_path):
+    """GGUF q4_0 written faithfully agrees with the independent ggml quantizer (78.8 dB, float rounding); one head of
+    q_proj zeroed in the written file, or one tensor's codes all off by one step, fails it."""
+    import gguf
+
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.quantized import quantized_parity
+
+    exporter = EXPORTERS.get("gguf")
+    files = exporter.export(talker_decode, "q4_0", tmp_path / "t.q4_0.gguf").files
+    good = quantized_parity(exporter, talker_decode, files, "q4_0")
+    assert good["verdict"] == "pass" and good["min_agreement_db"] > 70
+    reader = gguf.GGUFReader(str(files[0]), "r+")
+    tensors = {t.name: t for t in reader.tensors}
+    q = next(t for n, t in tensors.items() if n.endswith("attn_q.weight") and t.tensor_type.name == "Q4_0")
+    q.data[: q.data.shape[0] // 8] = 0  # the first eighth of the rows: at least one head
+    k = next(t for n, t in tensors.items() if n.endswith("attn_k.weight") and t.tensor_type.name == "Q4_0")
+    codes = k.data.reshape(-1, 18)[:, 2:]  # ggml block: fp16 scale, 16 bytes of nibbles
+    codes[:] = (codes & 0xF0) | np.minimum((codes & 0x0F) + 1, 15)  # low nibbles one step up
+    reader.data.flush()
+    del reader
+    bad = quantized_parity(exporter, talker_decode, files, "q4_0")
+    failed = {f.split(":")[0] for f in bad["failures"]}
+    assert bad["verdict"] == "fail" and failed == {q.name, k.name}, bad["failures"]
+
+
+def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(talker_decode, tmp_path, monkeypatch):
+    """The QDQ scheme reference runs eager PyTorch with the graph's weights and scales (never the
+    graph); the fp32 graph it was made from scores against eager at the fp32 gate. A bug planted in
+    the ONNX export path (v_proj's result added twice, as a bias added twice would be) is in the QDQ
+    graph and the binary alike, so a QDQ graph reference would cancel it; here the fp32 graph's
+    figure fails it, and so does the lowering against eager."""
+    import edgex.exporters.qnn as qnn
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.quantized import quantized_parity
+    from edgex.targets import get_target
+
+    exporter, options = EXPORTERS.get("qnn"), get_target("s25-htp").exporter_options["qnn"]
+
+    def export(name):
+        result = exporter.export(talker_decode, "w8a16", tmp_path / name / "talker_decode.w8a16.qnn.onnx", **options)
+        report = run_parity(talker_decode, exporter, result.files, result.io_float_dtype, "w8a16", None, None, options)
+        return result, report
+
+    (tmp_path / "good").mkdir()
+    good_result, good = export("good")
+    assert good.verdict == "pass", good.failures
+    assert good.scheme["source"].startswith("eager model with the QDQ graph's weights") and "graph_sha256" in good.scheme
+    assert good.scheme["float_graph"]["verdict"] == "pass" and good.scheme["float_graph"]["min_snr_db"] > 100
+    for files in (good_result.files, good_result.sidecars[0].files):
+        block = quantized_parity(exporter, talker_decode, files, "w8a16")
+        assert block["verdict"] == "pass" and block["tensors_checked"] >= 15, block["failures"]
+
+    graph = qnn.OnnxExporter.graph
+
+    def twice(self, component, precision, dest, for_onnxruntime=False):  # one linear's result added twice
+        result = graph(self, component, precision, dest, for_onnxruntime)
+        model = onnx.load(str(dest))
+        node = next(n for n in model.graph.node if n.op_type == "MatMul" and "v_proj" in str(n.metadata_props))
+        extra = onnx.helper.make_node("Add", [node.output[0] + "_once"] * 2, [node.output[0]], name=node.name + "_twice")
+        node.output[0] += "_once"
+        model.graph.node.insert(list(model.graph.node).index(node) + 1, extra)
+        onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
+        return result
+
+    qnn._GRAPHS.clear()
+    monkeypatch.setattr(qnn.OnnxExporter, "graph", twice)
+    (tmp_path / "bad").mkdir()
+    try:
+        _, bad = export("bad")
+    finally:
+        qnn._GRAPHS.clear()
+    assert bad.verdict == "fail" and bad.lowering["verdict"] == "fail", bad.lowering["min_snr_db"]
+    assert bad.scheme["float_graph"]["verdict"] == "fail"
+    assert any(f.startswith("reference: the fp32 graph") for f in bad.failures)
