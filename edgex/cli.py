@@ -88,7 +88,8 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
     --allow-unverified was not given); unverified artifacts are named with their reason either way."""
     if unverified:
         colour = "red" if status == "incomplete" else "yellow"
-        hint = ": not a pass (--allow-unverified accepts them)" if status == "incomplete" else " (allowed)"
+        hint = (": not a pass (--allow-unverified KIND accepts a kind, where each job has a file that ran and passed)"
+                if status == "incomplete" else " (their kinds accepted)")
         err.print(f"[{colour}]edgex:[/{colour}] {len(unverified)} artifact(s) unverified{hint}: {escape('; '.join(unverified))}",
                   highlight=False, soft_wrap=True)
     if status == "fail":
@@ -98,6 +99,8 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
         raise typer.Exit(3)
 
 
+_ALLOW_HELP = ("accept unverified entries of these kinds (exit 0, not 3, where every job has a file that ran and passed): "
+               "sidecar (a QNN .dlc), or a format, e.g. qnn-dlc, mlpackage; repeat or comma-separate")
 _VERBOSE_HELP = "show the toolchains' own logs (native and Python) instead of edgex's lines only"
 
 
@@ -134,7 +137,7 @@ def export(
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
     hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
-    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (jobs, formats, precisions, artifact paths) and build nothing"),
     force: bool = typer.Option(False, "--force", help="export even when the output folder holds an unchanged export of the same inputs"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
@@ -151,6 +154,7 @@ def export(
     from .parity.gates import parse_overrides
     from .plan import make_plan
     from .recipes.base import parse_settings
+    from .status import check_unverified_kinds
 
     set_verbose(verbose or is_verbose())
     hub_settings = None
@@ -161,6 +165,7 @@ def export(
     try:
         overrides = parse_overrides(min_db)
         recipe_settings = parse_settings(settings)
+        allow_unverified = check_unverified_kinds(_split(allow_unverified))
         from .plan import read_placements
 
         selection = dict(preset=preset, checkpoint=checkpoint, components=_split(component), formats=_split(fmt),
@@ -265,6 +270,7 @@ def sweep(
     out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
     threads: int = typer.Option(2, help="threads for the latency runs"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
 ):
     """Export MODEL for TARGET over precisions and calibration sizes (reusing cached artifacts), gate
@@ -274,7 +280,10 @@ def sweep(
     from .recipes.base import parse_settings
 
     try:
+        from .status import check_unverified_kinds
         from .sweep.plan import sweep_jobs
+
+        allowed = tuple(check_unverified_kinds(_split(allow_unverified)))
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
@@ -287,7 +296,8 @@ def sweep(
             from .sweep.run import run_sweep
 
             lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
-            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False))
+            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False),
+                             allow_unverified=allowed)
             summary = write(out_dir, model, target, data, plot)
     except EdgexError as exc:
         _fail(exc)
@@ -369,7 +379,7 @@ def verify(
     directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
-    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
@@ -379,7 +389,7 @@ def verify(
             quiet_libraries()
             from .verify import verify_directory
 
-            report = verify_directory(directory, threads=threads, allow_unverified=allow_unverified)
+            report = verify_directory(directory, threads=threads, allow_unverified=_split(allow_unverified))
     except EdgexError as exc:
         _fail(exc)
     if as_json:

@@ -5,7 +5,7 @@ seed, or checkpoint path), its components re-derived, and every artifact run aga
 The gate is recomputed from this code and the user's overrides recorded in the manifest
 (`gate_overrides`), never read back from the manifest's figures (which no hash covers); a gate that
 differs from the recorded one is reported. Status and exit codes follow `edgex export`: an artifact
-nothing here can run makes the status "incomplete" unless unverified artifacts are allowed. Formats whose files store weights no run reads (a
+nothing here can run makes the status "incomplete" unless its kind is accepted (`edgex.status`). Formats whose files store weights no run reads (a
 GGUF's token embedding table) get their stored tensors re-read and scored again too, so a corrupted
 weight fails here even where the hashes were rewritten to match. A sidecar entry (a QNN `.dlc`) is
 re-run in its own runtime, or stays unverified with its reason where nothing here runs it.
@@ -23,7 +23,7 @@ from .export import MANIFEST, combined_verdict, parity_in
 from .exporters import EXPORTERS
 from .parity.tensors import tensor_parity
 from .recipes import RECIPES
-from .status import status
+from .status import check_unverified_kinds, status
 
 
 def find_manifest(directory: Path) -> Path:
@@ -66,7 +66,8 @@ def _file_problems(entry: dict, root: Path) -> list[str]:
     return problems
 
 
-def verify_directory(directory: Path, threads: int | None = None, allow_unverified: bool = False) -> dict:
+def verify_directory(directory: Path, threads: int | None = None, allow_unverified: list[str] | None = None) -> dict:
+    allow_unverified = check_unverified_kinds(allow_unverified)
     path = find_manifest(directory)
     manifest = load_manifest(path)
     root = path.parent
@@ -79,7 +80,9 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
     overrides = manifest.get("gate_overrides") or {}
     rows = []
     for entry, problems, rerun in checks:
-        row = {k: entry.get(k) for k in ("component", "format", "precision")}
+        row = {k: entry.get(k) for k in ("component", "format", "exporter", "precision")}
+        if "sidecar_of" in entry:
+            row["sidecar_of"] = entry["sidecar_of"]
         row["files"] = "ok" if not problems else "BAD"
         if rerun:
             row.update(_rerun(entry, components[entry["component"]], [root / r["path"] for r in entry["files"]], overrides, threads,
@@ -91,7 +94,7 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
         row["problem"] = "; ".join(problems)
         rows.append(row)
     bad = sum(1 for r in rows if r["verdict"] == "fail")
-    return strict_json({"manifest": str(path), "status": status((r["verdict"] for r in rows), allow_unverified), "problem_count": bad,
+    return strict_json({"manifest": str(path), "status": status(rows, allow_unverified), "problem_count": bad,
                         "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows})
 
 

@@ -92,7 +92,7 @@ def test_refusals_are_one_line(tmp_path, args, message):
 
 def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
     proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified")  # the .dlc sidecars cannot run here
+                   "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _artifacts(proc)
     fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
@@ -227,7 +227,7 @@ def test_a_qnn_job_makes_the_graph_it_compiles_once_in_its_own_process(tmp_path,
 
     monkeypatch.setattr(qnn.OnnxExporter, "graph", recording)
     manifest = export_model("qwen3-tts", "s25-htp", tmp_path / "out", preset="tiny", components=["talker_decode"],
-                            precisions=["fp16", "w8a16"], calibration_size=2, allow_unverified=True)
+                            precisions=["fp16", "w8a16"], calibration_size=2, allow_unverified=["sidecar"])
     entries = [a for a in manifest["artifacts"] if "sidecar_of" not in a]
     assert [a["parity"]["method"] for a in entries] == ["simulated", "simulated"]  # each job ran its binary
     made = log.read_text().splitlines()

@@ -84,7 +84,7 @@ def test_calibration_sizes_are_points_of_the_calibrated_schemes_only():
         ("fp16", None, "qwen3-tts-cal8"), ("w8a16", 8, "qwen3-tts-cal8"), ("w8a16", 16, "qwen3-tts-cal16")]
     cache = Cache.__new__(Cache)
     cache.environment = {}
-    keys = {Cache.key(cache.key_inputs(j, None)) for j in jobs}
+    keys = {Cache.key(cache.key_inputs(j, {"preset": j.preset})) for j in jobs}
     assert len(keys) == 3, "the calibration size is part of the artifact's cache key"
 
 

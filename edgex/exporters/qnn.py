@@ -324,6 +324,7 @@ def _located(data: bytes, raw) -> "np.ndarray | None":
 class QnnExporter(Exporter):
     name = "qnn"
     format = "qnn-context"
+    sidecar_formats = ("qnn-dlc",)
     backend = "qnn-htp"
     extension = ".qnn.onnx"
     runtime = "qnn-htp"

@@ -19,9 +19,10 @@ LATENCY_RUNS = 5
 
 
 def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, allow_unverified: tuple[str, ...] = ()) -> dict:
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
-    and `edgex pipeline` read), and return the build data plus one row per artifact."""
+    and `edgex pipeline` read), and return the build data plus one row per artifact. The published
+    status follows `edgex.status` with the kinds accepted by name (`allow_unverified`), as a build's."""
     progress = progress or (lambda _m: None)
     started = time.perf_counter()
     with output_lock(out) as out:
@@ -29,7 +30,7 @@ def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, th
         cache.sweep()
         sweep_staging(out)
         outcomes = run_jobs(jobs, cache, progress)
-        build = {"file": None, "jobs": len(jobs), "allow_unverified": True, "shard": None, "cache": str(cache.root)}
+        build = {"file": None, "jobs": len(jobs), "allow_unverified": list(allow_unverified), "shard": None, "cache": str(cache.root)}
         data = publish(out, outcomes, build, started)
     progress("timing the artifacts this machine runs")
     data["rows"] = [_row(a, out, threads) for a in data["artifacts"] if "sidecar_of" not in a]

@@ -32,4 +32,5 @@ FACTS = RecipeFacts(
     description="Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)",
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
+    reference_packages=("transformers", "qwen-tts", "safetensors"),
 )
