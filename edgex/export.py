@@ -18,6 +18,7 @@ from . import __version__
 from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
+from .artifacts.keys import tree_sha256
 from .artifacts.reuse import export_key, unchanged
 from .component import Component
 from .errors import EdgexError
@@ -354,9 +355,14 @@ def export_model(
             return manifest
 
     started = time.perf_counter()
+    # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
+    # and refuse a folder whose content is no longer this
+    checkpoint_sha256 = (key["inputs"].get("checkpoint_sha256") if key else tree_sha256(checkpoint)) if checkpoint else None
     progress("loading model", None)
     recipe = RECIPES.get(model)
     loaded = recipe.load(preset, checkpoint, seed, options)
+    if checkpoint_sha256:
+        loaded.source = {**loaded.source, "checkpoint_sha256": checkpoint_sha256}
     names = list(dict.fromkeys(j.component for j in plan_jobs))
     parallel = jobs > 1 and len(plan_jobs) > 1
 

@@ -33,7 +33,7 @@ from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
 from .recipes import RECIPES
 from .targets import get_target, parse_placement
-from .verify import find_manifest, load_manifest
+from .verify import check_checkpoint, find_manifest, load_manifest
 
 REPORT = "pipeline.json"
 
@@ -156,6 +156,7 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     for other, m in manifests[1:]:
         if (m["model"], m["source"], m.get("settings") or {}) != (manifest["model"], manifest["source"], manifest.get("settings") or {}):
             raise EdgexError(f"{other} holds artifacts of another model, weights or --set options than {path.parent}")
+    check_checkpoint(manifest["source"])
     recipe = RECIPES.get(manifest["model"])
     names = list(recipe.in_situ_components)  # a tuple inside: alternative components for one stage
     if not names:

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from .artifacts.files import sha256, strict_json
+from .artifacts.keys import tree_sha256
 from .errors import EdgexError
 from .export import MANIFEST, combined_verdict, parity_in
 from .exporters import EXPORTERS
@@ -49,6 +50,21 @@ def load_manifest(path: Path) -> dict:
         if key not in manifest:
             raise EdgexError(f"manifest {path} has no {key!r}: not an edgex manifest")
     return manifest
+
+
+def check_checkpoint(source: dict) -> None:
+    """Refuse to rebuild from a checkpoint folder whose content is not the one exported (its
+    sha256, as the manifest records it): figures against other weights would verify nothing."""
+    recorded = source.get("checkpoint_sha256")
+    if "checkpoint" not in source or not recorded:
+        return
+    try:
+        now = tree_sha256(Path(source["checkpoint"]))
+    except OSError as exc:
+        raise EdgexError(f"cannot read checkpoint {source['checkpoint']}: {exc.strerror or exc}") from None
+    if now != recorded:
+        raise EdgexError(f"checkpoint {source['checkpoint']} is not the one exported (content sha256 {now[:12]}, the manifest "
+                         f"records {recorded[:12]}): restore it, or export again from this checkpoint")
 
 
 def _file_problems(entry: dict, root: Path) -> list[str]:
@@ -154,6 +170,7 @@ def _components(manifest: dict, names: list[str]) -> dict:
     go (they share the recipe's eager samples: one component at a time regenerated them each time)."""
     recipe = RECIPES.get(manifest["model"])
     source = manifest["source"]
+    check_checkpoint(source)
     checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
     options = recipe.parse_options(manifest.get("settings"))
     loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)

@@ -227,3 +227,17 @@ def test_allow_unverified_names_kinds_and_a_job_with_nothing_run_is_never_a_pass
             load_plan(file)
     ci = Path(__file__).resolve().parent.parent / "builds" / "ci.toml"
     assert load_plan(ci).allow_unverified == ("sidecar",)
+
+
+def test_an_unknown_min_db_key_is_an_error_when_the_plan_is_read_and_reproducibility_is_labelled_declared(tmp_path):
+    """A job whose artifact is cached never calls the export, so the build file's gate keys are checked
+    where the plan is read, warm cache or cold; `build.reproducible` says it is the format's declared row."""
+    from edgex.build.reproducible import reproducibility
+
+    file = tmp_path / "gates.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nmin_db = { talkr = 30 }\n')
+    with pytest.raises(EdgexError, match="entry 1: --min-db talkr=...: 'talkr' is no role"):
+        load_plan(file)
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nmin_db = { talker = 30 }\n')
+    assert load_plan(file).jobs[0].gate_db == 30.0
+    assert "not measured for this artifact" in reproducibility("onnx")["basis"]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import EdgexError
-from ..parity.gates import threshold_db
+from ..parity.gates import check_overrides, threshold_db
 from ..plan import Job, placement_overrides, plan
 from ..recipes import RECIPES
 from ..status import check_unverified_kinds, unverified_kinds
@@ -205,6 +205,7 @@ def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) 
     seed = _int(entry.get("seed", defaults.get("seed", 0)), "seed", where)
     threads = _int(entry.get("threads", defaults.get("threads")), "threads", where)
     min_db = _gates(entry.get("min_db"), where)
+    check_overrides(min_db, set(recipe.components.values()))  # here, not at export: a cached job never exports
     placements = _strings(entry.get("placements", []), "placements", where)
     components = _strings(entry["components"], "components", where) if "components" in entry else None
     formats = _strings(entry["formats"], "formats", where) if "formats" in entry else None
