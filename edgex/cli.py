@@ -269,13 +269,18 @@ def sweep(
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE"),
     out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
-    threads: int = typer.Option(2, help="threads for the latency runs"),
+    threads: int = typer.Option(2, help="threads for the latency and in-situ runs"),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
+    in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
+    frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
 ):
     """Export MODEL for TARGET over precisions and calibration sizes (reusing cached artifacts), gate
-    each point as export does, and write a table, JSON, CSV, a plot and the recommended placement.
-    Exit 0 when every component has a passing point, 1 when one has none, 2 on bad input."""
+    each point as export does, and write a table, JSON, CSV, a plot and the recommended placement:
+    per component the best passing point by latency where measured, else bytes, the pipeline's stages
+    checked in situ as a whole placement (at most --in-situ N tried, in objective order).
+    Exit 0 when every component has a recommended point, 1 when one has none (nothing passed, or no
+    placement tried passed in situ), 2 on bad input."""
     from .parity.gates import parse_overrides
     from .recipes.base import parse_settings
 
@@ -291,14 +296,19 @@ def sweep(
         err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
         with native_output_quiet() as stderr:
             quiet_libraries()
+            from .recipes import RECIPES
             from .sweep.plot import plot
-            from .sweep.report import write
-            from .sweep.run import run_sweep
+            from .sweep.recommend import recommend
+            from .sweep.report import placement_line, write
+            from .sweep.run import in_situ_runner, run_sweep
 
             lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
             data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False),
                              allow_unverified=allowed)
-            summary = write(out_dir, model, target, data, plot)
+            runner = in_situ_runner(data["rows"], out_dir, frames, threads, lambda m: lines.print(m, highlight=False))
+            chosen = recommend(data["rows"], RECIPES.get(model).in_situ_components, placement_line, runner if in_situ else None,
+                               in_situ)
+            summary = write(out_dir, model, target, data, plot, chosen)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -306,7 +316,10 @@ def sweep(
     else:
         out.print((out_dir / "sweep.md").read_text(), highlight=False, markup=False)
         for component, line in summary["recommendation"].items():
-            out.print(f"recommended {component}: {line or 'nothing passed'}", highlight=False)
+            out.print(f"recommended {component}: {line or 'nothing'} ({summary['objective'][component]})", highlight=False)
+        situ = summary["in_situ"]
+        out.print(f"in situ: {situ['verdict']}" + (f" ({situ['reason']})" if situ.get("reason") else
+                                                    f", {len(situ['tried'])} of at most {situ['bound']} placement(s) tried"), highlight=False)
         out.print(f"{len(summary['rows'])} point(s), {summary['reused']} reused; files: "
                   + ", ".join(summary["files"].values()), highlight=False)
     if any(line is None for line in summary["recommendation"].values()):

@@ -44,7 +44,7 @@ def _row(artifact: dict, out: Path, threads: int) -> dict:
     calibration = options.get("calibration_size") or (artifact.get("details") or {}).get("calibration_sets")
     files = [out / artifact["folder"] / f["path"] for f in artifact.get("files", [])]
     row = {
-        "component": artifact["component"], "role": artifact["role"], "format": artifact["format"],
+        "component": artifact["component"], "role": artifact["role"], "format": artifact["format"], "folder": artifact["folder"],
         "exporter": artifact["exporter"], "precision": artifact["precision"], "calibration": calibration,
         "min_snr_db": parity.get("min_snr_db"), "gate_db": parity.get("threshold_db"),
         "scheme_db": split["scheme"].get("min_snr_db"), "scheme_gate_db": split["scheme"].get("threshold_db"),
@@ -85,3 +85,18 @@ def _latency(artifact: dict, files: list[Path], threads: int) -> dict:
         session.run(inputs)
         times.append((time.perf_counter() - start) * 1000)
     return {"latency_ms": round(statistics.median(times), 3), "latency_note": f"{runtime.name}, {threads} threads, median of {LATENCY_RUNS}"}
+
+
+def in_situ_runner(rows: list[dict], out: Path, frames: int | None, threads: int, progress: Callable[[str], None] | None = None):
+    """`run(placement lines) -> pipeline report`: `edgex pipeline` over the sweep's published folders
+    (every calibration size's), the stages picked by the placement (`edgex.in_situ.run_pipeline`)."""
+    from ..in_situ import run_pipeline
+
+    progress = progress or (lambda _m: None)
+    folders = [Path(out) / folder for folder in dict.fromkeys(r["folder"] for r in rows)]
+
+    def run(placement: list[str]) -> dict:
+        progress(f"in situ: {' '.join(placement)}")
+        return run_pipeline(folders, placement, frames, threads)
+
+    return run
