@@ -9,6 +9,7 @@ import gc
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from functools import partial
@@ -78,7 +79,8 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         entry["tensor_parity"] = tensors
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
     scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
-    entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
+    device = _OnDevice(hub, dict(job.placement).get("compute_unit"), scheme) if hub is not None else None
+    entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, device, stage,
                                scheme)]
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
@@ -89,7 +91,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         if side_tensors is not None:
             side["tensor_parity"] = side_tensors
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
-                                       overrides, threads, hub, stage))
+                                       overrides, threads, device, stage))
     return entries
 
 
@@ -126,19 +128,38 @@ def _computing(component: Component, fn, *args):
     return fn(*args), component.added_since(before)
 
 
-def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
-                    scheme_reference=None) -> dict:
+@dataclass(frozen=True)
+class _OnDevice:
+    """What a job's entries need to run on the AI Hub device: the connection, the compute unit its
+    placement names, and the job's scheme reference (a sidecar is compiled from the same graph, so
+    its device run is split against the same scheme)."""
+
+    connection: object
+    compute_unit: str | None
+    scheme_reference: Callable | None
+
+
+def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, device: _OnDevice | None,
+                    stage: Path, scheme_reference=None) -> dict:
     """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
-    device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
+    device with `device`, its verdict, and its files moved into their folder of the staged layout."""
     entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
                                 scheme_reference).to_json()
-    if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
-        entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
+    if device is not None:  # after local parity, under the same gates: the artifact runs on the AI Hub device
+        entry["device_parity"] = device_parity(device.connection, component, files, entry["io_float_dtype"], entry["parity"], stage,
+                                               device.compute_unit, device.scheme_reference, _lowering_gate(precision, overrides))
     verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity")))
     placed = move_into_place(files, _folder(stage, verdict))
     entry["files"] = [record for p in placed for record in file_records(p, stage)]
     entry["verdict"] = verdict
     return entry
+
+
+def _lowering_gate(precision: str, overrides) -> float | None:
+    try:
+        return lowering_db(precision, overrides)
+    except EdgexError:  # fp32: no scheme reference to lower against
+        return None
 
 
 def combined_verdict(local: str, tensors: str | None = None, device: str | None = None) -> str:
