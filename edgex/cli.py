@@ -109,7 +109,8 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
     --allow-unverified was not given); unverified artifacts are named with their reason either way."""
     if unverified:
         colour = "red" if status == "incomplete" else "yellow"
-        hint = ": not a pass (--allow-unverified accepts them)" if status == "incomplete" else " (allowed)"
+        hint = (": not a pass (--allow-unverified KIND accepts a kind, where each job has a file that ran and passed)"
+                if status == "incomplete" else " (their kinds accepted)")
         err.print(f"[{colour}]edgex:[/{colour}] {len(unverified)} artifact(s) unverified{hint}: {escape('; '.join(unverified))}",
                   highlight=False, soft_wrap=True)
     if status == "fail":
@@ -119,6 +120,8 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
         raise typer.Exit(3)
 
 
+_ALLOW_HELP = ("accept unverified entries of these kinds (exit 0, not 3, where every job has a file that ran and passed): "
+               "sidecar (a QNN .dlc), or a format, e.g. qnn-dlc, mlpackage; repeat or comma-separate")
 _VERBOSE_HELP = "show the toolchains' own logs (native and Python) instead of edgex's lines only"
 
 
@@ -155,7 +158,7 @@ def export(
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),
     hub_timeout: float = typer.Option(3600.0, "--hub-timeout", help="seconds to wait for each AI Hub job"),
-    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (jobs, formats, precisions, artifact paths) and build nothing"),
     force: bool = typer.Option(False, "--force", help="export even when the output folder holds an unchanged export of the same inputs"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
@@ -172,6 +175,7 @@ def export(
     from .parity.gates import parse_overrides
     from .plan import coarse_warning, make_plan
     from .recipes.base import parse_settings
+    from .status import check_unverified_kinds
 
     set_verbose(verbose or is_verbose())
     hub_settings = None
@@ -182,6 +186,7 @@ def export(
     try:
         overrides = parse_overrides(min_db)
         recipe_settings = parse_settings(settings)
+        allow_unverified = check_unverified_kinds(_split(allow_unverified))
         from .plan import read_placements
 
         selection = dict(preset=preset, checkpoint=checkpoint, components=_split(component), formats=_split(fmt),
@@ -290,17 +295,26 @@ def sweep(
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE"),
     out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
-    threads: int = typer.Option(2, help="threads for the latency runs"),
+    threads: int = typer.Option(2, help="threads for the latency and in-situ runs"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
+    in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
+    frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
 ):
     """Export MODEL for TARGET over precisions and calibration sizes (reusing cached artifacts), gate
-    each point as export does, and write a table, JSON, CSV, a plot and the recommended placement.
-    Exit 0 when every component has a passing point, 1 when one has none, 2 on bad input."""
+    each point as export does, and write a table, JSON, CSV, a plot and the recommended placement:
+    per component the best passing point by latency where measured, else bytes, the pipeline's stages
+    checked in situ as a whole placement (at most --in-situ N tried, in objective order).
+    Exit 0 when every component has a recommended point, 1 when one has none (nothing passed, or no
+    placement tried passed in situ), 2 on bad input."""
     from .parity.gates import parse_overrides
     from .recipes.base import parse_settings
 
     try:
+        from .status import check_unverified_kinds
         from .sweep.plan import sweep_jobs
+
+        allowed = tuple(check_unverified_kinds(_split(allow_unverified)))
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
@@ -308,13 +322,19 @@ def sweep(
         err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
         with native_output_quiet() as stderr:
             quiet_libraries()
+            from .recipes import RECIPES
             from .sweep.plot import plot
-            from .sweep.report import write
-            from .sweep.run import run_sweep
+            from .sweep.recommend import recommend
+            from .sweep.report import placement_line, write
+            from .sweep.run import in_situ_runner, run_sweep
 
             lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
-            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False))
-            summary = write(out_dir, model, target, data, plot)
+            data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False),
+                             allow_unverified=allowed)
+            runner = in_situ_runner(data["rows"], out_dir, frames, threads, lambda m: lines.print(m, highlight=False))
+            chosen = recommend(data["rows"], RECIPES.get(model).in_situ_components, placement_line, runner if in_situ else None,
+                               in_situ)
+            summary = write(out_dir, model, target, data, plot, chosen)
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -322,7 +342,10 @@ def sweep(
     else:
         out.print((out_dir / "sweep.md").read_text(), highlight=False, markup=False)
         for component, line in summary["recommendation"].items():
-            out.print(f"recommended {component}: {line or 'nothing passed'}", highlight=False)
+            out.print(f"recommended {component}: {line or 'nothing'} ({summary['objective'][component]})", highlight=False)
+        situ = summary["in_situ"]
+        out.print(f"in situ: {situ['verdict']}" + (f" ({situ['reason']})" if situ.get("reason") else
+                                                    f", {len(situ['tried'])} of at most {situ['bound']} placement(s) tried"), highlight=False)
         out.print(f"{len(summary['rows'])} point(s), {summary['reused']} reused; files: "
                   + ", ".join(summary["files"].values()), highlight=False)
     if any(line is None for line in summary["recommendation"].values()):
@@ -395,7 +418,7 @@ def verify(
     directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
     threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
     as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
-    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="accept artifacts no runtime here can run (exit 0, not 3)"),
+    allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
@@ -405,7 +428,7 @@ def verify(
             quiet_libraries()
             from .verify import verify_directory
 
-            report = verify_directory(directory, threads=threads, allow_unverified=allow_unverified)
+            report = verify_directory(directory, threads=threads, allow_unverified=_split(allow_unverified))
     except EdgexError as exc:
         _fail(exc)
     if as_json:

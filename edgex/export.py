@@ -9,6 +9,7 @@ import gc
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from functools import partial
@@ -18,6 +19,7 @@ from . import __version__
 from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
+from .artifacts.keys import tree_sha256
 from .artifacts.reuse import export_key, unchanged
 from .component import Component
 from .errors import EdgexError
@@ -36,22 +38,22 @@ from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import PeakRss, return_free_memory
-from .status import status
+from .status import check_unverified_kinds, status
 from .toolchain import versions
 
 FAILED_DIR = "failed"
-UNVERIFIED_DIR = "unverified"  # nothing could run them (method `none`): kept apart unless allowed
+UNVERIFIED_DIR = "unverified"  # not verified here (nothing ran them, or a table not read back): kept apart
 
 
-def _folder(root: Path, verdict: str, allow_unverified: bool) -> Path:
-    """Where an entry's files go inside `root`: failed/, unverified/ (unless allowed), or root."""
+def _folder(root: Path, verdict: str) -> Path:
+    """Where an entry's files go inside `root`: failed/, unverified/, or root (verified files only).
+    Accepting unverified kinds changes the status, never where their files lie."""
     if verdict == "fail":
         return root / FAILED_DIR
-    return root / UNVERIFIED_DIR if verdict == "unverified" and not allow_unverified else root
+    return root / UNVERIFIED_DIR if verdict == "unverified" else root
 
 
-def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, overrides, threads, hub,
-                allow_unverified) -> list[dict]:
+def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path, overrides, threads, hub) -> list[dict]:
     """The artifact's entry, then one entry per sidecar it declares. Everything is written and
     placed inside `stage`, which mirrors the output folder (see `export_model`)."""
     work = Path(tempfile.mkdtemp(prefix=".job-", dir=stage))  # scratch: never published
@@ -82,8 +84,9 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         entry["quantized_parity"] = quantized
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
     scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
-    entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, hub, stage,
-                               allow_unverified, scheme, job.coarse)]
+    device = _OnDevice(hub, dict(job.placement).get("compute_unit"), scheme) if hub is not None else None
+    entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, device, stage,
+                               scheme, job.coarse)]
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
@@ -96,7 +99,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
         if side_quantized is not None:
             side["quantized_parity"] = side_quantized
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
-                                       overrides, threads, hub, stage, allow_unverified))
+                                       overrides, threads, device, stage))
     return entries
 
 
@@ -133,20 +136,39 @@ def _computing(component: Component, fn, *args):
     return fn(*args), component.added_since(before)
 
 
-def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, hub, stage: Path,
-                    allow_unverified: bool, scheme_reference=None, coarse: str | None = None) -> dict:
+@dataclass(frozen=True)
+class _OnDevice:
+    """What a job's entries need to run on the AI Hub device: the connection, the compute unit its
+    placement names, and the job's scheme reference (a sidecar is compiled from the same graph, so
+    its device run is split against the same scheme)."""
+
+    connection: object
+    compute_unit: str | None
+    scheme_reference: Callable | None
+
+
+def _gate_and_place(entry: dict, component, files, runtime, reason, precision, overrides, threads, device: _OnDevice | None,
+                    stage: Path, scheme_reference=None, coarse: str | None = None) -> dict:
     """Parity for one entry's files (in `runtime`, or method `none` with `reason`), on the AI Hub
-    device with `hub`, its verdict, and its files moved into their folder of the staged layout."""
+    device with `device`, its verdict, and its files moved into their folder of the staged layout."""
     entry["parity"] = parity_in(runtime, reason, component, files, entry["io_float_dtype"], precision, overrides, threads,
                                 scheme_reference, coarse).to_json()
-    if hub is not None:  # after local parity, under the same gate: the artifact runs on the AI Hub device
-        entry["device_parity"] = device_parity(hub, component, files, entry["io_float_dtype"], entry["parity"], stage)
+    if device is not None:  # after local parity, under the same gates: the artifact runs on the AI Hub device
+        entry["device_parity"] = device_parity(device.connection, component, files, entry["io_float_dtype"], entry["parity"], stage,
+                                               device.compute_unit, device.scheme_reference, _lowering_gate(precision, overrides))
     verdict = combined_verdict(*(entry.get(k, {}).get("verdict") for k in ("parity", "tensor_parity", "device_parity",
                                                                           "quantized_parity")))
-    placed = move_into_place(files, _folder(stage, verdict, allow_unverified))
+    placed = move_into_place(files, _folder(stage, verdict))
     entry["files"] = [record for p in placed for record in file_records(p, stage)]
     entry["verdict"] = verdict
     return entry
+
+
+def _lowering_gate(precision: str, overrides) -> float | None:
+    try:
+        return lowering_db(precision, overrides)
+    except EdgexError:  # fp32: no scheme reference to lower against
+        return None
 
 
 def combined_verdict(local: str, tensors: str | None = None, device: str | None = None, quantized: str | None = None) -> str:
@@ -160,14 +182,14 @@ def combined_verdict(local: str, tensors: str | None = None, device: str | None 
     return "pass" if "pass" in (local, device) and "unverified" not in (tensors, quantized) else "unverified"
 
 
-def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub, allow_unverified) -> list[dict]:
+def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub) -> list[dict]:
     """One artifact (+ sidecars); a lowering or runtime crash is recorded as verdict "error", never hidden.
     `job_seconds` (export + parity wall time, on the artifact's entry) is what the CLI's next estimate
     of this job uses."""
     exporter = EXPORTERS.get(job.exporter)
     started = time.perf_counter()
     try:
-        entries = _export_one(job, component, exporter, stage, overrides, threads, hub, allow_unverified)
+        entries = _export_one(job, component, exporter, stage, overrides, threads, hub)
     except EdgexError:
         raise
     except Exception as exc:
@@ -329,7 +351,7 @@ def export_model(
     jobs: int = 1,
     hub: HubSettings | None = None,
     settings: dict[str, str] | None = None,
-    allow_unverified: bool = False,
+    allow_unverified: list[str] | None = None,
     reuse: bool = True,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
@@ -344,9 +366,10 @@ def export_model(
     With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
     Such an export is never reused and records no key: a device run is not reproducible here.
 
-    An artifact no runtime here could run (parity method `none`) makes the status "incomplete" and
-    is kept under `unverified/`, unless `allow_unverified`: then it sits beside the passing ones,
-    keeps its verdict "unverified", and the status can be "pass".
+    An unverified entry (no runtime here ran it, or a stored table was not read back) is kept under
+    `unverified/` and makes the status "incomplete" unless its kind is in `allow_unverified`
+    (`sidecar`, or a format: `edgex.status`); even then a job none of whose files ran and passed
+    leaves the status "incomplete". Accepted or not, its files stay under `unverified/`.
 
     `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
     model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
@@ -355,6 +378,7 @@ def export_model(
                         precisions=precisions, placements=placements, calibration_size=calibration_size, settings=settings)
     tgt, plan_jobs, options, checkpoint = checked.target, checked.jobs, checked.options, checked.checkpoint
     check_overrides(min_db or {}, set(checked.recipe.components.values()))
+    allow_unverified = check_unverified_kinds(allow_unverified)
     out_dir = ensure_writable_dir(checked.out_dir)
     connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
     key = None if hub else export_key(checked, seed=seed, settings=settings, min_db=min_db, threads=threads,
@@ -365,9 +389,14 @@ def export_model(
             return manifest
 
     started = time.perf_counter()
+    # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
+    # and refuse a folder whose content is no longer this
+    checkpoint_sha256 = (key["inputs"].get("checkpoint_sha256") if key else tree_sha256(checkpoint)) if checkpoint else None
     progress("loading model", None)
     recipe = RECIPES.get(model)
     loaded = recipe.load(preset, checkpoint, seed, options)
+    if checkpoint_sha256:
+        loaded.source = {**loaded.source, "checkpoint_sha256": checkpoint_sha256}
     names = list(dict.fromkeys(j.component for j in plan_jobs))
     parallel = jobs > 1 and len(plan_jobs) > 1
 
@@ -375,7 +404,7 @@ def export_model(
     # the staged files published after it, so a crash (a manifest that cannot be written included)
     # never leaves artifacts that look valid without the manifest that vouches for them.
     with staging_dir(out_dir) as stage:
-        args = (stage, min_db, threads, connection, allow_unverified)
+        args = (stage, min_db, threads, connection)
         if parallel:  # workers build their own components
             progress(f"{jobs} worker processes: building the model, then exporting", None)
             entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
@@ -413,7 +442,7 @@ def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries
         "hub": connection.to_json() if connection else None,
         "artifacts": entries,
         "allow_unverified": allow_unverified,
-        "status": status((e["verdict"] for e in entries), allow_unverified),
+        "status": status(entries, allow_unverified),
         "seconds": round(time.perf_counter() - started, 3),
         "export_key": key,
     })

@@ -6,7 +6,10 @@ A separate command rather than a step of `edgex export`: it needs one artifact o
 once (an export may write only some, or several precisions of each), it runs minutes where one
 component's parity runs seconds, and it must be re-runnable on a folder `edgex sweep` or `edgex
 build` wrote. Which artifact serves a stage follows the target's placement (its first exporter and
-precision for the role), or `--placement` / `@FILE` as for export (a sweep's recommendation).
+precision for the role), or `--placement` / `@FILE` as for export (a sweep's recommendation, whose
+calibration size, where it names one, is matched too). Only an artifact whose own verdict is `pass`
+serves a stage: a failed or unverified one is refused with its verdict (a one-line error), so a
+pipeline verdict never rests on an artifact that failed its gate.
 
 Every artifact used is re-hashed against the manifest first; the report (`pipeline.json` beside
 the manifest) names each with its sha256, and the manifest gets a `pipeline` block with the
@@ -30,7 +33,7 @@ from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
 from .recipes import RECIPES
 from .targets import get_target, parse_placement
-from .verify import find_manifest, load_manifest
+from .verify import check_checkpoint, find_manifest, load_manifest
 
 REPORT = "pipeline.json"
 
@@ -94,19 +97,30 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
             if not placed:
                 missing.append(f"target {target.name} places no {name}")
                 continue
-            exporter, precision = placed[0].exporter, placed[0].precisions[0]
-            found = next(((root, e) for root, manifest in manifests for e in manifest["artifacts"]
-                          if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
-                          and "sidecar_of" not in e and e.get("files")), None)
+            exporter, precision, calibration = placed[0].exporter, placed[0].precisions[0], placed[0].calibration
+            matching = [(root, e) for root, manifest in manifests for e in manifest["artifacts"]
+                        if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
+                        and "sidecar_of" not in e and e.get("files") and _calibrated(e, calibration)]
+            found = next(((root, e) for root, e in matching if e.get("verdict") == "pass"), None)
             if found is not None:
                 chosen[name] = found
                 break
-            missing.append(f"no {exporter} {precision} {name} artifact in the manifest(s)")
+            scheme = f"{exporter} {precision}{f' calibration {calibration}' if calibration else ''} {name}"
+            if matching:  # only artifacts that passed their own gates compose: a failed one would taint the verdict
+                verdicts = ", ".join(sorted({e.get("verdict", "none") for _, e in matching}))
+                missing.append(f"the {scheme} artifact did not pass its gate (verdict {verdicts})")
+            else:
+                missing.append(f"no {scheme} artifact in the manifest(s)")
         else:
             either = " or ".join(options)
             raise EdgexError(f"the {recipe.name} pipeline needs {either}: {'; '.join(missing)} (export it, or pick another "
                              f"with --placement {options[0]}=EXPORTER:PRECISION)")
     return chosen
+
+
+def _calibrated(entry: dict, calibration: int | None) -> bool:
+    """Whether an entry was calibrated on `calibration` input sets (None: any)."""
+    return calibration is None or (entry.get("export_options") or {}).get("calibration_size") == calibration
 
 
 def _stage(name: str, entry: dict, root: Path, threads: int, overrides: dict) -> Stage:
@@ -136,6 +150,7 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     for other, m in manifests[1:]:
         if (m["model"], m["source"], m.get("settings") or {}) != (manifest["model"], manifest["source"], manifest.get("settings") or {}):
             raise EdgexError(f"{other} holds artifacts of another model, weights or --set options than {path.parent}")
+    check_checkpoint(manifest["source"])
     recipe = RECIPES.get(manifest["model"])
     names = list(recipe.in_situ_components)  # a tuple inside: alternative components for one stage
     if not names:

@@ -21,9 +21,13 @@ class Placement:
     # Placed by the user (`--placement`), not by the target: its precisions are asked for by name,
     # so a precision the recipe declares too coarse for a component is built (with a warning).
     requested: bool = False
+    # The processor it runs on there ("npu", "gpu", "cpu"): what `--hub` compiles and runs it for on
+    # the AI Hub device (`edgex.hub.artifacts`). None: what the exporter's runtime runs it on here.
+    compute_unit: str | None = None
 
     def to_json(self) -> dict:
-        return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration)) if v}
+        return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration),
+                                  ("compute_unit", self.compute_unit)) if v}
 
 
 @dataclass(frozen=True)
@@ -78,22 +82,25 @@ HIFT_FP32 = {"hift": "fp32 only: fp16 weights alone move the vocoder's F0 and so
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
-    npu = (Placement("qnn", ("fp16",), device=f"Hexagon v{arch} HTP"),)
+    htp = f"Hexagon v{arch} HTP"
+    npu = (Placement("qnn", ("fp16",), device=htp, compute_unit="npu"),)
     gpu = (Placement(
         "onnx", ("fp32",), device="Adreno GPU (QNN GPU backend)",
-        unverified="execution on the Adreno GPU: parity ran this ONNX graph in fp32 on ONNX Runtime CPU, not the GPU kernels",
+        unverified="execution on the Adreno GPU: parity ran this ONNX graph in fp32 on ONNX Runtime CPU, not the GPU kernels "
+                   "(--hub runs it on the device's GPU)",
+        compute_unit="gpu",
     ),)
     # VLA policies (docs/models.md): every graph on the NPU in fp16 and in w8a16 calibrated on
     # observations from the eager policy; the Euler / DDIM loop too (the HTP has no fp32 path).
-    vla = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
+    vla = (Placement("qnn", ("fp16", "w8a16"), device=htp, compute_unit="npu"),)
     # A flow step's own time embedding (sin / cos of 2 pi t / period, periods from 4e-3) is lost in
     # fp16 arithmetic (`action_step_placement`): that component alone defaults to w8a16.
-    step = (Placement("qnn", ("w8a16",), device=f"Hexagon v{arch} HTP"),)
+    step = (Placement("qnn", ("w8a16",), device=htp, compute_unit="npu"),)
     # Components a recipe declares fp32-only: the HTP has no fp32 path, the phone's CPU has.
-    cpu = (Placement("onnx", ("fp32",), device="Kryo CPU (ONNX Runtime)"),)
+    cpu = (Placement("onnx", ("fp32",), device="Kryo CPU (ONNX Runtime)", compute_unit="cpu"),)
     # MiniCPM-o's TTS head in fp16 and in w8a16 calibrated on eager head states (tiny: prefill 49.9 / 24.9 dB,
     # decode 51.7 / 28.4 dB in the HTP simulator).
-    head = (Placement("qnn", ("fp16", "w8a16"), device=f"Hexagon v{arch} HTP"),)
+    head = (Placement("qnn", ("fp16", "w8a16"), device=htp, compute_unit="npu"),)
     return Target(
         name,
         f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",

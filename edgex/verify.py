@@ -5,7 +5,7 @@ seed, or checkpoint path), its components re-derived, and every artifact run aga
 The gate is recomputed from this code and the user's overrides recorded in the manifest
 (`gate_overrides`), never read back from the manifest's figures (which no hash covers); a gate that
 differs from the recorded one is reported. Status and exit codes follow `edgex export`: an artifact
-nothing here can run makes the status "incomplete" unless unverified artifacts are allowed. Formats whose files store weights no run reads (a
+nothing here can run makes the status "incomplete" unless its kind is accepted (`edgex.status`). Formats whose files store weights no run reads (a
 GGUF's token embedding table) get their stored tensors re-read and scored again too, so a corrupted
 weight fails here even where the hashes were rewritten to match. A sidecar entry (a QNN `.dlc`) is
 re-run in its own runtime, or stays unverified with its reason where nothing here runs it.
@@ -18,13 +18,14 @@ from functools import partial
 from pathlib import Path
 
 from .artifacts.files import sha256, strict_json
+from .artifacts.keys import tree_sha256
 from .errors import EdgexError
 from .export import MANIFEST, combined_verdict, parity_in
 from .exporters import EXPORTERS
 from .parity.quantized import quantized_parity, summary
 from .parity.tensors import tensor_parity
 from .recipes import RECIPES
-from .status import status
+from .status import check_unverified_kinds, status
 
 
 def find_manifest(directory: Path) -> Path:
@@ -52,6 +53,21 @@ def load_manifest(path: Path) -> dict:
     return manifest
 
 
+def check_checkpoint(source: dict) -> None:
+    """Refuse to rebuild from a checkpoint folder whose content is not the one exported (its
+    sha256, as the manifest records it): figures against other weights would verify nothing."""
+    recorded = source.get("checkpoint_sha256")
+    if "checkpoint" not in source or not recorded:
+        return
+    try:
+        now = tree_sha256(Path(source["checkpoint"]))
+    except OSError as exc:
+        raise EdgexError(f"cannot read checkpoint {source['checkpoint']}: {exc.strerror or exc}") from None
+    if now != recorded:
+        raise EdgexError(f"checkpoint {source['checkpoint']} is not the one exported (content sha256 {now[:12]}, the manifest "
+                         f"records {recorded[:12]}): restore it, or export again from this checkpoint")
+
+
 def _file_problems(entry: dict, root: Path) -> list[str]:
     problems = []
     if not entry.get("files"):
@@ -67,7 +83,8 @@ def _file_problems(entry: dict, root: Path) -> list[str]:
     return problems
 
 
-def verify_directory(directory: Path, threads: int | None = None, allow_unverified: bool = False) -> dict:
+def verify_directory(directory: Path, threads: int | None = None, allow_unverified: list[str] | None = None) -> dict:
+    allow_unverified = check_unverified_kinds(allow_unverified)
     path = find_manifest(directory)
     manifest = load_manifest(path)
     root = path.parent
@@ -81,7 +98,9 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
     facts = RECIPES.facts(manifest["model"])
     rows = []
     for entry, problems, rerun in checks:
-        row = {k: entry.get(k) for k in ("component", "format", "precision")}
+        row = {k: entry.get(k) for k in ("component", "format", "exporter", "precision")}
+        if "sidecar_of" in entry:
+            row["sidecar_of"] = entry["sidecar_of"]
         row["files"] = "ok" if not problems else "BAD"
         if rerun:
             # A scheme asked for by name although declared too coarse is judged as at export, if
@@ -96,7 +115,7 @@ def verify_directory(directory: Path, threads: int | None = None, allow_unverifi
         row["problem"] = "; ".join(problems)
         rows.append(row)
     bad = sum(1 for r in rows if r["verdict"] == "fail")
-    return strict_json({"manifest": str(path), "status": status((r["verdict"] for r in rows), allow_unverified), "problem_count": bad,
+    return strict_json({"manifest": str(path), "status": status(rows, allow_unverified), "problem_count": bad,
                         "allow_unverified": allow_unverified, "gate_overrides": overrides, "artifacts": rows})
 
 
@@ -176,6 +195,7 @@ def _components(manifest: dict, names: list[str]) -> dict:
     go (they share the recipe's eager samples: one component at a time regenerated them each time)."""
     recipe = RECIPES.get(manifest["model"])
     source = manifest["source"]
+    check_checkpoint(source)
     checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
     options = recipe.parse_options(manifest.get("settings"))
     loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), options)

@@ -63,12 +63,15 @@ class FakeAIHub:
     client.ini that points the real client at it.
 
     fail: job kind ("compile", "profile", "inference") that ends FAILED; hang: a kind that never
-    finishes; noise: relative noise added to float outputs; polls: GETs a job stays running.
+    finishes; noise: relative noise added to float outputs; polls: GETs a job stays running;
+    reverse_outputs: the output dataset lists the outputs in reverse order (AI Hub names them; a
+    compiled model need not keep their order).
     """
 
     def __init__(self, token: str = "good-token", fail: str | None = None, hang: str | None = None,
-                 noise: float = 0.0, polls: int = 2):
+                 noise: float = 0.0, polls: int = 2, reverse_outputs: bool = False):
         self.token, self.fail, self.hang, self.noise, self.polls = token, fail, hang, noise, polls
+        self.reverse_outputs = reverse_outputs
         self.requests: list[tuple[str, str]] = []
         self.jobs: dict[str, dict] = {}
         self.models: dict[str, dict] = {}
@@ -174,6 +177,8 @@ class FakeAIHub:
                 if self.noise and np.issubdtype(value.dtype, np.floating):
                     value = value + (self.noise * np.std(value) * rng.standard_normal(value.shape)).astype(value.dtype)
                 out.append(value)
+        if self.reverse_outputs:
+            outputs = dict(reversed(list(outputs.items())))
         dataset_id = self.new_id("d")
         buffer = io.BytesIO()
         with h5py.File(buffer, "w") as h5f:

@@ -191,20 +191,53 @@ def test_merge_runs_without_any_toolchain(tmp_path):
     assert json.loads((tmp_path / "merged" / "build.json").read_text())["status"] == "pass"
 
 
-def test_allow_unverified_is_a_build_key_and_the_status_rule_is_shared(tmp_path):
-    """One status rule for export, verify and build: unverified is incomplete unless accepted."""
+def _entry(verdict, component="c", fmt="qnn-context", **more):
+    return {"verdict": verdict, "component": component, "format": fmt, "exporter": "qnn", "precision": "fp16", **more}
+
+
+def test_allow_unverified_names_kinds_and_a_job_with_nothing_run_is_never_a_pass(tmp_path):
+    """One status rule for export, verify and build: an unverified entry is incomplete unless its
+    kind (sidecar, or its format) is accepted by name; and a job none of whose entries ran and
+    passed is incomplete whatever is accepted (an export whose every artifact is unverified)."""
     from edgex.status import EXIT_CODES, status
 
-    assert status(["pass", "unverified"]) == "incomplete" and EXIT_CODES["incomplete"] == 3
-    assert status(["pass", "unverified"], allow_unverified=True) == "pass"
-    assert status(["unverified", "fail"], allow_unverified=True) == "fail"
-    assert status(["pass", "error"]) == "fail" and status(["pass"]) == "pass"
+    dlc = _entry("unverified", fmt="qnn-dlc", sidecar_of="c.fp16.qnn.onnx")
+    binary = _entry("pass")
+    assert status([binary, dlc]) == "incomplete" and EXIT_CODES["incomplete"] == 3
+    assert status([binary, dlc], ["sidecar"]) == "pass" and status([binary, dlc], ["qnn-dlc"]) == "pass"
+    assert status([binary, dlc], ["onnx"]) == "incomplete"  # another format accepts nothing here
+    unread = _entry("unverified")  # the context binary ran, a table was not read back
+    assert status([unread, dlc], ["sidecar"]) == "incomplete", "a sidecar kind does not accept the artifact itself"
+    assert status([unread, dlc], ["sidecar", "qnn-context"]) == "incomplete", "nothing of the job ran and passed"
+    assert status([binary, dlc, _entry("unverified", component="d"), _entry("unverified", component="d", fmt="qnn-dlc",
+                                                                            sidecar_of="d")], ["sidecar", "qnn-context"]) == "incomplete"
+    assert status([_entry("unverified", fmt="qnn-dlc", sidecar_of="x"), _entry("fail")], ["sidecar"]) == "fail"
+    assert status([binary, _entry("error", component="d")]) == "fail" and status([binary]) == "pass"
+
     entry = '[[entry]]\nmodel = "qwen3-tts"\npreset = "tiny"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\n'
     file = tmp_path / "allow.toml"
-    file.write_text("[build]\nallow_unverified = true\n" + entry)
-    assert load_plan(file).allow_unverified is True
+    file.write_text('[build]\nallow_unverified = ["sidecar", "qnn-dlc"]\n' + entry)
+    assert load_plan(file).allow_unverified == ("qnn-dlc", "sidecar")
     file.write_text(entry)
-    assert load_plan(file).allow_unverified is False
-    file.write_text('[build]\nallow_unverified = "yes"\n' + entry)
-    with pytest.raises(EdgexError, match="allow_unverified must be true or false"):
+    assert load_plan(file).allow_unverified == ()
+    for value, message in (("true", "names the kinds accepted unverified"), ('"yes"', "names the kinds"),
+                           ('["everything"]', "no such kind 'everything' \\(known: sidecar, gguf")):
+        file.write_text(f"[build]\nallow_unverified = {value}\n" + entry)
+        with pytest.raises(EdgexError, match=message):
+            load_plan(file)
+    ci = Path(__file__).resolve().parent.parent / "builds" / "ci.toml"
+    assert load_plan(ci).allow_unverified == ("sidecar",)
+
+
+def test_an_unknown_min_db_key_is_an_error_when_the_plan_is_read_and_reproducibility_is_labelled_declared(tmp_path):
+    """A job whose artifact is cached never calls the export, so the build file's gate keys are checked
+    where the plan is read, warm cache or cold; `build.reproducible` says it is the format's declared row."""
+    from edgex.build.reproducible import reproducibility
+
+    file = tmp_path / "gates.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nmin_db = { talkr = 30 }\n')
+    with pytest.raises(EdgexError, match="entry 1: --min-db talkr=...: 'talkr' is no role"):
         load_plan(file)
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nmin_db = { talker = 30 }\n')
+    assert load_plan(file).jobs[0].gate_db == 30.0
+    assert "not measured for this artifact" in reproducibility("onnx")["basis"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import edgex.artifacts.keys
+import edgex.toolchain
 from conftest import run_cli
 from edgex.artifacts.keys import job_inputs
 from edgex.artifacts.reuse import export_key
@@ -94,13 +95,13 @@ def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
     elif change == "threads":
         args["threads"] = 2
     elif change == "allow-unverified":
-        args["allow_unverified"] = True
+        args["allow_unverified"] = ["sidecar"]
     elif change == "force":
         args["reuse"] = False
     elif change == "edgex-source":
         monkeypatch.setattr(edgex.artifacts.keys, "edgex_source_sha256", lambda: "0" * 64)
     else:
-        monkeypatch.setattr(edgex.artifacts.keys, "versions", lambda: {"torch": "0.0"})
+        monkeypatch.setattr(edgex.toolchain, "version", lambda dist: "0.0" if dist == "torch" else None)
     with pytest.raises(Loaded):
         export_model("qwen3-tts", "cpu", out, **args)
     assert files_state(out) == before
@@ -214,7 +215,7 @@ def test_a_changed_checkpoint_file_changes_the_key(tmp_path):
     (folder / "config.json").write_text("{}")
     (folder / "speech_tokenizer" / "model.safetensors").write_bytes(b"\x01" * 64)
     plan = make_plan("qwen3-tts", "cpu", tmp_path, checkpoint=folder, components=["talker_prefill"], formats=["onnx"])
-    args = dict(seed=0, settings=None, min_db=None, threads=None, allow_unverified=False)
+    args = dict(seed=0, settings=None, min_db=None, threads=None, allow_unverified=[])
     key = export_key(plan, **args)
     assert key["inputs"]["checkpoint_sha256"] and "preset" not in key["inputs"]
     assert export_key(plan, **args)["sha256"] == key["sha256"]
@@ -229,10 +230,59 @@ def test_build_and_export_key_an_artifact_alike(tmp_path):
                     'precisions = ["fp16"]\nmin_db = { lowering = 35 }\nthreads = 2\n')
     (job,) = load_plan(file).jobs
     cache = Cache(tmp_path / "cache")
-    built = cache.key_inputs(job, None)
+    built = cache.key_inputs(job, {"preset": "tiny"})
     plan = make_plan("qwen3-tts", "cpu", tmp_path, components=["talker_decode"], formats=["onnx"], precisions=["fp16"])
-    key = export_key(plan, seed=0, settings={}, min_db={"lowering": 35.0}, threads=2, allow_unverified=False)["inputs"]
+    key = export_key(plan, seed=0, settings={}, min_db={"lowering": 35.0}, threads=2, allow_unverified=[])["inputs"]
     (exported_job,) = key.pop("jobs")
     assert built == {**{k: v for k, v in key.items() if k not in ("gate_overrides", "allow_unverified")}, **exported_job}
     assert built["lowering_db"] == 35.0, "the lowering gate moves an fp16 verdict: it is in the key"
     assert job_inputs(plan.jobs[0], {}, 2)["lowering_db"] == 30.0
+
+
+def _keys(jobs, cache) -> dict[str, str]:
+    weights = {"preset": "tiny"}
+    return {job.id: cache.key(cache.key_inputs(job, weights)) for job in jobs}
+
+
+@pytest.mark.parametrize("dist, shaped", [
+    ("lerobot", lambda job: job.model == "act"),  # ACT's reference is LeRobot's code
+    ("torchvision", lambda job: job.model == "act"),  # its ResNet trunk
+    ("qwen-tts", lambda job: job.model == "qwen3-tts"),
+    ("transformers", lambda job: job.model == "qwen3-tts"),
+    ("gguf", lambda job: job.exporter == "gguf"),  # the toolchain of one format
+    ("onnxruntime-qnn", lambda job: job.exporter == "qnn"),
+    ("numpy", lambda job: True),
+])
+def test_a_package_version_invalidates_exactly_the_artifacts_it_shapes(tmp_path, monkeypatch, dist, shaped):
+    """Every key of a build of three models on several targets, before and after one package's
+    version changes: the artifacts that package shapes (its reference or its toolchain) get new keys,
+    every other keeps its own."""
+    file = tmp_path / "b.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu", "llama-cpp", "s25-htp"]\n'
+                    '[[entry]]\nmodel = "spark-x2.5"\ntargets = ["cpu", "llama-cpp"]\n'
+                    '[[entry]]\nmodel = "act"\ntargets = ["cpu"]\n')
+    jobs = load_plan(file).jobs
+    cache = Cache(tmp_path / "cache")
+    before = _keys(jobs, cache)
+    real = edgex.toolchain.version
+    monkeypatch.setattr(edgex.toolchain, "version", lambda name: "99.0" if name == dist else real(name))
+    after = _keys(jobs, cache)
+    changed = {job.id for job in jobs if before[job.id] != after[job.id]}
+    expected = {job.id for job in jobs if shaped(job)}
+    assert expected and changed == expected
+
+
+def test_smolvla_vlm_config_outside_the_checkpoint_is_in_the_key(tmp_path):
+    """SmolVLA builds its VLM from the config `vlm_model_name` names, outside the checkpoint folder:
+    editing that config changes the weights' key; the checkpoint's own hash stays."""
+    vlm = tmp_path / "vlm"
+    vlm.mkdir()
+    (vlm / "config.json").write_text('{"model_type": "smolvlm", "scale_factor": 4}')
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"type": "smolvla", "vlm_model_name": str(vlm)}))
+    before = edgex.artifacts.keys.weights_inputs("smolvla", None, checkpoint)
+    assert before["external"] == {"vlm_model_name": str(vlm), "vlm_config_sha256": edgex.artifacts.files.sha256(vlm / "config.json")}
+    (vlm / "config.json").write_text('{"model_type": "smolvlm", "scale_factor": 2}')
+    after = edgex.artifacts.keys.weights_inputs("smolvla", None, checkpoint)
+    assert after["checkpoint_sha256"] == before["checkpoint_sha256"] and after != before

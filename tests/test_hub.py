@@ -78,11 +78,11 @@ def test_device_parity_runs_compile_profile_and_inference(toy, ini, tmp_path):
     assert block["method"] == "device" and block["device"] == S25 and block["verdict"] == "pass"
     assert block["min_snr_db"] == "inf" or block["min_snr_db"] > 100  # ONNX Runtime as the device, fp32
     assert set(block["samples"]) == {"example", "held_out"}
-    assert block["compile_options"] == "--target_runtime qnn_context_binary" and block["submitted_as"] == "ONNX"
+    assert block["compile_options"] == "--target_runtime onnx --compute_unit cpu" and block["submitted_as"] == "ONNX -> ONNX for the CPU"
     assert block["latency_ms"] > 0 and block["compute_units"] == {"NPU": 1}
     compile_job, profile_job, inference_job = (hub.jobs[block["jobs"][k]["id"]] for k in ("compile", "profile", "inference"))
     assert compile_job["device"] == profile_job["device"] == inference_job["device"] == S25
-    assert compile_job["options"] == "--target_runtime qnn_context_binary"
+    assert compile_job["options"] == "--target_runtime onnx --compute_unit cpu"
     assert inference_job["received"] == {"x": ["float32"] * 2, "position": ["int32"] * 2}  # cast to the compiled model's spec
     uploaded = hub.models[compile_job["model"]]
     assert uploaded["is_directory"]  # .onnx + .onnx.data travel together as a folder
@@ -174,10 +174,10 @@ def test_submission_follows_the_artifact_files(tmp_path):
         return [tmp_path / name for name in names]
 
     epcontext = prepare(files("a.onnx", "a.bin", "a.dlc"), tmp_path / "work")
-    assert epcontext.compile_options == "--target_runtime precompiled_qnn_onnx" and epcontext.kind == "EPContext ONNX"
+    assert epcontext.compile_options == "--target_runtime precompiled_qnn_onnx" and epcontext.kind == "EPContext ONNX (HTP)"
     assert sorted(p.name for p in epcontext.upload.iterdir()) == ["a.bin", "a.onnx"] and epcontext.upload.name == "a.onnx"
     plain = prepare(files("b.onnx"), tmp_path / "work")
-    assert plain.upload == tmp_path / "b.onnx" and plain.compile_options == "--target_runtime qnn_context_binary"
+    assert plain.upload == tmp_path / "b.onnx" and plain.compile_options == "--target_runtime onnx --compute_unit cpu"
     for name, kind in (("c.dlc", "QNN DLC"), ("d.bin", "QNN context binary")):
         device_model = prepare(files(name), tmp_path / "work")
         assert device_model.compile_options is None and device_model.kind == kind
@@ -216,5 +216,108 @@ def test_cli_export_records_on_device_parity(ini, tmp_path):
     assert artifact["parity"]["method"] == "runtime" and artifact["verdict"] == "pass"
     assert device["method"] == "device" and device["verdict"] == "pass" and device["latency_ms"] > 0
     assert device["min_snr_db"] > 100 and device["samples"].keys() == artifact["parity"]["samples"].keys()
-    assert [j["options"] for j in hub.jobs_of("compile")] == ["--target_runtime qnn_context_binary"]
+    assert [j["options"] for j in hub.jobs_of("compile")] == ["--target_runtime onnx --compute_unit cpu"]  # target cpu: the CPU
     assert (tmp_path / "qwen3-tts" / "cpu" / device["target_model"]["path"]).is_file()
+
+
+class _Pair(nn.Module):
+    """Two outputs of one shape, far apart in value: taken by position in the wrong order, each fails."""
+
+    def forward(self, x):
+        return torch.tanh(x), x * 3.0 + 1.0
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    module = _Pair().eval()
+    samples = {name: (torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(k)),) for k, name in enumerate(("example", "held_out"))}
+    component = Component("pair", "decoder", module, [TensorSpec("x", (1, 4, 8), "float32")],
+                          [TensorSpec("squashed", (1, 4, 8), "float32"), TensorSpec("scaled", (1, 4, 8), "float32")],
+                          lambda x: (torch.tanh(x), x * 3.0 + 1.0), samples)
+    out = tmp_path_factory.mktemp("pair")
+    return component, EXPORTERS.get("onnx").export(component, "fp32", out / "pair.fp32.onnx").files
+
+
+@pytest.mark.parametrize("unit, compiled, run", [
+    ("npu", "--target_runtime qnn_context_binary", "--compute_unit npu"),
+    ("gpu", "--target_runtime qnn_dlc --compute_unit gpu", "--compute_unit gpu"),
+    ("cpu", "--target_runtime onnx --compute_unit cpu", "--compute_unit cpu"),
+    (None, "--target_runtime onnx --compute_unit cpu", "--compute_unit cpu"),  # no placement: what ran here, the CPU
+])
+def test_compile_and_run_options_follow_the_placement(toy, ini, tmp_path, unit, compiled, run):
+    """A plain ONNX graph placed on the GPU (Code2Wav on the S25) is compiled and run on the GPU, one
+    placed on the CPU on the CPU, one on the HTP as a context binary: what `--hub` runs is what the
+    placement says, never a context binary whatever the placement."""
+    component, files = toy
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        block = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", PASSED, tmp_path, unit)
+    assert block["verdict"] == "pass" and block["compute_unit"] == (unit or "cpu")
+    assert [j["options"] for j in hub.jobs_of("compile")] == [compiled] and block["compile_options"] == compiled
+    assert sorted(j["options"] for j in (*hub.jobs_of("profile"), *hub.jobs_of("inference"))) == [run, run]
+
+
+def test_the_s25_placements_name_their_compute_units():
+    target = get_target("s25-htp")
+    assert {r: target.placements_for(r)[0].compute_unit for r in ("talker", "decoder", "fp32", "vision")} == {
+        "talker": "npu", "decoder": "gpu", "fp32": "cpu", "vision": "npu"}
+
+
+def test_device_outputs_are_taken_by_name(pair, ini, tmp_path):
+    """The device's output dataset lists the outputs in another order: each is scored as the output
+    its name says, and an output the device did not return by name is a one-line error."""
+    component, files = pair
+    with FakeAIHub(reverse_outputs=True) as hub:
+        hub.write_config(ini)
+        block = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", PASSED, tmp_path)
+    assert block["verdict"] == "pass" and all(float(s["snr_db"]) > 100 for s in block["samples"]["example"].values())
+    renamed = Component("pair", "decoder", component.module, component.inputs,
+                        [TensorSpec("first", (1, 4, 8), "float32"), TensorSpec("scaled", (1, 4, 8), "float32")],
+                        component.reference, component.samples)
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        with pytest.raises(EdgexError, match="returned outputs squashed, scaled; pair declares first, scaled"):
+            device_parity(connect(HubSettings(S25, 30), get_target("cpu")), renamed, files, "float32", PASSED, tmp_path)
+
+
+class _Scheme:
+    """A scheme reference that computes what the eager model does (a faithful fp16-like scheme)."""
+
+    label = "test scheme"
+
+    def __init__(self, component):
+        self.component = component
+
+    def __call__(self, inputs, forced_tokens=None):
+        return self.component.reference(*inputs)
+
+    def to_json(self):
+        return {}
+
+
+def test_a_sidecar_never_run_here_passes_only_by_its_own_device_run_at_the_lowering_gate(toy, ini, tmp_path):
+    """A `.dlc` nothing here runs (local method none) goes to the device as itself, on its
+    placement's compute unit; its device outputs are split against the scheme reference, so a device
+    build 26 dB off passes the 10 dB policy gate end to end and still fails the 30 dB lowering gate:
+    the sidecar is "fail", never "pass". A faithful device run passes it, with both figures."""
+    import onnx
+
+    from edgex.export import combined_verdict
+
+    component, files = toy
+    dlc = tmp_path / "toy.fp16.dlc"  # the fake device runs ONNX whatever the name: a stand-in for the QNN IR
+    onnx.save(onnx.load(str(files[0])), str(dlc))
+    unrun = {"verdict": "unverified", "method": "none", "threshold_db": 10.0}
+    blocks = {}
+    for noise in (0.0, 0.05):
+        with FakeAIHub(noise=noise) as hub:
+            hub.write_config(ini)
+            blocks[noise] = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, [dlc], "float32", unrun,
+                                          tmp_path, "npu", lambda: _Scheme(component), 30.0)
+        assert not hub.jobs_of("compile")
+        assert [j["options"] for j in hub.jobs_of("inference")] == ["--compute_unit npu"]
+    faithful, off = blocks[0.0], blocks[0.05]
+    assert faithful["verdict"] == "pass" and faithful["lowering"]["threshold_db"] == 30.0
+    assert 10 < float(off["min_snr_db"]) < 30 and off["scheme"]["verdict"] == "pass" and off["lowering"]["verdict"] == "fail"
+    assert combined_verdict(unrun["verdict"], None, off["verdict"]) == "fail"
+    assert combined_verdict(unrun["verdict"], None, faithful["verdict"]) == "pass"

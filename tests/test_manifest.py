@@ -93,17 +93,17 @@ def test_a_sidecar_gets_its_own_verdict_from_a_run_of_its_own_files(monkeypatch,
     dlc.write_bytes(b"a QNN DLC")
     sent = []
 
-    def device(hub, component, files, io_float_dtype, local, root):
-        sent.append(([f.name for f in files], local["method"]))
+    def device(hub, component, files, io_float_dtype, local, root, compute_unit, scheme_reference, lowering_gate):
+        sent.append(([f.name for f in files], local["method"], compute_unit))
         return {"method": "device", "verdict": "pass"}
 
     monkeypatch.setattr(edgex.export, "device_parity", device)
     component = SimpleNamespace(role="talker")
     args = (component, [dlc], None, "no QAIRT runner here", "fp16", None, None)
-    local = _gate_and_place({"io_float_dtype": "float32"}, *args, None, tmp_path, False)
+    local = _gate_and_place({"io_float_dtype": "float32"}, *args, None, tmp_path)
     assert local["verdict"] == "unverified" and local["parity"]["method"] == "none"
-    # kept apart from verified files (unverified/) unless the user allows unverified artifacts
+    # kept apart from verified files (unverified/), accepted or not
     assert local["parity"]["reason"] == "no QAIRT runner here" and local["files"][0]["path"] == f"unverified/{dlc.name}"
     args = (component, [tmp_path / "unverified" / dlc.name], *args[2:])
-    on_device = _gate_and_place({"io_float_dtype": "float32"}, *args, object(), tmp_path, False)
-    assert sent == [([dlc.name], "none")] and on_device["verdict"] == "pass"
+    on_device = _gate_and_place({"io_float_dtype": "float32"}, *args, edgex.export._OnDevice(object(), "npu", None), tmp_path)
+    assert sent == [([dlc.name], "none", "npu")] and on_device["verdict"] == "pass"

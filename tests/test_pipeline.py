@@ -139,6 +139,40 @@ def test_spark_runner_in_situ_and_a_perturbed_decode_graph():
     assert any(f.startswith("free-running: step") for f in hot["failures"])
 
 
+def test_spark_free_running_logits_over_the_agreed_steps_are_gated():
+    """A decode artifact whose logits drift only on its own history (a state bug teacher forcing does
+    not reach: here noise from the free-running pass's first call on, too small to flip a token)
+    samples the eager tokens and still fails: the agreed steps' logits are held to the decode gate."""
+    from edgex.in_situ import Stage
+    from edgex.recipes import RECIPES
+    from edgex.recipes.spark_x25.runner import numpy_callable
+
+    recipe = RECIPES.get("spark-x2.5")
+    loaded = recipe.load("tiny", None, 0)
+    components = {c.name: c for c in recipe.components(loaded)}
+
+    class Drifting:
+        def __init__(self, module, after):
+            self.run_module, self.after, self.calls = numpy_callable(module), after, 0
+
+        def run(self, inputs):
+            outputs = self.run_module(inputs)
+            self.calls += 1
+            if self.calls > self.after:
+                rng = np.random.default_rng(self.calls)
+                outputs[0] = outputs[0] + 1e-2 * np.abs(outputs[0]).mean() * rng.standard_normal(outputs[0].shape).astype(np.float32)
+            return outputs
+
+    settings = {"frames": 8, "stream_frames": None}
+    forced_calls = 3 + 8 - 1  # the teacher-forced pass: the prompt's extra tokens, then the steps after the first
+    stages = {"prefill": Stage("prefill", {"io_float_dtype": "float32"}, Drifting(components["prefill"].module, 10**9), 60.0),
+              "decode": Stage("decode", {"io_float_dtype": "float32"}, Drifting(components["decode"].module, forced_calls), 60.0)}
+    report = recipe.in_situ(loaded, stages, settings, lambda _m: None)
+    assert report["teacher_forced"]["decode"]["logits_db_min_position"] > 60
+    assert report["free_running"]["token_agreement"] == 1.0
+    assert any(f.startswith("free-running logits over the 8 agreed steps") for f in report["failures"]), report["failures"]
+
+
 def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_names(tmp_path):
     """A manifest with both predictor graphs (as the README demo's): the role's placement serves the
     frame graph, a placement naming `code_predictor_step` the step graph (the runner loops it), the
@@ -148,7 +182,7 @@ def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_na
     from edgex.recipes import RECIPES
 
     recipe = RECIPES.get("qwen3-tts")
-    entries = [{"component": c, "exporter": "onnx", "precision": "fp32", "files": [{"path": f"{c}.fp32.onnx"}]}
+    entries = [{"component": c, "exporter": "onnx", "precision": "fp32", "files": [{"path": f"{c}.fp32.onnx"}], "verdict": "pass"}
                for c in recipe.facts.components]
     manifests = [(tmp_path, {"target": "cpu", "artifacts": entries})]
     stages = list(recipe.in_situ_components)
@@ -163,6 +197,76 @@ def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_na
         "a key placed twice: the last placement serves the stage"
     with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):
         _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
+
+
+def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
+    """A stage is never served by a failed or unverified artifact: the picker takes a passing one of
+    the placed scheme (here the calibration the placement names), else refuses in one line with the
+    verdict, so no pipeline verdict rests on an artifact that failed its own gate."""
+    from edgex.errors import EdgexError
+    from edgex.in_situ import _choose
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+
+    def entry(component, verdict="pass", calibration=None):
+        return {"component": component, "exporter": "onnx", "precision": "fp32", "verdict": verdict,
+                "files": [{"path": f"{component}.onnx"}], "export_options": {"calibration_size": calibration} if calibration else {}}
+
+    stages = list(recipe.in_situ_components)
+    good = [entry(c) for c in recipe.facts.components if c != "talker_decode"]
+    failed = [(tmp_path / "a", {"target": "cpu", "artifacts": [*good, entry("talker_decode", "fail")]})]
+    with pytest.raises(EdgexError, match="the onnx fp32 talker_decode artifact did not pass its gate \\(verdict fail\\)"):
+        _choose(failed, recipe.facts, stages, PLACE.split(","))
+    unverified = [(tmp_path / "a", {"target": "cpu", "artifacts": [*good, entry("talker_decode", "unverified")]})]
+    with pytest.raises(EdgexError, match="verdict unverified"):
+        _choose(unverified, recipe.facts, stages, PLACE.split(","))
+    # a later folder's passing artifact of the same scheme serves where the first folder's failed
+    either = [*failed, (tmp_path / "b", {"target": "cpu", "artifacts": [entry("talker_decode")]})]
+    assert _choose(either, recipe.facts, stages, PLACE.split(","))["talker_decode"][0] == tmp_path / "b"
+
+
+def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_prefill():
+    """`--frames 1` scores the talker's decode (the call after the last frame), so a broken decode
+    graph fails a one-frame pipeline; a code-0 divergence at frame 0 comes from the prefill's logits
+    and is judged at the prefill stage's tie level, not the decode's."""
+    import torch
+
+    from edgex.in_situ import Stage
+    from edgex.recipes import RECIPES
+    from edgex.recipes.qwen3_tts import code2wav, predictor, talker
+
+    recipe = RECIPES.get("qwen3-tts")
+    loaded = recipe.load("tiny", None, 0)
+    model, decoder = loaded.models.talker, loaded.models.decoder
+    modules = {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
+               "code_predictor": predictor.CodePredictorFrame(model), "code2latent": code2wav.Code2Latent(decoder),
+               "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
+
+    class Graph:
+        def __init__(self, module, noise=0.0):
+            self.module, self.noise = module.eval(), noise
+
+        def run(self, inputs):
+            with torch.no_grad():
+                outputs = [t.numpy() for t in self.module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])]
+            if self.noise:  # on the first output, logits here (the frame graph's first output is its codes)
+                outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
+            return outputs
+
+    def stages(noisy: str, noise: float, gates=None):
+        return {n: Stage(n, {"io_float_dtype": "float32"}, Graph(m, noise if n == noisy else 0.0), (gates or {}).get(n, 60.0))
+                for n, m in modules.items()}
+
+    settings = {"frames": 1, "stream_frames": 1}
+    good = recipe.in_situ(loaded, stages("talker_decode", 0.0), settings, lambda _m: None)
+    assert not good["failures"] and float(good["teacher_forced"]["talker_decode"]["logits_db_min"]) > 60
+    bad = recipe.in_situ(loaded, stages("talker_decode", 1.0), settings, lambda _m: None)
+    assert any(f.startswith("teacher-forced talker_decode") for f in bad["failures"]), bad["failures"]
+    hot = recipe.in_situ(loaded, stages("talker_prefill", 10.0, {"talker_decode": 45.0}), settings, lambda _m: None)
+    divergence = hot["free_running"]["first_divergence"]
+    assert (divergence["frame"], divergence["codebook"], divergence["stage"]) == (0, 0, "talker_prefill")
+    assert divergence["tie_db"] == 60.0, "the prefill's tie level, not the decode's 45 dB"
 
 
 def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():

@@ -92,7 +92,7 @@ def test_refusals_are_one_line(tmp_path, args, message):
 
 def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
     proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified")  # the .dlc sidecars cannot run here
+                   "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _artifacts(proc)
     fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
@@ -227,8 +227,53 @@ def test_a_qnn_job_makes_the_graph_it_compiles_once_in_its_own_process(tmp_path,
 
     monkeypatch.setattr(qnn.OnnxExporter, "graph", recording)
     manifest = export_model("qwen3-tts", "s25-htp", tmp_path / "out", preset="tiny", components=["talker_decode"],
-                            precisions=["fp16", "w8a16"], calibration_size=2, allow_unverified=True)
+                            precisions=["fp16", "w8a16"], calibration_size=2, allow_unverified=["sidecar"])
     entries = [a for a in manifest["artifacts"] if "sidecar_of" not in a]
     assert [a["parity"]["method"] for a in entries] == ["simulated", "simulated"]  # each job ran its binary
     made = log.read_text().splitlines()
     assert len(made) == 2 and len(set(made)) == 2, made  # one per job, each in its own job's process
+
+
+def test_calibration_runs_on_one_thread_whatever_the_process_runs_on(tmp_path, monkeypatch):
+    """`edgex verify` makes a QDQ graph again in its own process and refuses one whose digest differs
+    from the context binary's record; the export calibrated in a forked job on one thread. So the
+    eager calibration sets and ONNX Runtime's calibration session run on one thread whatever this
+    process's thread count (a reduction split over more threads can move a range in its last bits),
+    and the thread count is restored after."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from types import SimpleNamespace
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgex.exporters.qnn import quantize_qdq
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(32, 32)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])], [weight])
+    source = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    seen = {"torch": [], "ort": []}
+
+    def calibration(n):
+        seen["torch"].append(torch.get_num_threads())
+        return [(torch.randn(4, 32, generator=torch.Generator().manual_seed(i)),) for i in range(n)]
+
+    session = onnxruntime.InferenceSession
+
+    def spy(path, sess_options=None, **kwargs):
+        seen["ort"].append((sess_options.intra_op_num_threads, sess_options.inter_op_num_threads) if sess_options else None)
+        return session(path, sess_options=sess_options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], float_only=(), calibration=calibration)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        quantize_qdq(source, tmp_path / "q.onnx", component, "w8a16", 2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert seen["torch"] == [1] and seen["ort"] and all(s == (1, 1) for s in seen["ort"]), seen

@@ -46,7 +46,9 @@ def test_sweep_writes_table_json_csv_png_and_keeps_failed_points(swept):
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| onnx fp16 |" in (out / "sweep.md").read_text()
     assert summary["pareto"]["decode"] == [summary["rows"].index(rows["fp32"])], "only passing points are on the front"
-    assert summary["recommendation"] == {"decode": "decode=onnx:fp32"}, "the smallest *passing* artifact"
+    assert summary["recommendation"] == {"decode": "decode=onnx:fp32"}, "the best *passing* artifact"
+    assert summary["objective"] == {"decode": "latency_ms"}, "measured here for every passing point"
+    assert summary["in_situ"]["verdict"] == "not run" and "prefill" in summary["in_situ"]["reason"], "a stage was not swept"
     assert (out / "spark-x2.5" / "cpu" / "manifest.json").is_file(), "published as a build: verify and pipeline read it"
 
 
@@ -84,7 +86,7 @@ def test_calibration_sizes_are_points_of_the_calibrated_schemes_only():
         ("fp16", None, "qwen3-tts-cal8"), ("w8a16", 8, "qwen3-tts-cal8"), ("w8a16", 16, "qwen3-tts-cal16")]
     cache = Cache.__new__(Cache)
     cache.environment = {}
-    keys = {Cache.key(cache.key_inputs(j, None)) for j in jobs}
+    keys = {Cache.key(cache.key_inputs(j, {"preset": j.preset})) for j in jobs}
     assert len(keys) == 3, "the calibration size is part of the artifact's cache key"
 
 
@@ -120,3 +122,43 @@ def test_a_key_given_twice_is_placed_in_both(tmp_path):
 def test_bad_sweep_input_is_one_line(tmp_path):
     proc = run_cli("sweep", "qwen3-tts", "--calibration", "8,x", "--out", str(tmp_path))
     assert proc.returncode == 2 and "bad --calibration 'x'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _row(component, precision, size, db=30.0, verdict="pass", latency=None):
+    return {"component": component, "exporter": "qnn", "precision": precision, "bytes": size, "min_snr_db": db, "gate_db": 10.0,
+            "verdict": verdict, "latency_ms": latency, "explicit_calibration": False, "calibration": None}
+
+
+def test_the_recommendation_is_tried_in_situ_in_objective_order_up_to_its_bound():
+    """The smallest passing talker fails in situ: it is not recommended; the next placement in
+    objective order (bytes here: nothing measured a latency) is run and recommended, with its
+    objective, floor and in-situ verdict stated. When none of the first N passes, none is named.
+    Latency is the objective where every passing point has one; failed points are never tried."""
+    from edgex.sweep.recommend import recommend
+    from edgex.sweep.report import placement_line, placement_text
+
+    rows = [_row("prefill", "fp16", 600), _row("prefill", "w8a8", 400), _row("prefill", "w4a16", 300, verdict="fail"),
+            _row("decode", "fp16", 650), _row("decode", "w8a8", 440), _row("decode", "w8a16", 480)]
+    tried = []
+
+    def run(placement):  # w8a8 decode is what fails the composed pipeline
+        tried.append(placement)
+        return {"verdict": "fail" if "decode=qnn:w8a8" in placement else "pass", "failures": ["free-running audio 4.6 dB"]}
+
+    result = recommend(rows, ("prefill", "decode"), placement_line, run, bound=3)
+    assert tried == [["prefill=qnn:w8a8", "decode=qnn:w8a8"], ["prefill=qnn:w8a8", "decode=qnn:w8a16"]]
+    assert result["objective"] == {"prefill": "bytes", "decode": "bytes"}
+    assert result["in_situ"]["verdict"] == "pass" and result["chosen"]["decode"]["precision"] == "w8a16"
+    text = placement_text("spark-x2.5", "s25-htp", result)
+    assert "decode=qnn:w8a16  # 30.0 dB >= gate 10.0 dB" in text and "# in situ: pass (edgex pipeline), placement 2 of at most 3" in text
+    assert "objective per component (best first): prefill bytes, decode bytes" in text and "# floor: " in text
+
+    tried.clear()
+    none = recommend(rows, ("prefill", "decode"), placement_line, lambda p: tried.append(p) or {"verdict": "fail", "failures": ["x"]}, bound=2)
+    assert len(tried) == 2 and none["in_situ"]["verdict"] == "fail" and none["chosen"] == {"prefill": None, "decode": None}
+    assert "none of the first 2 placement(s) in objective order passed in situ" in placement_text("m", "t", none)
+
+    timed = [_row("decode", "fp16", 650, latency=1.0), _row("decode", "w8a8", 440, latency=3.0)]
+    fast = recommend(timed, (), placement_line, None)
+    assert fast["objective"] == {"decode": "latency_ms"} and fast["chosen"]["decode"]["precision"] == "fp16"
+    assert fast["in_situ"]["verdict"] == "not run" and "no in-situ pipeline" in fast["in_situ"]["reason"]

@@ -1,5 +1,6 @@
 """"unverified" is not "pass": an artifact no runtime here can run makes `export` and `verify` exit 3
-with status "incomplete" and keeps it under `unverified/`, unless --allow-unverified. `verify`
+with status "incomplete" and keeps it under `unverified/`; `--allow-unverified KIND` accepts a kind
+by name, never a job none of whose files ran and passed. `verify`
 re-gates from code and the manifest's recorded overrides, not from the manifest's figures.
 
 The CLI runs in-process so a runtime can be made unavailable with monkeypatch."""
@@ -34,7 +35,7 @@ def test_missing_runtime_is_incomplete_unless_allowed(no_onnxruntime, tmp_path):
     assert result.exit_code == 3, result.output
     manifest = json.loads(result.stdout)
     (artifact,) = manifest["artifacts"]
-    assert manifest["status"] == "incomplete" and manifest["allow_unverified"] is False
+    assert manifest["status"] == "incomplete" and manifest["allow_unverified"] == []
     assert artifact["verdict"] == "unverified" and artifact["parity"]["method"] == "none"
     assert artifact["parity"]["reason"] == REASON and REASON in result.stderr
     root = tmp_path / "qwen3-tts" / "cpu"
@@ -44,8 +45,8 @@ def test_missing_runtime_is_incomplete_unless_allowed(no_onnxruntime, tmp_path):
     verify = _cli("verify", str(root), "--json")
     assert verify.exit_code == 3 and json.loads(verify.stdout)["status"] == "incomplete"
     assert REASON in verify.stderr
-    verify = _cli("verify", str(root), "--json", "--allow-unverified")
-    assert verify.exit_code == 0 and json.loads(verify.stdout)["status"] == "pass"
+    verify = _cli("verify", str(root), "--json", "--allow-unverified", "sidecar,onnx")
+    assert verify.exit_code == 3 and json.loads(verify.stdout)["status"] == "incomplete"  # nothing of the job ran
 
     no_onnxruntime.undo()  # the runtime is back: verify runs the files where they are, and they pass
     verify = _cli("verify", str(root), "--json")
@@ -54,14 +55,20 @@ def test_missing_runtime_is_incomplete_unless_allowed(no_onnxruntime, tmp_path):
     assert row["verdict"] == "pass" and row["method"] == "runtime"
 
 
-def test_allow_unverified_passes_and_says_why(no_onnxruntime, tmp_path):
-    result = _cli(*EXPORT, "--out", str(tmp_path), "--allow-unverified")
-    assert result.exit_code == 0, result.output
-    manifest = json.loads(result.stdout)
-    (artifact,) = manifest["artifacts"]
-    assert manifest["status"] == "pass" and manifest["allow_unverified"] is True
-    assert artifact["verdict"] == "unverified" and artifact["files"][0]["path"] == "talker_decode.fp32.onnx"
-    assert "unverified" in result.stderr and REASON in result.stderr
+def test_accepting_kinds_never_passes_an_export_whose_artifacts_did_not_run(no_onnxruntime, tmp_path):
+    """A missing runtime is not a sidecar; naming its format accepts the entry, yet the export's one
+    job has no file that ran and passed: incomplete (exit 3), its files still under unverified/.
+    A kind edgex does not know is a one-line error."""
+    for kinds in ("sidecar", "onnx", "sidecar,onnx"):
+        result = _cli(*EXPORT, "--out", str(tmp_path / kinds), "--allow-unverified", kinds)
+        assert result.exit_code == 3, result.output
+        manifest = json.loads(result.stdout)
+        (artifact,) = manifest["artifacts"]
+        assert manifest["status"] == "incomplete" and manifest["allow_unverified"] == sorted(kinds.split(","))
+        assert artifact["verdict"] == "unverified" and artifact["files"][0]["path"] == "unverified/talker_decode.fp32.onnx"
+        assert REASON in result.stderr
+    result = _cli(*EXPORT, "--out", str(tmp_path), "--allow-unverified", "everything")
+    assert result.exit_code == 2 and "no such kind 'everything' (known: sidecar," in result.stderr
 
 
 def test_verify_regates_from_code_and_recorded_overrides(tmp_path):

@@ -148,3 +148,31 @@ def test_verify_reads_back_embedding_rows_no_parity_sample_reads(export_copy, ti
         assert abs(result["min_snr_db"] - entry["parity"]["min_snr_db"]) < 1 and result["min_snr_db"] >= result["threshold_db"]
         assert result["verdict"] == "fail" and f"stored tensor {_TABLES[name][0]} (row {rows[name]})" in result["problem"], result
         assert result["tensor_min_snr_db"] < 0, result
+
+
+def test_verify_and_pipeline_refuse_a_checkpoint_that_is_not_the_one_exported(tmp_path):
+    """Both rebuild the eager model from the manifest's checkpoint path: a folder whose content no
+    longer has the sha256 the export recorded is refused in one line before anything is built."""
+    import json
+
+    from edgex.artifacts.files import sha256
+    from edgex.artifacts.keys import tree_sha256
+    from edgex.errors import EdgexError
+    from edgex.in_situ import run_pipeline
+    from edgex.verify import verify_directory
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "a.onnx").write_bytes(b"graph")
+    entry = {"component": "talker_decode", "format": "onnx", "exporter": "onnx", "precision": "fp32", "verdict": "pass",
+             "io_float_dtype": "float32", "parity": {}, "files": [{"path": "a.onnx", "sha256": sha256(folder / "a.onnx"), "bytes": 5}]}
+    source = {"checkpoint": str(checkpoint), "checkpoint_sha256": tree_sha256(checkpoint)}
+    (folder / "manifest.json").write_text(json.dumps({"model": "qwen3-tts", "target": "cpu", "source": source, "artifacts": [entry]}))
+    (checkpoint / "config.json").write_text('{"edited": true}')
+    with pytest.raises(EdgexError, match="is not the one exported"):
+        verify_directory(folder)
+    with pytest.raises(EdgexError, match="is not the one exported"):
+        run_pipeline([folder])

@@ -5,16 +5,23 @@ One definition for the two places that reuse work: the build cache keys one arti
 (`edgex.artifacts.reuse`), so the two cannot disagree on what invalidates an artifact:
 
 - `environment()`: the bytes of every file of the installed edgex package (recipes, exporters,
-  runtimes, gates, targets, this module): any code change re-exports; `edgex.toolchain.versions()`
-  (torch, executorch, onnx, onnxruntime, QAIRT, gguf, llama.cpp ...), the Python version and the
+  runtimes, gates, targets, this module): any code change re-exports; the Python version and the
   machine architecture;
 - `source_inputs()`: the model, the target, the weights (a preset name, whose weights edgex source
   already hashed generates from the seed, or the sha256 of every file in the checkpoint folder, by
-  relative path), the seed (it also drives the eager pipeline that makes the parity samples, so it is
-  in the key either way), the recipe build options as text (`--set`);
+  relative path, plus the files outside it the recipe builds the model from, `external_inputs`:
+  SmolVLA's VLM config), the seed (it also drives the eager pipeline that makes the parity samples,
+  so it is in the key either way), the recipe build options as text (`--set`), and the versions of
+  the packages the eager model and its reference run (`BASE_PACKAGES` and the recipe's
+  `reference_packages`: lerobot, diffusers, torchvision, transformers, qwen-tts, minicpmo-utils ...);
 - `job_inputs()`: per artifact, the component, role, exporter, precision, exporter options (SoC,
   calibration size), placement, the gates it is held to (the effective dB of its parity gate and of
-  its lowering gate, so an override that does not apply to it does not invalidate it), parity threads.
+  its lowering gate, so an override that does not apply to it does not invalidate it), parity
+  threads, and the versions of the toolchain that lowers and runs it (the exporter's `requires` and
+  its runtime's: executorch, onnxruntime-qnn, gguf and llama-cpp-python ...).
+
+So a new version of a package re-exports exactly the artifacts it shapes: lerobot the LeRobot
+recipes' artifacts, coremltools the Core ML artifacts, torch and numpy every artifact.
 
 Nothing else edgex passes to `export_model` changes an artifact: edgex reads the environment only to
 quiet library logs and the clock only for the manifest's `created`, and the targets' tables live in
@@ -35,13 +42,16 @@ from typing import TYPE_CHECKING
 
 from ..errors import EdgexError
 from ..parity.gates import lowering_db, threshold_db
-from ..toolchain import versions
+from .. import toolchain
 from .files import sha256
 
 if TYPE_CHECKING:
     from ..plan import Job
 
-KEY_VERSION = 2  # 2: the lowering gate joined the job's inputs
+KEY_VERSION = 3  # 2: the lowering gate joined the job's inputs; 3: package versions per recipe and exporter
+
+# What every eager model and every exporter runs on, whatever the recipe.
+BASE_PACKAGES = ("torch", "numpy")
 
 
 def tree_sha256(root: Path, skip=lambda p: False) -> str:
@@ -58,22 +68,59 @@ def edgex_source_sha256() -> str:
 
 
 def environment() -> dict:
-    return {"key_version": KEY_VERSION, "edgex_source": edgex_source_sha256(), "tool_versions": versions(),
+    return {"key_version": KEY_VERSION, "edgex_source": edgex_source_sha256(),
             "python": platform.python_version(), "machine": platform.machine()}
 
 
-def source_inputs(model: str, target: str, preset: str | None, checkpoint_sha256: str | None, seed: int,
-                  settings: dict[str, str]) -> dict:
-    """The weights and what the eager model is built with: a checkpoint's content hash, else the preset."""
-    weights = {"checkpoint_sha256": checkpoint_sha256} if checkpoint_sha256 else {"preset": preset}
-    return {"model": model, **weights, "seed": seed, "settings": dict(settings), "target": target}
+def package_versions(dists) -> dict[str, str | None]:
+    """Installed version of each distribution (None: not installed), by name."""
+    return {dist: toolchain.version(dist) for dist in sorted(set(dists))}
+
+
+def reference_packages(model: str) -> dict[str, str | None]:
+    """The versions of what `model`'s eager model and reference run: `BASE_PACKAGES` and the recipe's own."""
+    from ..recipes import RECIPES
+
+    return package_versions((*BASE_PACKAGES, *RECIPES.facts(model).reference_packages))
+
+
+def toolchain_packages(exporter: str) -> dict[str, str | None]:
+    """The versions of what lowers and runs an exporter's artifacts: its `requires` and its runtime's."""
+    from ..exporters import EXPORTERS
+    from ..parity.runtimes import RUNTIMES
+
+    lowering = EXPORTERS.facts(exporter)
+    modules = (*lowering.requires, *RUNTIMES.facts(lowering.runtime).requires)
+    return package_versions(toolchain.TOOLCHAINS.get(module, (module,))[0] for module in modules)
+
+
+def weights_inputs(model: str, preset: str | None, checkpoint: Path | None) -> dict:
+    """The weights' part of the key: the preset name, or the checkpoint folder's content hash plus the
+    files outside it the recipe builds the model from (`RecipeFacts.external_inputs`)."""
+    if checkpoint is None:
+        return {"preset": preset}
+    from ..recipes import RECIPES
+
+    try:
+        digest = tree_sha256(checkpoint)
+    except OSError as exc:
+        raise EdgexError(f"cannot read checkpoint {checkpoint}: {exc.strerror or exc}") from None
+    external = RECIPES.facts(model).external_inputs
+    return {"checkpoint_sha256": digest, **({"external": external(Path(checkpoint))} if external else {})}
+
+
+def source_inputs(model: str, target: str, weights: dict, seed: int, settings: dict[str, str]) -> dict:
+    """The weights (`weights_inputs`), what the eager model is built with and the packages it runs."""
+    return {"model": model, **weights, "seed": seed, "settings": dict(settings), "target": target,
+            "reference_packages": reference_packages(model)}
 
 
 def job_inputs(job: Job, overrides: dict[str, float], threads: int | None) -> dict:
     return {"component": job.component, "role": job.role, "exporter": job.exporter, "precision": job.precision,
             "exporter_options": dict(job.options), "placement": dict(job.placement),
             "gate_db": threshold_db(job.role, job.precision, overrides),
-            "lowering_db": _lowering_gate(job.precision, overrides), "threads": threads}
+            "lowering_db": _lowering_gate(job.precision, overrides), "threads": threads,
+            "toolchain_packages": toolchain_packages(job.exporter)}
 
 
 def _lowering_gate(precision: str, overrides: dict[str, float]) -> float | None:

@@ -1,10 +1,10 @@
 """An unchanged re-export: `edgex export` into a folder that already holds the same export.
 
 Every manifest `export_model` writes records its export key (`"export_key": {"sha256", "inputs"}`):
-the build cache's key inputs (`edgex.artifacts.keys`: edgex source, tool versions, Python, machine,
-model, target, weights, seed, recipe options) with every planned job's inputs in plan order
-(component, role, exporter, precision, exporter options, placement, gates, threads), plus what
-else changes the folder's manifest: the gate overrides as given and `allow_unverified`. An export
+the build cache's key inputs (`edgex.artifacts.keys`: edgex source, Python, machine, model, target,
+weights, seed, recipe options, the reference's package versions) with every planned job's inputs in plan order
+(component, role, exporter, precision, exporter options, placement, gates, threads, toolchain versions), plus what
+else changes the folder's manifest: the gate overrides as given and the accepted unverified kinds. An export
 whose key equals the one recorded in `<out>/<model>/<target>/manifest.json`, where every file that
 manifest records still has its size and sha256, is that export again: nothing is loaded or built and
 the manifest stands.
@@ -29,24 +29,20 @@ from typing import TYPE_CHECKING
 from ..errors import EdgexError
 from ..status import EXIT_CODES
 from .files import MANIFEST, intact
-from .keys import digest, environment, job_inputs, source_inputs, tree_sha256
+from .keys import digest, environment, job_inputs, source_inputs, weights_inputs
 
 if TYPE_CHECKING:
     from ..plan import ExportPlan
 
 
 def export_key(plan: ExportPlan, *, seed: int, settings: dict[str, str] | None, min_db: dict[str, float] | None,
-               threads: int | None, allow_unverified: bool) -> dict:
+               threads: int | None, allow_unverified: list[str]) -> dict:
     """The key of one export call: what its artifacts, verdicts and manifest are a function of.
     A checkpoint is hashed file by file here, before anything reads it for the export."""
     overrides = dict(min_db or {})
-    try:
-        checkpoint_sha256 = tree_sha256(plan.checkpoint) if plan.checkpoint else None
-    except OSError as exc:
-        raise EdgexError(f"cannot read checkpoint {plan.checkpoint}: {exc.strerror or exc}") from None
+    weights = weights_inputs(plan.recipe.name, plan.preset or plan.recipe.default_preset, plan.checkpoint)
     inputs = {**environment(),
-              **source_inputs(plan.recipe.name, plan.target.name, plan.preset or plan.recipe.default_preset, checkpoint_sha256,
-                              seed, settings or {}),
+              **source_inputs(plan.recipe.name, plan.target.name, weights, seed, settings or {}),
               "jobs": [job_inputs(job, overrides, threads) for job in plan.jobs],
               "gate_overrides": overrides, "allow_unverified": allow_unverified}
     return {"sha256": digest(inputs), "inputs": inputs}

@@ -4,8 +4,10 @@ An entry is the output of one `export_model` call for one job, stored at `<cache
 `key.json` beside it. The key is the sha256 of everything the artifact's bytes and its parity
 verdict are a function of, as `edgex.artifacts.keys` defines it (shared with `edgex export`'s
 unchanged re-export): the edgex source, tool versions, Python and machine; model, target, weights
-(preset, or every checkpoint file's sha256), seed and recipe options; and the job (component, role,
-exporter, precision, exporter options, placement, the gates it is held to, parity threads). What is
+(preset, or every checkpoint file's sha256 and the files outside it the model is built from), seed,
+recipe options and the versions of the packages its reference runs; and the job (component, role,
+exporter, precision, exporter options, placement, the gates it is held to, parity threads, the
+versions of its exporter's and runtime's packages). What is
 outside the key (host CPU, eager thread count) is said there.
 
 Reuse re-hashes every recorded file (sha256 and size); an entry with a missing or altered file is
@@ -42,10 +44,10 @@ class Cache:
             shutil.rmtree(path, ignore_errors=True)
         return len(stale)
 
-    def key_inputs(self, job: BuildJob, checkpoint_sha256: str | None) -> dict:
-        return {**self.environment,
-                **source_inputs(job.model, job.target, job.preset, checkpoint_sha256 if job.checkpoint else None, job.seed,
-                                dict(job.settings)),
+    def key_inputs(self, job: BuildJob, weights: dict) -> dict:
+        """`weights`: `edgex.artifacts.keys.weights_inputs` of the job's model and checkpoint (hashed
+        once per checkpoint by the caller)."""
+        return {**self.environment, **source_inputs(job.model, job.target, weights, job.seed, dict(job.settings)),
                 **job_inputs(job.planned, dict(job.min_db), job.threads)}
 
     @staticmethod

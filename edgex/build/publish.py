@@ -80,11 +80,11 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
             entries = [a for o in items for a in o.artifacts]
             write_json_atomic(dest / MANIFEST, {
                 **items[0].header, "created": _now(), "gate_overrides": {}, "artifacts": entries,
-                "allow_unverified": build.get("allow_unverified", False),
-                "status": status((a["verdict"] for a in entries), build.get("allow_unverified", False)),
+                "allow_unverified": build.get("allow_unverified", []),
+                "status": status(entries, build.get("allow_unverified", [])),
                 "seconds": round(sum(o.artifacts[0]["build"]["seconds"] for o in items if o.artifacts), 3)})
         build = {**build, "created": _now(), "seconds": round(time.perf_counter() - started, 3),
-                 "status": status((a["verdict"] for a in artifacts), build.get("allow_unverified", False))}
+                 "status": status(artifacts, build.get("allow_unverified", []))}
         data = {"build": build, "status": build["status"], "folders": headers, "artifacts": artifacts}
         summary = summary_json(build, artifacts)
         reports = stage / "reports"
@@ -148,6 +148,7 @@ def merge(dirs: list[Path], out: Path) -> dict:
     outcomes.sort(key=lambda o: order[o.job_id])
     first = shards[0][1]["build"]
     build = {key: first[key] for key in ("edgex_version", "file", "file_sha256", "plan_sha256", "plan_ids")}
+    build["allow_unverified"] = first.get("allow_unverified", [])  # one build file: the shards agree
     build.update(jobs=len(plan_ids), shard=None, merged_from=[str(d) for d, _ in shards],
                  shard_seconds=[data["build"]["seconds"] for _, data in shards])
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..artifacts.keys import tree_sha256
+from ..artifacts.keys import tree_sha256, weights_inputs
 from ..artifacts.lock import output_lock
 from ..errors import EdgexError
 from ..export import export_model
@@ -64,7 +64,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
             outcomes = run_jobs(mine, cache, progress)
             build = {"edgex_version": __version__, "file": str(plan.file), "file_sha256": plan.file_sha256,
                      "plan_sha256": plan.digest, "plan_ids": [j.id for j in plan.jobs], "jobs": len(mine),
-                     "allow_unverified": plan.allow_unverified,
+                     "allow_unverified": list(plan.allow_unverified),
                      "shard": {"index": shard[0], "count": shard[1], "ids": [j.id for j in mine]} if shard else None,
                      "cache": str(cache.root)}
             return publish(out, outcomes, build, started)
@@ -75,13 +75,15 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
 
 
 def run_jobs(jobs: list[BuildJob], cache: Cache, progress) -> list[Outcome]:
-    checkpoints = {c: tree_sha256(Path(c)) for c in dict.fromkeys(j.checkpoint for j in jobs if j.checkpoint)}
+    weights = {(j.model, j.preset, j.checkpoint): weights_inputs(j.model, j.preset, Path(j.checkpoint) if j.checkpoint else None)
+               for j in jobs}  # each checkpoint hashed once
+    checkpoints = {c: w["checkpoint_sha256"] for (_, _, c), w in weights.items() if c}
     last_use = {j.checkpoint: i for i, j in enumerate(jobs) if j.checkpoint}
     fresh: dict[str, list[str]] = {}
     outcomes = []
     for i, job in enumerate(jobs):
         tag = f"[{i + 1}/{len(jobs)}] {job.id}"
-        inputs = cache.key_inputs(job, checkpoints.get(job.checkpoint))
+        inputs = cache.key_inputs(job, weights[job.model, job.preset, job.checkpoint])
         key = cache.key(inputs)
         start = time.perf_counter()
         manifest = cache.lookup(key)

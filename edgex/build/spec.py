@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import EdgexError
-from ..parity.gates import threshold_db
+from ..parity.gates import check_overrides, threshold_db
 from ..plan import Job, placement_overrides, plan
 from ..recipes import RECIPES
+from ..status import check_unverified_kinds, unverified_kinds
 from ..targets import get_target
 
 _ENTRY_KEYS = {"model", "preset", "checkpoint", "seed", "targets", "components", "formats", "precisions", "min_db",
@@ -95,9 +96,10 @@ class BuildPlan:
     file: Path
     file_sha256: str
     jobs: list[BuildJob]
-    # [build] allow_unverified = true: artifacts nothing here can run (a QNN .dlc) leave the build
-    # "pass" instead of "incomplete" (exit 0, not 3); each stays verdict "unverified" in the reports.
-    allow_unverified: bool = False
+    # [build] allow_unverified = ["sidecar"]: unverified entries of the kinds named (`edgex.status`)
+    # leave the build "pass" instead of "incomplete" (exit 0, not 3) where every job has an entry that
+    # ran and passed; each stays verdict "unverified" in the reports, its files under unverified/.
+    allow_unverified: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -173,10 +175,12 @@ def load_plan(path: Path) -> BuildPlan:
             raise EdgexError(f"{path}: entries {seen[job.id] + 1} and {job.entry + 1} both build {job.id}; give one a distinct name")
         seen[job.id] = job.entry
     _check_folders(path, jobs)
-    allow = defaults.get("allow_unverified", False)
-    if not isinstance(allow, bool):
-        raise EdgexError(f"{path} [build]: allow_unverified must be true or false, got {allow!r}")
-    return BuildPlan(path, hashlib.sha256(path.read_bytes()).hexdigest(), jobs, allow)
+    allow = defaults.get("allow_unverified", [])
+    if not isinstance(allow, list) or not all(isinstance(k, str) for k in allow):
+        raise EdgexError(f"{path} [build]: allow_unverified names the kinds accepted unverified, e.g. [\"sidecar\"] "
+                         f"(known: {', '.join(unverified_kinds())}), got {allow!r}")
+    allow = check_unverified_kinds(allow, f"{path} [build] allow_unverified")
+    return BuildPlan(path, hashlib.sha256(path.read_bytes()).hexdigest(), jobs, tuple(allow))
 
 
 def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) -> list[BuildJob]:
@@ -201,6 +205,7 @@ def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) 
     seed = _int(entry.get("seed", defaults.get("seed", 0)), "seed", where)
     threads = _int(entry.get("threads", defaults.get("threads")), "threads", where)
     min_db = _gates(entry.get("min_db"), where)
+    check_overrides(min_db, set(recipe.components.values()))  # here, not at export: a cached job never exports
     placements = _strings(entry.get("placements", []), "placements", where)
     components = _strings(entry["components"], "components", where) if "components" in entry else None
     formats = _strings(entry["formats"], "formats", where) if "formats" in entry else None

@@ -70,6 +70,7 @@ class Exporter(ABC):
     precisions: tuple[str, ...]
     schemes: dict[str, str]  # precision -> what it means in this format, one line (a test checks both agree)
     requires: tuple[str, ...]  # importable modules (see toolchain.TOOLCHAINS)
+    sidecar_formats: tuple[str, ...] = ()  # the formats of the sidecars it writes (`Sidecar.format`)
     # Whether its jobs may run in a forked child process (`edgex.isolation`). False where the
     # runtime's thread pool does not survive a fork of a process that has used it.
     fork_safe: bool = True

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,8 +51,43 @@ _QAIRT_LAYOUTS = {2: ((1, 0),), 3: ((2, 1, 0), (2, 0, 1)), 4: ((2, 3, 1, 0), (2,
 QDQ_DIGEST = "edgex.qdq_graph_sha256"  # EPContext metadata: the QDQ graph the context binary was compiled from
 
 
+@contextmanager
+def _calibration_on_one_thread():
+    """Calibration as every export runs it (in a job's forked process, on one thread), whatever this
+    process's thread count: `edgex verify` makes the QDQ graph again and refuses one whose digest
+    differs, and a reduction split over another number of threads (the eager model's activations,
+    ONNX Runtime's calibration session) can move a calibration range in its last bits. torch runs on
+    one thread and ONNX Runtime's calibrator session (`CalibraterBase.create_inference_session`,
+    which takes no session options) is made with one intra- and one inter-op thread."""
+    import onnxruntime
+    import torch
+    from onnxruntime.quantization.calibrate import CalibraterBase
+
+    def one_thread(self):
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        self.infer_session = onnxruntime.InferenceSession(self.augmented_model_path, sess_options=options,
+                                                          providers=self.execution_providers)
+
+    threads, made = torch.get_num_threads(), CalibraterBase.create_inference_session
+    torch.set_num_threads(1)
+    CalibraterBase.create_inference_session = one_thread
+    try:
+        yield
+    finally:
+        CalibraterBase.create_inference_session = made
+        torch.set_num_threads(threads)
+
+
 def quantize_qdq(source: Path, dest: Path, component: Component, precision: str, size: int) -> dict:
-    """Static QDQ quantization for the HTP, calibrated on `size` input sets from the eager pipeline."""
+    """Static QDQ quantization for the HTP, calibrated on `size` input sets from the eager pipeline,
+    on one thread (`_calibration_on_one_thread`)."""
+    with _calibration_on_one_thread():
+        return _quantize_qdq(source, dest, component, precision, size)
+
+
+def _quantize_qdq(source: Path, dest: Path, component: Component, precision: str, size: int) -> dict:
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -324,6 +360,7 @@ def _located(data: bytes, raw) -> "np.ndarray | None":
 class QnnExporter(Exporter):
     name = "qnn"
     format = "qnn-context"
+    sidecar_formats = ("qnn-dlc",)
     backend = "qnn-htp"
     extension = ".qnn.onnx"
     runtime = "qnn-htp"

@@ -1,9 +1,14 @@
 """Compile, profile and inference jobs on an AI Hub device, and parity from the device's outputs.
 
+The artifact is compiled and run for the compute unit its placement names (`edgex.hub.artifacts`).
 The inference job runs every sample of the component (the export example and the held-out ones) in
-one dataset; its outputs are scored by the same code as local parity, against the same eager
-reference, under the same gate. Waiting is edgex's own wall-clock loop (qai-hub's `wait` counts
-sleeps, not time, and polls every 10 s).
+one dataset; its outputs, taken by the component's declared output names (never by position), are
+scored by the same code as local parity, against the same eager reference, under the same gates: a
+quantized or fp16 artifact gets the scheme / lowering split (`edgex.parity.scheme.measure_split`),
+so a device build that moved the lowering fails the tight lowering gate even where its end-to-end
+figure clears the scheme's policy gate. A sidecar (a QNN `.dlc`) is run on the device as itself and
+held to the same split; it passes only by its own device run. Waiting is edgex's own wall-clock
+loop (qai-hub's `wait` counts sleeps, not time, and polls every 10 s).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..exporters.onnx import sliced_feed, sliced_inputs_of
 from ..isolation import private_tempdir
 from ..parity.check import ParityReport, measure, to_numpy
 from ..parity.runtimes.base import Session
+from ..parity.scheme import measure_split
 from ..toolchain import require
 from .artifacts import Submission, prepare
 from .client import HubConnection, hub_errors
@@ -98,8 +104,9 @@ def run_on_device(conn: HubConnection, component: Component, submission: Submiss
             model = client.upload_model(str(submission.upload), name=name)
         specs = None
     with hub_errors(f"submitting the profile and inference jobs for {component.name}"):
-        profile_job = client.submit_inference_job(model, device, inputs=None, name=name, profile=True)
-        inference_job = client.submit_inference_job(model, device, inputs=_dataset(component, sent, specs, sliced), name=name, profile=False)
+        profile_job = client.submit_inference_job(model, device, inputs=None, name=name, options=submission.run_options, profile=True)
+        inference_job = client.submit_inference_job(model, device, inputs=_dataset(component, sent, specs, sliced), name=name,
+                                                    options=submission.run_options, profile=False)
     run.jobs["profile"] = {"id": profile_job.job_id, "url": profile_job.url}
     run.jobs["inference"] = {"id": inference_job.job_id, "url": inference_job.url}
     wait(profile_job, "profile", conn)
@@ -107,10 +114,11 @@ def run_on_device(conn: HubConnection, component: Component, submission: Submiss
     with hub_errors(f"downloading the results of jobs {profile_job.job_id}, {inference_job.job_id}"):
         run.profile = profile_job.download_profile()
         received = inference_job.download_output_data()
-    if not received or len(received) != len(component.outputs):
-        raise EdgexError(f"AI Hub inference job {inference_job.job_id} returned {len(received or {})} outputs, "
-                         f"{component.name} declares {len(component.outputs)}")
-    columns = list(received.values())
+    declared = [spec.name for spec in component.outputs]
+    if not received or any(name not in received for name in declared):
+        raise EdgexError(f"AI Hub inference job {inference_job.job_id} returned outputs {', '.join(received or {}) or 'none'}; "
+                         f"{component.name} declares {', '.join(declared)} (outputs are taken by name)")
+    columns = [received[name] for name in declared]
     run.outputs = [[np.asarray(column[i]) for column in columns] for i in range(len(sent))]
     return run
 
@@ -139,18 +147,21 @@ def _summary(profile: dict) -> dict:
     }
 
 
-def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, root: Path) -> dict:
+def device_parity(conn: HubConnection, component: Component, files: list[Path], io_float_dtype: str, local: dict, root: Path,
+                  compute_unit: str | None = None, scheme_reference=None, lowering_gate: float | None = None) -> dict:
     """The manifest's `device_parity` block for one artifact (method `device`, or `none` + reason),
-    gated like the artifact's local parity block `local`. Artifacts that failed locally stay home.
-    The compiled model is placed under `root`/hub/ and recorded relative to `root` (the export's
-    staged output folder)."""
+    gated like the artifact's local parity block `local`, and with `scheme_reference` (the
+    exporter's model of what the files compute) split into scheme and lowering figures, the
+    lowering held to `lowering_gate`. Artifacts that failed locally stay home. `compute_unit`: where
+    its placement runs it (`Placement.compute_unit`). The compiled model is placed under `root`/hub/
+    and recorded relative to `root` (the export's staged output folder)."""
     runtime = f"qai-hub ({conn.device})"
     base = {"device": conn.device}
     gate = local["threshold_db"]
     if local["verdict"] == "fail":  # "unverified" goes: the device may be the only place it can run
         return base | ParityReport("none", runtime, reason=f"not submitted: local parity verdict is {local['verdict']}", threshold_db=gate).to_json()
     with tempfile.TemporaryDirectory(prefix=".hub-", dir=root) as work:
-        submission = prepare(files, Path(work))
+        submission = prepare(files, Path(work), compute_unit)
         if isinstance(submission, str):
             return base | ParityReport("none", runtime, reason=submission, threshold_db=gate).to_json()
         sent = [to_numpy(inputs, io_float_dtype) for inputs in component.samples.values()]
@@ -158,9 +169,15 @@ def device_parity(conn: HubConnection, component: Component, files: list[Path], 
         # downloaded dataset): its calls get a private one, removed after them
         with private_tempdir():
             run = run_on_device(conn, component, submission, sent, Path(work) / "download")
-        report = measure(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, method="device")
+        reference = scheme_reference() if scheme_reference is not None and lowering_gate is not None else None
+        if reference is None:
+            report = measure(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, method="device")
+        else:
+            report = measure_split(component, _Replay(sent, run.outputs), runtime, io_float_dtype, gate, lowering_gate, reference,
+                                   method="device")
         block = base | report.to_json() | _summary(run.profile) | {
-            "submitted_as": submission.kind, "compile_options": submission.compile_options, "jobs": run.jobs}
+            "submitted_as": submission.kind, "compute_unit": submission.compute_unit, "compile_options": submission.compile_options,
+            "run_options": submission.run_options, "jobs": run.jobs}
         if run.target_model is not None:
             dest = root / HUB_DIR / files[0].name.removesuffix(files[0].suffix)
             block["target_model"] = file_record(move_into_place([run.target_model], dest)[0], root)

@@ -79,6 +79,14 @@ class RecipeFacts:
     def coarse_reason(self, component: str, precision: str) -> str | None:
         """Why `precision` is too coarse for `component` (see `coarse`), or None."""
         return self.coarse.get(component, {}).get(precision)
+    # Distributions (pip names) whose code or data the eager model and its reference run, beyond
+    # torch and numpy (`edgex.artifacts.keys.BASE_PACKAGES`): their versions are in the key of this
+    # recipe's artifacts only, so upgrading one re-exports this recipe's artifacts and no other's.
+    reference_packages: tuple[str, ...] = ()
+    # Files outside the checkpoint folder that the model is built from (SmolVLA's VLM config, found
+    # by a name in the checkpoint's config): checkpoint folder -> {what: sha256, or None when absent}.
+    # In the key beside the checkpoint's own hash; light (no torch), and it never raises.
+    external_inputs: Callable[[Path], dict[str, str | None]] | None = None
 
     def check_preset(self, preset: str | None) -> None:
         if preset is not None and preset not in self.presets:

@@ -1,5 +1,6 @@
 """The sweep's outputs: a table per component, JSON, CSV, the Pareto front, and the recommendation
-as a placement file that `edgex export --placement @FILE` reads."""
+(`recommend.py`) as a placement file that `edgex export --placement @FILE` and `edgex pipeline
+--placement @FILE` read."""
 
 from __future__ import annotations
 
@@ -31,32 +32,33 @@ def pareto(rows: list[dict]) -> list[dict]:
     return front
 
 
-def recommend(rows: list[dict]) -> dict[str, dict | None]:
-    """Per component the smallest artifact that passed its gate (ties: the higher dB), or None."""
-    chosen: dict[str, dict | None] = {}
-    for row in rows:
-        chosen.setdefault(row["component"], None)
-        best = chosen[row["component"]]
-        if row["verdict"] == "pass" and (best is None or (row["bytes"], -_number(row["min_snr_db"])) <
-                                         (best["bytes"], -_number(best["min_snr_db"]))):
-            chosen[row["component"]] = row
-    return chosen
-
-
 def placement_line(row: dict) -> str:
     """`component=exporter:precision[:calibration]`, the calibration only where the sweep set it."""
     suffix = f":{row['calibration']}" if row["explicit_calibration"] else ""
     return f"{row['component']}={row['exporter']}:{row['precision']}{suffix}"
 
 
-def placement_text(model: str, target: str, chosen: dict[str, dict | None]) -> str:
-    lines = [f"# edgex sweep {model} --target {target}: per component the smallest artifact that passed its gate",
-             f"# use: edgex export {model} --target {target} --placement @{PLACEMENT_FILE}"]
+def placement_text(model: str, target: str, recommendation: dict) -> str:
+    """The placement lines, headed by what they were chosen for: the objective per component, the
+    floor (each point passed its own gate) and the in-situ verdict with the placements tried."""
+    chosen, situ = recommendation["chosen"], recommendation["in_situ"]
+    lines = [f"# edgex sweep {model} --target {target}",
+             "# objective per component (best first): " + ", ".join(f"{c} {o}" for c, o in recommendation["objective"].items()),
+             "# floor: every point below passed its own gate (dB vs fp32 eager; scheme and lowering gates where quantized)"]
+    if situ["verdict"] == "pass":
+        lines.append(f"# in situ: pass (edgex pipeline), placement {len(situ['tried'])} of at most {situ['bound']} tried in objective order")
+    elif situ["verdict"] == "fail":
+        lines.append(f"# in situ: {situ['reason']} (at most {situ['bound']}); no pipeline placement is recommended")
+        lines += [f"#   tried {' '.join(t['placement'])}: {t['verdict']} ({(t['failures'] or ['-'])[0]})" for t in situ["tried"]]
+    else:
+        lines.append(f"# in situ: not run ({situ['reason']})")
+    lines.append(f"# use: edgex export {model} --target {target} --placement @{PLACEMENT_FILE}")
     for component, row in chosen.items():
         if row is None:
-            lines.append(f"# {component}: no swept artifact passed its gate; the target's default placement applies")
+            lines.append(f"# {component}: nothing recommended; the target's default placement applies")
         else:
-            lines.append(f"{placement_line(row)}  # {_cell(row['min_snr_db'])} dB, {row['bytes']} bytes")
+            lines.append(f"{placement_line(row)}  # {_cell(row['min_snr_db'])} dB >= gate {_cell(row['gate_db'])} dB, "
+                         f"{row['bytes']} bytes" + (f", {_cell(row['latency_ms'])} ms" if row.get("latency_ms") is not None else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -91,10 +93,11 @@ def markdown(rows: list[dict], chosen: dict[str, dict | None]) -> str:
     return "\n".join(parts)
 
 
-def write(out: Path, model: str, target: str, data: dict, plot) -> dict:
-    """sweep.json, sweep.csv, sweep.md, recommended.placement and sweep.png into `out`."""
+def write(out: Path, model: str, target: str, data: dict, plot, recommendation: dict) -> dict:
+    """sweep.json, sweep.csv, sweep.md, recommended.placement and sweep.png into `out`;
+    `recommendation` is `recommend.recommend`'s."""
     rows = data["rows"]
-    chosen = recommend(rows)
+    chosen = recommendation["chosen"]
     fronts = {c: [rows.index(r) for r in pareto([r for r in rows if r["component"] == c])] for c in chosen}
     paths = {name: out / name for name in ("sweep.json", "sweep.csv", "sweep.md", PLACEMENT_FILE, "sweep.png")}
     buffer = io.StringIO()
@@ -103,10 +106,11 @@ def write(out: Path, model: str, target: str, data: dict, plot) -> dict:
     writer.writerows(strict_json(rows))
     write_bytes_atomic(paths["sweep.csv"], buffer.getvalue().encode())
     write_bytes_atomic(paths["sweep.md"], markdown(rows, chosen).encode())
-    write_bytes_atomic(paths[PLACEMENT_FILE], placement_text(model, target, chosen).encode())
+    write_bytes_atomic(paths[PLACEMENT_FILE], placement_text(model, target, recommendation).encode())
     summary = {"model": model, "target": target, "status": data["status"], "seconds": data["build"]["seconds"],
                "reused": sum(1 for r in rows if r["reused"]), "rows": rows, "pareto": fronts,
                "recommendation": {c: (placement_line(r) if r else None) for c, r in chosen.items()},
+               "objective": recommendation["objective"], "in_situ": recommendation["in_situ"],
                "files": {k: str(v) for k, v in paths.items()}}
     write_json_atomic(paths["sweep.json"], strict_json(summary))
     plot(paths["sweep.png"], f"edgex sweep {model} -> {target}", rows, fronts)  # last: the figures are on disk whatever happens

@@ -19,9 +19,10 @@ LATENCY_RUNS = 5
 
 
 def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, allow_unverified: tuple[str, ...] = ()) -> dict:
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
-    and `edgex pipeline` read), and return the build data plus one row per artifact."""
+    and `edgex pipeline` read), and return the build data plus one row per artifact. The published
+    status follows `edgex.status` with the kinds accepted by name (`allow_unverified`), as a build's."""
     progress = progress or (lambda _m: None)
     started = time.perf_counter()
     with output_lock(out) as out:
@@ -29,7 +30,7 @@ def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, th
         cache.sweep()
         sweep_staging(out)
         outcomes = run_jobs(jobs, cache, progress)
-        build = {"file": None, "jobs": len(jobs), "allow_unverified": True, "shard": None, "cache": str(cache.root)}
+        build = {"file": None, "jobs": len(jobs), "allow_unverified": list(allow_unverified), "shard": None, "cache": str(cache.root)}
         data = publish(out, outcomes, build, started)
     progress("timing the artifacts this machine runs")
     data["rows"] = [_row(a, out, threads) for a in data["artifacts"] if "sidecar_of" not in a]
@@ -43,7 +44,7 @@ def _row(artifact: dict, out: Path, threads: int) -> dict:
     calibration = options.get("calibration_size") or (artifact.get("details") or {}).get("calibration_sets")
     files = [out / artifact["folder"] / f["path"] for f in artifact.get("files", [])]
     row = {
-        "component": artifact["component"], "role": artifact["role"], "format": artifact["format"],
+        "component": artifact["component"], "role": artifact["role"], "format": artifact["format"], "folder": artifact["folder"],
         "exporter": artifact["exporter"], "precision": artifact["precision"], "calibration": calibration,
         "min_snr_db": parity.get("min_snr_db"), "gate_db": parity.get("threshold_db"),
         "scheme_db": split["scheme"].get("min_snr_db"), "scheme_gate_db": split["scheme"].get("threshold_db"),
@@ -84,3 +85,18 @@ def _latency(artifact: dict, files: list[Path], threads: int) -> dict:
         session.run(inputs)
         times.append((time.perf_counter() - start) * 1000)
     return {"latency_ms": round(statistics.median(times), 3), "latency_note": f"{runtime.name}, {threads} threads, median of {LATENCY_RUNS}"}
+
+
+def in_situ_runner(rows: list[dict], out: Path, frames: int | None, threads: int, progress: Callable[[str], None] | None = None):
+    """`run(placement lines) -> pipeline report`: `edgex pipeline` over the sweep's published folders
+    (every calibration size's), the stages picked by the placement (`edgex.in_situ.run_pipeline`)."""
+    from ..in_situ import run_pipeline
+
+    progress = progress or (lambda _m: None)
+    folders = [Path(out) / folder for folder in dict.fromkeys(r["folder"] for r in rows)]
+
+    def run(placement: list[str]) -> dict:
+        progress(f"in situ: {' '.join(placement)}")
+        return run_pipeline(folders, placement, frames, threads)
+
+    return run

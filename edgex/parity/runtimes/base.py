@@ -42,6 +42,7 @@ class Runtime(ABC):
     method: str = "runtime"  # how parity obtained by this adapter is labelled in the manifest
     simulator: str | None = None  # the interpreter / simulator that ran the artifact, when "simulated"
     required: bool = False  # a core dependency's runtime: `edgex doctor` fails when it is missing, too
+    requires: tuple[str, ...] = ()  # importable modules it runs artifacts with (see toolchain.TOOLCHAINS)
 
     def unavailable_reason(self) -> str | None:
         """None when this machine can run the format, else a one-line reason."""

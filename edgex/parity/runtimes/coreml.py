@@ -62,6 +62,7 @@ class _Interpret(Session):
 @RUNTIMES.register("coreml")
 class CoreMLRuntime(Runtime):
     name = "coreml"
+    requires = ("coremltools",)
 
     @property
     def method(self) -> str:

@@ -26,6 +26,7 @@ class _Session(Session):
 @RUNTIMES.register("executorch")
 class ExecuTorchRuntime(Runtime):
     name = "executorch"
+    requires = ("executorch",)
     required = True
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:

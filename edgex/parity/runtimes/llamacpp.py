@@ -322,6 +322,7 @@ class _Session(Session):
 @RUNTIMES.register("llamacpp")
 class LlamaCppRuntime(Runtime):
     name = "llamacpp"
+    requires = ("llama_cpp", "gguf")
 
     def unavailable_reason(self) -> str | None:
         try:

@@ -34,6 +34,7 @@ class _Session(Session):
 @RUNTIMES.register("mnn")
 class MnnRuntime(Runtime):
     name = "mnn"
+    requires = ("MNN",)
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ensure_installed("MNN", "running .mnn artifacts")

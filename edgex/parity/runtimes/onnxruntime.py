@@ -57,6 +57,7 @@ class OrtSession(Session):
 @RUNTIMES.register("onnxruntime")
 class OnnxRuntime(Runtime):
     name = "onnxruntime"
+    requires = ("onnxruntime",)
     required = True
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:

@@ -19,6 +19,7 @@ SMOKE_TARGET = "s25-htp"
 @RUNTIMES.register("qnn-htp")
 class QnnHtpSimulator(Runtime):
     name = "qnn-htp-simulator"
+    requires = ("onnxruntime_qnn",)
     method = "simulated"
 
     def load(self, files: list[Path], threads: int | None = None) -> Session:

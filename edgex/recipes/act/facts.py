@@ -9,6 +9,7 @@ ACTPolicy, built by `recipe.py` only once work starts.
 
 from __future__ import annotations
 
+from .._lerobot import LEROBOT_PACKAGES
 from ..base import RecipeFacts
 
 ROLES = {"policy": "action"}
@@ -33,4 +34,5 @@ FACTS = RecipeFacts(
     description="ACT (LeRobot): ResNet18 + transformer encoder/decoder, observation -> action chunk in one graph",
     presets={name: p["description"] for name, p in PRESETS.items()},
     components=ROLES,
+    reference_packages=LEROBOT_PACKAGES + ("torchvision",),
 )

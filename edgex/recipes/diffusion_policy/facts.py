@@ -14,6 +14,7 @@ given its initial noise. The eager reference is switched to DDIM with the same s
 
 from __future__ import annotations
 
+from .._lerobot import LEROBOT_PACKAGES
 from ..base import RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "denoise_step": "action", "action_loop": "action"}
@@ -41,4 +42,5 @@ FACTS = RecipeFacts(
     presets={name: p["description"] for name, p in PRESETS.items()},
     components=ROLES,
     options={"steps": RecipeOption(f"DDIM steps baked into action_loop (default {DEFAULT_STEPS}, tiny 4)")},
+    reference_packages=LEROBOT_PACKAGES + ("torchvision", "diffusers"),
 )

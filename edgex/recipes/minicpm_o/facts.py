@@ -45,4 +45,5 @@ FACTS = RecipeFacts(
                                "25 Hz rows; default 10)"),
         "frames": RecipeOption("mel frames (50 Hz) per flow / flow_step / hift call (default 50: one 25-token chunk)"),
     },
+    reference_packages=("transformers", "minicpmo-utils", "einops", "scipy", "safetensors", "PyYAML"),
 )

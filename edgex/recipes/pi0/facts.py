@@ -19,6 +19,7 @@ transformers fork that cannot be installed here.
 
 from __future__ import annotations
 
+from .._lerobot import LEROBOT_PACKAGES
 from ..base import RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
@@ -69,4 +70,5 @@ FACTS = RecipeFacts(
         "19.2 and 38.3 dB in two builds of the same graph (gate 30; session 7's graph 13.6), w8a16 11.6 dB (lowering "
         "12.0 / 12); "
         "action_step w8a16 6.5 dB (scheme 9.9)")),
+    reference_packages=LEROBOT_PACKAGES + ("transformers",),
 )

@@ -47,4 +47,5 @@ FACTS = RecipeFacts(
     components=ROLES,
     coarse=COARSE,
     options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)")},
+    reference_packages=("transformers", "qwen-tts", "safetensors"),
 )

@@ -158,6 +158,7 @@ class _Runner:
             logits, hidden, new_key, new_value = decode([embeds, np.array([position], np.int64), past_key, past_value])
             past_key[:, :, :, position : position + 1] = new_key
             past_value[:, :, :, position : position + 1] = new_value
+        record["after"] = (logits, hidden)  # the last decode: the talker's output for frame `frames`
         record["codes"] = np.concatenate([np.concatenate((r["code0"], r["codes"]), axis=1)[0][:, None] for r in record["frames"]],
                                          axis=1)[None]
         return record
@@ -176,9 +177,9 @@ def _first_divergence(models, utt: Utterance, run: dict, ties: dict) -> dict | N
             continue
         k = int(differ[0])
         with torch.no_grad():
-            if k == 0:
+            if k == 0:  # code 0 is sampled from the talker's logits: frame 0's come from the prefill
                 logits = models.talker.codec_head(rec["talker_hidden"])[0, 0, :AUDIO_CODES].numpy()
-                noise, stage = rec["code0_noise"][0, 0].numpy(), "talker_decode"
+                noise, stage = rec["code0_noise"][0, 0].numpy(), "talker_prefill" if f == 0 else "talker_decode"
             else:
                 logits = predictor.frame_reference(models.talker, rec["talker_hidden"], rec["code0"], rec["noise"])[1][0, k - 1].numpy()
                 noise, stage = rec["noise"][0, k - 1].numpy(), "code_predictor"
@@ -216,6 +217,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     # utterance goes on past the artifacts' frames (it is generated lazily, frame by frame, so its
     # first frames are the same however long it is).
     stream_frames = max(settings.get("stream_frames") or 2 * CHUNK + LEFT_CONTEXT, frames)
+    # The eager utterance reaches one frame past the artifacts' last: the talker's decode after the last
+    # frame is scored too, so `--frames 1` scores talker_decode once.
     if not 0 < frames <= slots - prefill_len:
         from ...errors import EdgexError
 
@@ -225,7 +228,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     looped = isinstance(stages["code_predictor"], _StepLoop)
     gates = {n: s.gate_db for n, s in stages.items()}
     failures = []
-    utt = Utterance(models.talker, prefill_len, stream_frames, options["seed"] + SEED_OFFSET)
+    utt = Utterance(models.talker, prefill_len, max(stream_frames, frames + 1), options["seed"] + SEED_OFFSET)
     eager_frames = [utt.frame(f) for f in range(frames)]
     eager_codes = np.stack([torch.cat((r["code0"], r["codes"]), dim=1)[0].numpy() for r in eager_frames], axis=-1)[None]
     with torch.no_grad():
@@ -240,11 +243,12 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     tf = {"talker_prefill": {"logits_db": snr_db(ref_prefill[0][:, -1:].numpy(), forced["prefill"][0]),
                              "hidden_db": snr_db(ref_prefill[1][:, -1:].numpy(), forced["prefill"][1])}}
     hidden_db, logits_db, pred_db, agree, tf_flips = [], [], [], [], []
-    for f in range(1, frames):  # frame f's talker input is the decode output after frame f - 1
-        want = eager_frames[f]["talker_hidden"]
-        hidden_db.append(snr_db(want.numpy(), forced["frames"][f]["talker_hidden"]))
+    for f in range(1, frames + 1):  # frame f's talker input is the decode output after frame f - 1
+        want = utt.frame(f)["talker_hidden"]
+        got_logits, got_hidden = forced["after"] if f == frames else (forced["frames"][f][k] for k in ("talker_logits", "talker_hidden"))
+        hidden_db.append(snr_db(want.numpy(), got_hidden))
         with torch.no_grad():
-            logits_db.append(snr_db(models.talker.codec_head(want).numpy(), forced["frames"][f]["talker_logits"]))
+            logits_db.append(snr_db(models.talker.codec_head(want).numpy(), got_logits))
     eager_predictor_ms = []
     for f in range(frames):
         rec, got = eager_frames[f], forced["frames"][f]
@@ -323,7 +327,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
     # (c) streaming schedules against the offline decode, and their playback gaps here
     progress(f"streaming schedules over {stream_frames} eager frames")
-    all_codes = utt.codes
+    all_codes = utt.codes[..., :stream_frames]
     with torch.no_grad():
         offline = models.decoder(all_codes).numpy()
     for s in (stages["code2latent"], stages["latent2wav"]):

@@ -15,6 +15,13 @@ tokenizer runs in a graph. The model is LeRobot's SmolVLAPolicy, built by `recip
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
+from ...checkpoints import resolve_checkpoint
+from ...errors import EdgexError
+from .._lerobot import LEROBOT_PACKAGES
 from ..base import RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
@@ -52,10 +59,31 @@ PRESETS = {
     },
 }
 
+def vlm_config_inputs(checkpoint: Path) -> dict[str, str | None]:
+    """The SmolVLM config a checkpoint's `vlm_model_name` names (a folder, or a hub id in the local
+    cache): the model is built from it (`recipe.vlm_config_from`) and it lies outside the checkpoint
+    folder, so its sha256 joins the key. A name absent from config.json is LeRobot's default, whose
+    version is in the key already; a config that cannot be found or read is None (loading says why)."""
+    try:
+        name = json.loads((Path(checkpoint) / "config.json").read_text()).get("vlm_model_name")
+    except (OSError, ValueError, AttributeError):
+        return {"vlm_model_name": None, "vlm_config_sha256": None}
+    if not isinstance(name, str):
+        return {"vlm_model_name": None, "vlm_config_sha256": None}
+    try:
+        config = resolve_checkpoint(name) / "config.json"
+        digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    except (EdgexError, OSError):
+        digest = None
+    return {"vlm_model_name": name, "vlm_config_sha256": digest}
+
+
 FACTS = RecipeFacts(
     name="smolvla",
     description="SmolVLA (LeRobot): SmolVLM vision + prefix K/V, cross-attending flow-matching action expert",
     presets={name: p["description"] for name, p in PRESETS.items()},
     components=ROLES,
     options={"steps": RecipeOption("Euler steps baked into action_loop (default: the config's num_steps, 10)")},
+    reference_packages=LEROBOT_PACKAGES + ("transformers",),
+    external_inputs=vlm_config_inputs,
 )

@@ -29,4 +29,5 @@ FACTS = RecipeFacts(
         "context": RecipeOption("full-attention KV slots (tiny 128, 1.7b / checkpoint 1024)"),
         "prefill": RecipeOption("tokens per prefill call (tiny 12, 1.7b / checkpoint 128)"),
     },
+    reference_packages=("safetensors",),
 )

@@ -1,0 +1,101 @@
+"""The sweep's recommendation: per component the best passing point by an objective, and the whole
+placement checked in situ (`edgex pipeline`) before it is recommended.
+
+- **Objective**, per component: `latency_ms` where this machine measured every passing point of it
+  (the artifact's own runtime, not a simulator), else `bytes`; ties go to the higher dB.
+- **Floor**: every recommended point passed its own gate (dB against fp32 eager, the scheme and
+  lowering gates for quantized and fp16 points); no failed or unverified point is ever a candidate.
+- **In situ**: the points that serve the model's pipeline stages (`Recipe.in_situ_components`) are
+  tried as whole placements in objective order (best-first by the sum of each stage's rank: first
+  every stage's best, then one stage at its second best, ...), each run through the pipeline, up to
+  `bound` placements. The first that passes is recommended; if none of the first `bound` does, the
+  recommendation says so and names none (the sweep exits 1). Components that serve no stage keep
+  their objective's best; a model with no pipeline, a sweep that lacks a stage, or `bound` 0 leave
+  the in-situ verdict "not run", with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable
+
+from ..errors import EdgexError
+
+DEFAULT_BOUND = 3
+
+
+def _number(value) -> float:
+    """Figures as strict JSON stores them ("inf") back to floats; None sorts last."""
+    return -math.inf if value is None else float(value)
+
+
+def objective(rows: list[dict]) -> str:
+    """`latency_ms` when every passing row has one measured here, else `bytes`."""
+    passing = [r for r in rows if r["verdict"] == "pass"]
+    return "latency_ms" if passing and all(r.get("latency_ms") is not None for r in passing) else "bytes"
+
+
+def ranked(rows: list[dict], by: str) -> list[dict]:
+    """The passing rows, best first by `by`, ties to the higher dB."""
+    return sorted((r for r in rows if r["verdict"] == "pass"), key=lambda r: (r[by], -_number(r["min_snr_db"])))
+
+
+def placements(stages: list[list[dict]], bound: int) -> list[tuple[dict, ...]]:
+    """The first `bound` whole placements (one row per stage), best-first by the sum of the ranks
+    (then by the ranks themselves). A rank at or past `bound` cannot be among the first `bound`."""
+    capped = [range(min(len(rows), bound)) for rows in stages]
+    order = sorted(itertools.product(*capped), key=lambda ranks: (sum(ranks), ranks))
+    return [tuple(rows[i] for rows, i in zip(stages, ranks)) for ranks in order[:bound]]
+
+
+def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict], str],
+              run: Callable[[list[str]], dict] | None, bound: int = DEFAULT_BOUND) -> dict:
+    """`{"objective", "chosen", "in_situ"}`: per component its objective and chosen row (None: none
+    passed, or no placement passed in situ), and the in-situ verdict with every placement tried.
+    `run(placement lines)` runs the pipeline and returns its report (`edgex.in_situ.run_pipeline`);
+    None or `pipeline_stages` empty: not run."""
+    components = list(dict.fromkeys(r["component"] for r in rows))
+    by = {c: objective([r for r in rows if r["component"] == c]) for c in components}
+    chosen = {c: next(iter(ranked([r for r in rows if r["component"] == c], by[c])), None) for c in components}
+    stages = [(s,) if isinstance(s, str) else tuple(s) for s in pipeline_stages]
+    swept = set(components)
+    result = {"objective": by, "chosen": chosen, "in_situ": {"bound": bound, "tried": []}}
+    situ = result["in_situ"]
+    if run is None or not stages:
+        situ.update(verdict="not run", reason="the model has no in-situ pipeline" if not stages else "--in-situ 0")
+        return result
+    missing = [" or ".join(s) for s in stages if not swept.intersection(s)]
+    if missing:
+        situ.update(verdict="not run", reason=f"the sweep has no point of the pipeline stage(s) {', '.join(missing)}")
+        return result
+    candidates = []
+    for stage in stages:  # a stage with alternative components: their passing points in one ranking
+        mine = [r for r in rows if r["component"] in stage]
+        candidates.append(ranked(mine, objective(mine)))
+    if any(not c for c in candidates) or bound < 1:
+        situ.update(verdict="not run", reason="a pipeline stage has no passing point" if bound >= 1 else "bound 0")
+        return result
+    for placement in placements(candidates, bound):
+        lines = [placement_line(r) for r in placement]
+        try:
+            report = run(lines)
+        except EdgexError as exc:
+            situ["tried"].append({"placement": lines, "verdict": "error", "failures": [str(exc)]})
+            continue
+        situ["tried"].append({"placement": lines, "verdict": report["verdict"], "failures": report["failures"][:3]})
+        if report["verdict"] == "pass":
+            for row in placement:
+                served = [s for s in stages if row["component"] in s][0]
+                for component in served:  # the stage's other alternative is not what the placement deploys
+                    if component in chosen and component != row["component"]:
+                        chosen[component] = None
+                chosen[row["component"]] = row
+            situ.update(verdict="pass", placement=lines)
+            return result
+    for stage in stages:
+        for component in stage:
+            if component in chosen:
+                chosen[component] = None
+    situ.update(verdict="fail", reason=f"none of the first {len(situ['tried'])} placement(s) in objective order passed in situ")
+    return result
