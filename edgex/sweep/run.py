@@ -19,16 +19,17 @@ LATENCY_RUNS = 5
 
 
 def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, executor=None) -> dict:
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
-    and `edgex pipeline` read), and return the build data plus one row per artifact."""
+    and `edgex pipeline` read), and return the build data plus one row per artifact. `executor`:
+    where the uncached jobs run (`edgex.build.executors`; default: here, one after another)."""
     progress = progress or (lambda _m: None)
     started = time.perf_counter()
     with output_lock(out) as out:
         cache = Cache(cache_dir or out / DEFAULT_CACHE)
         cache.sweep()
         sweep_staging(out)
-        outcomes = run_jobs(jobs, cache, progress)
+        outcomes = run_jobs(jobs, cache, progress, executor)
         build = {"file": None, "jobs": len(jobs), "allow_unverified": True, "shard": None, "cache": str(cache.root)}
         data = publish(out, outcomes, build, started)
     progress("timing the artifacts this machine runs")
