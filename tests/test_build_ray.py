@@ -118,7 +118,7 @@ def test_ray_build_matches_local_and_survives_a_killed_worker(cluster, tmp_path)
     file.write_text(ONE_JOB)
     local = run_build(file, tmp_path / "local")
 
-    killer = WorkerKiller(after=2.0)
+    killer = WorkerKiller(after=1.0)
     killer.start()
     executor = RayExecutor(cluster.address)
     try:
