@@ -58,7 +58,8 @@ class RayExecutor:
         if not pending:  # everything cached: no cluster is needed, nothing is started
             yield RayExports(None, {}, {}, cache, progress, total)
             return
-        demands = {p.index: demand(p.job, recorded_peaks(cache.root)) for p in pending}
+        peaks = recorded_peaks(cache.root)
+        demands = {p.index: demand(p.job, peaks) for p in pending}
         with connected(self.address) as ray:
             check_fits(list(demands.values()), [n["Resources"] for n in ray.nodes() if n.get("Alive")])
             remote = ray.remote(self.task)
