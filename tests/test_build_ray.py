@@ -194,3 +194,23 @@ def test_embedded_instance_listens_on_loopback_only():
     assert report["nodes"] == ["127.0.0.1"]
     sockets = [tuple(s) for s in report["sockets"]]
     assert any(name == "gcs_server" for _, name in sockets) and beyond_loopback(sockets) == []
+
+
+def test_a_checkpoint_reaches_a_node_by_its_hash(tmp_path):
+    from edgex.artifacts.keys import tree_sha256
+    from edgex.build.executors.worker import materialize
+
+    source = tmp_path / "ckpt"
+    (source / "sub").mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "sub" / "model.safetensors").write_bytes(b"\x00\x01" * 1000)
+    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    sha = tree_sha256(source)
+    node = tmp_path / "node"
+    damaged = {**files, "config.json": b"{ }"}
+    with pytest.raises(RuntimeError, match="content sha256"):
+        materialize(node, sha, lambda: damaged)
+    assert not (node / "checkpoints" / sha).exists() and list((node / "checkpoints").iterdir()) == []
+    folder = materialize(node, sha, lambda: files)
+    assert folder == node / "checkpoints" / sha and tree_sha256(folder) == sha
+    assert materialize(node, sha, lambda: pytest.fail("fetched again")) == folder  # kept for the next job
