@@ -279,6 +279,11 @@ def _sizes(values: Optional[List[str]]) -> Optional[List[int]]:
     return sizes or None
 
 
+_EXECUTOR_HELP = "where uncached jobs run: local (here, one after another) or ray (one Ray task each, docs/ray.md)"
+_ADDRESS_HELP = ("with --executor ray: an existing Ray cluster (host:port of its head, auto, or ray://HOST:PORT); "
+                 "default: an embedded Ray instance on this machine, loopback only")
+
+
 @app.command()
 def sweep(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
@@ -296,6 +301,8 @@ def sweep(
     out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
     threads: int = typer.Option(2, help="threads for the latency and in-situ runs"),
+    executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
@@ -311,10 +318,12 @@ def sweep(
     from .recipes.base import parse_settings
 
     try:
+        from .build.executors import make_executor
         from .status import check_unverified_kinds
         from .sweep.plan import sweep_jobs
 
         allowed = tuple(check_unverified_kinds(_split(allow_unverified)))
+        runner = make_executor(executor, address)
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
@@ -330,9 +339,9 @@ def sweep(
 
             lines = Console(file=stderr, width=err.width)  # fd 2 is /dev/null meanwhile (toolchain noise)
             data = run_sweep(jobs, out_dir, cache, threads, progress=lambda m: lines.print(m, highlight=False),
-                             allow_unverified=allowed)
-            runner = in_situ_runner(data["rows"], out_dir, frames, threads, lambda m: lines.print(m, highlight=False))
-            chosen = recommend(data["rows"], RECIPES.get(model).in_situ_components, placement_line, runner if in_situ else None,
+                             allow_unverified=allowed, executor=runner)
+            in_situ_run = in_situ_runner(data["rows"], out_dir, frames, threads, lambda m: lines.print(m, highlight=False))
+            chosen = recommend(data["rows"], RECIPES.get(model).in_situ_components, placement_line, in_situ_run if in_situ else None,
                                in_situ)
             summary = write(out_dir, model, target, data, plot, chosen)
     except EdgexError as exc:
@@ -494,6 +503,8 @@ def build_run(
     cache: Optional[Path] = typer.Option(None, "--cache", help="cache folder (default: <out>/.edgex-cache)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run shard I of N of the jobs, e.g. 1/2 (merge with edgex build merge)"),
     costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json: balance shards by its recorded export seconds"),
+    executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
 ):
     """Export every artifact of a build file (reusing unchanged ones from the cache), write reports."""
@@ -502,8 +513,11 @@ def build_run(
         from .build.run import run_build
         from .build.shard import parse_shard
 
+        from .build.executors import make_executor
+
         shard_spec = parse_shard(shard) if shard else None
-        data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.print(m, highlight=False))
+        data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.print(m, highlight=False),
+                         executor=make_executor(executor, address))
     except EdgexError as exc:
         _fail(exc)
     _build_result(data, out_dir, as_json)

@@ -76,10 +76,10 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
                         if verify_files and (not source.is_file() or sha256(source) != record["sha256"]):
                             raise EdgexError(f"{source} does not match its manifest (sha256): the shard output is damaged")
                         link_or_copy(source, dest / record["path"])
-            headers[folder] = items[0].header
+            headers[folder] = _folder_header(items)
             entries = [a for o in items for a in o.artifacts]
             write_json_atomic(dest / MANIFEST, {
-                **items[0].header, "created": _now(), "gate_overrides": {}, "artifacts": entries,
+                **headers[folder], "created": _now(), "gate_overrides": {}, "artifacts": entries,
                 "allow_unverified": build.get("allow_unverified", []),
                 "status": status(entries, build.get("allow_unverified", [])),
                 "seconds": round(sum(o.artifacts[0]["build"]["seconds"] for o in items if o.artifacts), 3)})
@@ -105,6 +105,12 @@ def publish(out: Path, outcomes: list[Outcome], build: dict, started: float, ver
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return data
+
+
+def _folder_header(items: list[Outcome]) -> dict:
+    """The folder manifest's header: that of its first job that built the model (a job whose Ray task
+    was lost exported nothing and records no model source)."""
+    return next((o.header for o in items if "source" in o.header), items[0].header)
 
 
 def _now() -> str:

@@ -30,6 +30,7 @@ from ..artifacts.lock import output_lock
 from ..errors import EdgexError
 from ..export import export_model
 from .cache import Cache, files_root
+from .executors import LocalExecutor, Pending
 from .publish import DISK_ERRNOS, PER_CALL, Outcome, disk_error, publish, sweep
 from .reproducible import reproducibility
 from .shard import partition, recorded_costs
@@ -48,8 +49,9 @@ def _io_failure(error: str) -> bool:
 
 
 def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
-              costs: Path | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Run (this shard of) a build file; returns build.json's content."""
+              costs: Path | None = None, progress: Callable[[str], None] | None = None, executor=None) -> dict:
+    """Run (this shard of) a build file; returns build.json's content. `executor`: where the jobs
+    the cache does not hold run (`edgex.build.executors`; default: here, one after another)."""
     progress = progress or (lambda _msg: None)
     started = time.perf_counter()
     plan = load_plan(file)
@@ -61,7 +63,7 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
             cache = Cache(cache_dir or out / DEFAULT_CACHE)
             cache.sweep()
             sweep(out)
-            outcomes = run_jobs(mine, cache, progress)
+            outcomes = run_jobs(mine, cache, progress, executor)
             build = {"edgex_version": __version__, "file": str(plan.file), "file_sha256": plan.file_sha256,
                      "plan_sha256": plan.digest, "plan_ids": [j.id for j in plan.jobs], "jobs": len(mine),
                      "allow_unverified": list(plan.allow_unverified),
@@ -74,72 +76,85 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
         raise
 
 
-def run_jobs(jobs: list[BuildJob], cache: Cache, progress) -> list[Outcome]:
+def run_jobs(jobs: list[BuildJob], cache: Cache, progress, executor=None) -> list[Outcome]:
+    """Each job's outcome, in plan order. A cache hit is read here and never leaves this process;
+    the other jobs are exported by `executor` (`edgex.build.executors`: one after another in this
+    process by default, or as tasks on a Ray cluster) and committed to the cache here by `settle`,
+    whichever ran them."""
     weights = {(j.model, j.preset, j.checkpoint): weights_inputs(j.model, j.preset, Path(j.checkpoint) if j.checkpoint else None)
                for j in jobs}  # each checkpoint hashed once
     checkpoints = {c: w["checkpoint_sha256"] for (_, _, c), w in weights.items() if c}
     last_use = {j.checkpoint: i for i, j in enumerate(jobs) if j.checkpoint}
     fresh: dict[str, list[str]] = {}
-    outcomes = []
-    for i, job in enumerate(jobs):
-        tag = f"[{i + 1}/{len(jobs)}] {job.id}"
-        inputs = cache.key_inputs(job, weights[job.model, job.preset, job.checkpoint])
-        key = cache.key(inputs)
+    looked = []
+    for job in jobs:
         start = time.perf_counter()
-        manifest = cache.lookup(key)
-        reused = manifest is not None
-        if reused:
-            root, record = files_root(cache.path(key)), json.loads(cache.path(key).joinpath("key.json").read_text())
-            export_seconds = record["export_seconds"]
-        else:
-            progress(f"{tag}: exporting")
-            manifest, root = _export(job, cache, key, inputs, lambda m: progress(f"{tag}: {m}"))
-            export_seconds = round(time.perf_counter() - start, 3)
-            if root is not None and job.checkpoint:
-                fresh.setdefault(job.checkpoint, []).append(key)
-        seconds = round(time.perf_counter() - start, 3)
-        if job.checkpoint and last_use[job.checkpoint] == i:
-            _check_unchanged(job.checkpoint, checkpoints[job.checkpoint], cache, fresh.get(job.checkpoint, []))
-        header = {k: v for k, v in manifest.items() if k not in PER_CALL}
-        entries = []
-        for entry in manifest["artifacts"]:
-            entries.append({"id": job.id, "folder": job.folder, **entry, "build": {
-                "key": key, "reused": reused, "seconds": seconds, "export_seconds": export_seconds, "entry": job.entry,
-                "gate_overrides": dict(job.min_db), "reproducible": reproducibility(entry["exporter"]),
-            }})
-        outcomes.append(Outcome(job.id, job.folder, header, entries, root))
-        verdicts = ", ".join(e["verdict"] for e in entries)
-        progress(f"{tag}: {'reused' if reused else 'exported'} ({verdicts}, {seconds:.1f} s)")
+        inputs = job_key_inputs(cache, job, checkpoints.get(job.checkpoint))
+        key = cache.key(inputs)
+        looked.append((inputs, key, cache.lookup(key), round(time.perf_counter() - start, 3)))
+    todo = [Pending(i, job, looked[i][1], looked[i][0]) for i, job in enumerate(jobs) if looked[i][2] is None]
+    outcomes = []
+    with (executor or LocalExecutor()).exports(todo, cache, progress, len(jobs)) as exports:
+        for i, job in enumerate(jobs):
+            tag = f"[{i + 1}/{len(jobs)}] {job.id}"
+            inputs, key, manifest, seconds = looked[i]
+            reused = manifest is not None
+            if reused:
+                root, record = files_root(cache.path(key)), json.loads(cache.path(key).joinpath("key.json").read_text())
+                export_seconds = record["export_seconds"]
+            else:
+                manifest, root, export_seconds, seconds = exports.result(i, lambda m: progress(f"{tag}: {m}"))
+                if root is not None and job.checkpoint:
+                    fresh.setdefault(job.checkpoint, []).append(key)
+            if job.checkpoint and last_use[job.checkpoint] == i:
+                _check_unchanged(job.checkpoint, checkpoints[job.checkpoint], cache, fresh.get(job.checkpoint, []))
+            header = {k: v for k, v in manifest.items() if k not in PER_CALL}
+            entries = []
+            for entry in manifest["artifacts"]:
+                entries.append({"id": job.id, "folder": job.folder, **entry, "build": {
+                    "key": key, "reused": reused, "seconds": seconds, "export_seconds": export_seconds, "entry": job.entry,
+                    "gate_overrides": dict(job.min_db), "reproducible": reproducibility(entry["exporter"]),
+                }})
+            outcomes.append(Outcome(job.id, job.folder, header, entries, root))
+            verdicts = ", ".join(e["verdict"] for e in entries)
+            progress(f"{tag}: {'reused' if reused else 'exported'} ({verdicts}, {seconds:.1f} s)")
     return outcomes
 
 
-def _export(job: BuildJob, cache: Cache, key: str, inputs: dict, progress) -> tuple[dict, Path | None]:
-    """One artifact into a temporary cache folder, committed under its key unless it errored (an
-    error may be transient: it is reported, never cached)."""
-    staged = cache.staging(key)
-    try:
-        started = time.perf_counter()
-        manifest = export_model(
-            job.model, job.target, staged, preset=job.preset, checkpoint=Path(job.checkpoint) if job.checkpoint else None,
-            seed=job.seed, components=[job.component], formats=[job.exporter], precisions=[job.precision],
-            min_db=dict(job.min_db), placements=list(job.placements), calibration_size=job.calibration,
-            threads=job.threads, settings=dict(job.settings), progress=lambda message, _job: progress(message),
-        )
-        manifest.pop("manifest_path", None)
-        errors = [a.get("error", "") for a in manifest["artifacts"] if a["verdict"] == "error"]
-        failure = next((e for e in errors if _io_failure(e)), None)
-        if failure:
-            free = shutil.disk_usage(cache.root).free
-            raise EdgexError(f"{job.id}: writing the export failed ({failure}; {free / 1e6:.1f} MB free under {cache.root}); "
-                             "the build stopped and removed its temporary files (published files are unchanged)")
-        if errors:
-            shutil.rmtree(staged, ignore_errors=True)
-            return manifest, None
-        entry = cache.commit(staged, key, inputs, {"id": job.id, "export_seconds": round(time.perf_counter() - started, 3)})
-        return manifest, files_root(entry)
-    except BaseException:
+def job_key_inputs(cache: Cache, job: BuildJob, weights: dict) -> dict:
+    """What the job's cache key is the digest of. A Ray worker computes it again before exporting:
+    the same key there means the same edgex, toolchain and weights as here."""
+    return cache.key_inputs(job, weights)
+
+
+def export_job(job: BuildJob, dest: Path, progress) -> dict:
+    """The job's one `export_model` call into `dest` (files under `<dest>/<model>/<target>/`); its manifest."""
+    manifest = export_model(
+        job.model, job.target, dest, preset=job.preset, checkpoint=Path(job.checkpoint) if job.checkpoint else None,
+        seed=job.seed, components=[job.component], formats=[job.exporter], precisions=[job.precision],
+        min_db=dict(job.min_db), placements=list(job.placements), calibration_size=job.calibration,
+        threads=job.threads, settings=dict(job.settings), progress=lambda message, _job: progress(message),
+    )
+    manifest.pop("manifest_path", None)
+    manifest.pop("reused", None)
+    return manifest
+
+
+def settle(job: BuildJob, cache: Cache, key: str, inputs: dict, staged: Path, manifest: dict,
+           export_seconds: float) -> Path | None:
+    """A finished export in `staged` (a cache staging folder) committed under its key; the entry's
+    files root, or None when it errored (an error may be transient: it is reported, never cached).
+    A write failure stops the build."""
+    errors = [a.get("error", "") for a in manifest["artifacts"] if a["verdict"] == "error"]
+    failure = next((e for e in errors if _io_failure(e)), None)
+    if failure:
+        free = shutil.disk_usage(cache.root).free
+        raise EdgexError(f"{job.id}: writing the export failed ({failure}; {free / 1e6:.1f} MB free under {cache.root}); "
+                         "the build stopped and removed its temporary files (published files are unchanged)")
+    if errors:
         shutil.rmtree(staged, ignore_errors=True)
-        raise
+        return None
+    return files_root(cache.commit(staged, key, inputs, {"id": job.id, "export_seconds": export_seconds}))
 
 
 def _check_unchanged(checkpoint: str, before: str, cache: Cache, fresh_keys: list[str]) -> None:

@@ -19,17 +19,19 @@ LATENCY_RUNS = 5
 
 
 def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
-              progress: Callable[[str], None] | None = None, allow_unverified: tuple[str, ...] = ()) -> dict:
+              progress: Callable[[str], None] | None = None, allow_unverified: tuple[str, ...] = (),
+              executor=None) -> dict:
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
     and `edgex pipeline` read), and return the build data plus one row per artifact. The published
-    status follows `edgex.status` with the kinds accepted by name (`allow_unverified`), as a build's."""
+    status follows `edgex.status` with the kinds accepted by name (`allow_unverified`), as a build's. `executor`:
+    where the uncached jobs run (`edgex.build.executors`; default: here, one after another)."""
     progress = progress or (lambda _m: None)
     started = time.perf_counter()
     with output_lock(out) as out:
         cache = Cache(cache_dir or out / DEFAULT_CACHE)
         cache.sweep()
         sweep_staging(out)
-        outcomes = run_jobs(jobs, cache, progress)
+        outcomes = run_jobs(jobs, cache, progress, executor)
         build = {"file": None, "jobs": len(jobs), "allow_unverified": list(allow_unverified), "shard": None, "cache": str(cache.root)}
         data = publish(out, outcomes, build, started)
     progress("timing the artifacts this machine runs")

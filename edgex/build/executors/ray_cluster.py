@@ -1,0 +1,212 @@
+"""`--executor ray`: a build's uncached jobs as Ray tasks, one per job.
+
+Connecting: `--address` names an existing cluster (`ray.init(address=...)`: host:port of its head,
+`auto`, or a `ray://` client address); without it an embedded Ray instance starts on this machine
+and stops with the build: its node address is 127.0.0.1, so every Ray process listens on loopback
+only, no dashboard, usage statistics off, a `OBJECT_STORE_BYTES` object store (larger objects
+spill to disk).
+
+Each task declares the CPUs and memory its job needs (`edgex.build.executors.memory`); a job no
+node can hold is refused before any task is submitted. A task lost with its worker or node is
+retried (`MAX_RETRIES`); a task that still fails, or whose job's process dies, is that job's
+`error` with the reason. Checkpoints travel by content hash through Ray's object store, one object
+per checkpoint, materialized once per node; no filesystem is shared. The driver writes what a task
+returns into a cache staging folder, checks every file against the manifest (sha256 and size) and
+commits it with `edgex.build.run.settle`, exactly as a local export. Leaving the build early
+(Ctrl-C, an error) cancels the tasks still running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ...artifacts.files import MANIFEST, intact, write_json_atomic
+from ...artifacts.keys import tree_sha256
+from ...errors import EdgexError
+from ..cache import files_root
+from . import Pending
+from .memory import check_fits, demand, recorded_peaks
+from .worker import run_export_task
+
+MAX_RETRIES = 2  # retries of a task whose worker process or node was lost
+OBJECT_STORE_BYTES = 512 * 2**20  # the embedded instance's
+POLL_SECONDS = 1.0
+
+
+class TaskFailed(RuntimeError):
+    """A job's Ray task ended without an export (its worker or node lost past the retries, the
+    job's process killed, another environment on the node)."""
+
+
+class RayExecutor:
+    """`address`: an existing Ray cluster, or None for an embedded one. `submitted` lists the job
+    ids sent to the cluster (a cache hit never is)."""
+
+    def __init__(self, address: str | None = None, max_retries: int = MAX_RETRIES, task: Callable = run_export_task):
+        self.address = address
+        self.max_retries = max_retries
+        self.task = task
+        self.submitted: list[str] = []
+
+    @contextmanager
+    def exports(self, pending: list[Pending], cache, progress, total: int) -> Iterator["RayExports"]:
+        if not pending:  # everything cached: no cluster is needed, nothing is started
+            yield RayExports(None, {}, {}, cache, progress, total)
+            return
+        peaks = recorded_peaks(cache.root)
+        demands = {p.index: demand(p.job, peaks) for p in pending}
+        with connected(self.address) as ray:
+            check_fits(list(demands.values()), [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+            remote = ray.remote(self.task)
+            checkpoints = _send_checkpoints(ray, [p.job.checkpoint for p in pending if p.job.checkpoint])
+            refs = {}
+            for p in pending:
+                d = demands[p.index]
+                refs[p.index] = remote.options(num_cpus=d.cpus, memory=d.memory, max_retries=self.max_retries,
+                                               retry_exceptions=False, name=f"edgex {p.job.id}").remote(
+                    p.job, p.key, p.inputs, checkpoints.get(p.job.checkpoint))
+                self.submitted.append(p.job.id)
+                progress(f"[{p.index + 1}/{total}] {p.job.id}: submitted to Ray ({d.describe()})")
+            exports = RayExports(ray, refs, {p.index: p for p in pending}, cache, progress, total)
+            try:
+                yield exports
+            finally:
+                exports.cancel()
+
+
+@contextmanager
+def connected(address: str | None):
+    """Ray connected to `address`, or to an embedded loopback-only instance; disconnected (the
+    embedded one stopped) on the way out. A connection this process already holds is used as is."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is None:
+        # Ray otherwise replaces 127.0.0.1 by the machine's outward address and binds its servers to
+        # every interface; with this its node address, and so every listening socket, is loopback.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        import logging
+
+        import ray
+        from ray._private import ray_constants
+    except ImportError as exc:
+        raise EdgexError(f"--executor ray needs Ray ({exc}): install the `ray` extra (scripts/setup does)") from None
+    if ray.is_initialized():
+        yield ray
+        return
+    if address is None:
+        ray_constants.ENABLE_RAY_CLUSTER = False  # as the variable above, where Ray was imported before it was set
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                 object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, logging_level=logging.ERROR)
+    else:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise EdgexError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _send_checkpoints(ray, folders: list[str]) -> dict[str, tuple[str, list]]:
+    """Each checkpoint folder once into the object store: path -> (content sha256, [ObjectRef]).
+    The reference travels inside a list so that a node holding the checkpoint already never fetches it."""
+    sent = {}
+    for folder in dict.fromkeys(folders):
+        root = Path(folder)
+        files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        sent[folder] = (tree_sha256(root), [ray.put(files)])
+        del files
+    return sent
+
+
+class RayExports:
+    def __init__(self, ray, refs: dict, pending: dict[int, Pending], cache, progress, total: int):
+        self._ray, self._refs, self._pending, self._cache = ray, refs, pending, cache
+        self._progress, self._total = progress, total
+        self._waiting = {ref: index for index, ref in refs.items()}
+        self._done: dict[int, tuple[dict | None, str | None, float]] = {}  # value, failure, seconds since submit
+        self._started = time.perf_counter()
+
+    def result(self, index: int, progress: Callable[[str], None]):
+        while index not in self._done:
+            ready, _ = self._ray.wait(list(self._waiting), num_returns=1, timeout=POLL_SECONDS)
+            for ref in ready:
+                self._collect(ref)
+        value, failure, _ = self._done.pop(index)
+        item = self._pending.pop(index)
+        started = time.perf_counter()
+        if failure is None and "error" in value:
+            failure = value["error"]
+        if failure is not None:
+            return _failed(item, failure), None, 0.0, round(time.perf_counter() - started, 3)
+        manifest, root = self._commit(item, value)
+        return manifest, root, value["export_seconds"], round(value["task_seconds"] + time.perf_counter() - started, 3)
+
+    def _collect(self, ref) -> None:
+        index = self._waiting.pop(ref)
+        item = self._pending[index]
+        seconds = time.perf_counter() - self._started
+        try:
+            value, failure = self._ray.get(ref), None
+            where = f"on {value.get('node')}"
+        except self._ray.exceptions.RayError as exc:
+            value, failure = None, f"the Ray task failed: {type(exc).__name__}: {_first_line(exc)}"
+            where = "failed"
+        self._done[index] = (value, failure, seconds)
+        self._progress(f"[{index + 1}/{self._total}] {item.job.id}: finished {where} ({seconds:.1f} s after submission)")
+
+    def _commit(self, item: Pending, value: dict):
+        """The task's files into a cache staging folder, checked against their manifest, then
+        committed as a local export is (`settle`)."""
+        from ..run import settle
+
+        staged = self._cache.staging(item.key)
+        try:
+            for rel, data in value["files"].items():
+                path = staged / rel
+                if not path.resolve().is_relative_to(staged.resolve()):
+                    raise EdgexError(f"{item.job.id}: the task returned a file outside its folder ({rel})")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            manifest = value["manifest"]
+            if value.get("checkpoint_path"):  # the node's copy of the checkpoint: name the driver's
+                source = manifest.get("source") or {}
+                for k, v in source.items():
+                    if v == value["checkpoint_path"]:
+                        source[k] = item.job.checkpoint
+                write_json_atomic(files_root(staged) / MANIFEST, manifest)
+            if not intact(manifest, files_root(staged)):
+                shutil.rmtree(staged, ignore_errors=True)
+                return _failed(item, f"the files returned from {value.get('node')} do not match their manifest (sha256)"), None
+            return manifest, settle(item.job, self._cache, item.key, item.inputs, staged, manifest, value["export_seconds"])
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+
+    def cancel(self) -> None:
+        for ref in self._waiting:
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - finished meanwhile, or the cluster is gone
+                pass
+        self._waiting.clear()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _failed(item: Pending, reason: str) -> dict:
+    """The manifest of a job that exported nothing: one `error` entry with the reason. It records
+    no model source (the folder's manifest takes it from a job that ran)."""
+    from ...export import _error_entries
+
+    job = item.job
+    return {"model": job.model, "target": job.target, "artifacts": _error_entries(job.planned, TaskFailed(reason))}
