@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("policy-configs")
 CHUNKS = 2
 # camera layouts: one camera; two of different shapes; three, two alike and one not
 ONE = {"observation.images.front": (3, 40, 56)}
-TWO = {"observation.images.top": (3, 48, 64), "observation.images.wrist": (3, 36, 36)}
+TWO = {"observation.images.top": (3, 64, 96), "observation.images.wrist": (3, 36, 36)}  # ResNet maps 2x3 and 2x2
 THREE = {"observation.images.left": (3, 40, 48), "observation.images.right": (3, 40, 48), "observation.images.wrist": (3, 32, 40)}
 
 
