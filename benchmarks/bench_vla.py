@@ -57,10 +57,10 @@ def main() -> None:
     options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
     sessions = {n: OrtSession(ort.InferenceSession(str(folder / f"{n}.fp32.onnx"), options))
                 for n in ("vision_encoder", "prefix", "action_loop")}
-    short = [c.rsplit(".", 1)[-1] for c in policy.cameras]
+    short = policy.camera_names
 
     def artifacts():
-        tokens = [sessions["vision_encoder"].run_named({"image": img.numpy()})[0] for img in obs["images"]]
+        tokens = sessions["vision_encoder"].run_named({f"image_{s}": img.numpy() for s, img in zip(short, obs["images"])})
         feed = {f"image_tokens_{s}": t for s, t in zip(short, tokens)}
         feed |= {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy(), "state": obs["state"].numpy()}
         keys, values, mask = sessions["prefix"].run_named(feed)

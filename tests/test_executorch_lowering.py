@@ -125,3 +125,29 @@ def test_fp16_layer_norm_stays_exact_on_wide_rows_and_lowers_into_one_partition(
     partitions, row_db = _fp16_pte_rows(module, x, tmp_path / "ln.pte", (slice(0, 3), slice(3, 6), slice(6, 9)))
     assert partitions == 1
     assert min(row_db) > 40, row_db
+
+
+class _PackedProjection(nn.Module):
+    """q, k, v from row slices of one packed weight, as `nn.MultiheadAttention` stores them."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(96, 32) / 32 ** 0.5), nn.Parameter(torch.randn(96))
+
+    def forward(self, x):
+        return tuple(nn.functional.linear(x, self.weight[i * 32:(i + 1) * 32], self.bias[i * 32:(i + 1) * 32]) for i in range(3))
+
+
+def test_weight_slices_folded_into_constants_keep_their_own_rows(tmp_path):
+    """Constant propagation folds `weight[32:64]` into a view of the packed weight; XNNPACK wrote a
+    view from the start of its storage, so k and v ran with q's rows (ACT's .pte: -0.8 dB)."""
+    torch.manual_seed(0)
+    module = _PackedProjection().eval()
+    x = torch.randn(6, 1, 32)
+    with torch.no_grad():
+        expected = module(x)
+    component = Component("packed", "action", module, [TensorSpec("x", (6, 1, 32), "float32")],
+                          [TensorSpec(n, (6, 1, 32), "float32") for n in "qkv"], reference=lambda x: module(x), samples={"s": (x,)})
+    result = ExecuTorchExporter().export(component, "fp32", tmp_path / "packed.pte")
+    outs = ExecuTorchRuntime().load(result.files, 1).run([x.numpy()])
+    assert min(snr_db(e.numpy(), o) for e, o in zip(expected, outs)) >= 100.0

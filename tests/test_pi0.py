@@ -216,7 +216,7 @@ def _reading_outputs(reading, name, steps):
     def run(inputs):
         with torch.no_grad():
             if name == "vision_encoder":
-                return (reading.vision(inputs[0]),)
+                return tuple(reading.vision(image) for image in inputs)
             if name == "prefix":
                 *tokens, lang, mask = inputs
                 return reading.prefix(tokens, lang, mask)
@@ -315,7 +315,7 @@ def test_action_step_w8a16_is_calibrated_across_observations(pi0, tmp_path):
 
 
 def test_chained_files_reproduce_predict_action_chunk(pi0, pi0_export):
-    """vision_encoder per camera -> prefix -> action_loop from the .onnx files against LeRobot's
+    """vision_encoder (every camera) -> prefix -> action_loop from the .onnx files against LeRobot's
     `predict_action_chunk` (its embed_prefix, cache fill and Euler loop over denoise_step, same steps)
     with the same noise; another noise moves the chunk."""
     import onnxruntime as ort
@@ -334,8 +334,9 @@ def test_chained_files_reproduce_predict_action_chunk(pi0, pi0_export):
         return OrtSession(ort.InferenceSession(str(folder / f"{name}.fp32.onnx")))
 
     vision, prefix, loop = session("vision_encoder"), session("prefix"), session("action_loop")
-    tokens = [vision.run_named({"image": image.numpy()})[0] for image in obs["images"]]
-    feed = {f"image_tokens_{c.rsplit('.', 1)[-1]}": t for c, t in zip(policy.cameras, tokens)}
+    short = policy.camera_names
+    tokens = vision.run_named({f"image_{n}": image.numpy() for n, image in zip(short, obs["images"])})
+    feed = {f"image_tokens_{n}": t for n, t in zip(short, tokens)}
     keys, values, mask = prefix.run_named(feed | {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy()})
     state = obs["state"].numpy()
     actions = loop.run_named({"noise": obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,

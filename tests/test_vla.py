@@ -95,7 +95,7 @@ def test_diffusion_chained_artifacts_reproduce_select_action(diffusion_export):
 
     vision = OrtSession(ort.InferenceSession(str(folder / "vision_encoder.fp32.onnx")))
     loop = OrtSession(ort.InferenceSession(str(folder / "action_loop.fp32.onnx")))
-    feats = vision.run_named({"image": image.numpy()})[0]
+    feats = vision.run_named({f"image_{policy.camera_names[0]}": image.numpy()})[0]
     history = np.repeat(feats[:, None], config.n_obs_steps, 1)
     states = np.repeat(state.numpy()[:, None], config.n_obs_steps, 1)
     actions = loop.run_named({"state": states, "image_features": history, "noise": noise.numpy()})[0]
@@ -153,7 +153,7 @@ def test_smolvla_graphs_equal_lerobot(smolvla_export):
 
 
 def test_smolvla_chained_artifacts_reproduce_select_action(smolvla_export):
-    """vision_encoder per camera -> prefix -> action_loop from the .onnx files, against LeRobot's
+    """vision_encoder (every camera) -> prefix -> action_loop from the .onnx files, against LeRobot's
     `select_action` (its embed_prefix, KV fill and Euler loop) with the same noise."""
     import onnxruntime as ort
 
@@ -173,8 +173,9 @@ def test_smolvla_chained_artifacts_reproduce_select_action(smolvla_export):
         return OrtSession(ort.InferenceSession(str(folder / f"{name}.fp32.onnx")))
 
     vision, prefix, loop = session("vision_encoder"), session("prefix"), session("action_loop")
-    tokens = [vision.run_named({"image": image.numpy()})[0] for image in obs["images"]]
-    feed = {f"image_tokens_{c.rsplit('.', 1)[-1]}": t for c, t in zip(policy.cameras, tokens)}
+    short = policy.camera_names
+    tokens = vision.run_named({f"image_{n}": image.numpy() for n, image in zip(short, obs["images"])})
+    feed = {f"image_tokens_{n}": t for n, t in zip(short, tokens)}
     feed |= {"lang_tokens": obs["tokens"].numpy(), "lang_mask": obs["mask"].float().numpy(), "state": obs["state"].numpy()}
     keys, values, mask = prefix.run_named(feed)
     actions = loop.run_named({"noise": obs["noise"].numpy(), "prefix_key": keys, "prefix_value": values, "prefix_mask": mask})[0]

@@ -15,7 +15,7 @@ SEEDS = {"obs_a": 1, "obs_b": 2}  # sample seed offsets; calibration uses 100 +
 
 class FlowBuilder:
     """Subclasses set `roles` (component -> role), `vision_graph` (the vision encoder's graph class,
-    built from the policy and one camera's image shape) with `vision_description`, and write
+    built from the policy, its statistics and the cameras) with `vision_description`, and write
     `observation(seed)`, `image_tokens(image, camera)`, `prefix_outputs(obs)` and `velocity(x, t,
     *velocity_inputs(obs), keys, values, valid)` from their policy."""
 
@@ -66,18 +66,22 @@ class FlowBuilder:
         return out
 
     def vision_encoder(self) -> Component:
-        cam = self.p.cameras[0]
+        """Every camera at its own shape through one graph: `image_<camera>` -> `image_tokens_<camera>`
+        (the prefix's input names); the reference runs LeRobot's own path camera by camera."""
+        cameras, short = self.p.cameras, self.p.camera_names
 
-        def reference(image):
-            return (self.image_tokens(image, cam),)
+        def reference(*images):
+            return tuple(self.image_tokens(image, cam) for image, cam in zip(images, cameras))
 
         def sample(offset):
-            return (self._obs(offset)["images"][0],)
+            return tuple(self._obs(offset)["images"])
 
+        shapes = {n: list(self.p.camera_shape(c)) for n, c in zip(short, cameras)}
         return self._component(
-            "vision_encoder", self.vision_graph(self.p.policy, tuple(self.config.image_features[cam].shape)), ["image"],
-            {n: sample(o) for n, o in SEEDS.items()}, reference, ["image_tokens"], self.vision_description,
-            lambda n: [sample(100 + i) for i in range(n)], {"cameras": self.p.cameras, "per_camera": True})
+            "vision_encoder", self.vision_graph(self.p.policy, self.p.stats, cameras), [f"image_{n}" for n in short],
+            {n: sample(o) for n, o in SEEDS.items()}, reference, [f"image_tokens_{n}" for n in short],
+            self.vision_description, lambda n: [sample(100 + i) for i in range(n)],
+            {"cameras": cameras, "camera_shapes": shapes})
 
     @property
     def step_calibration_size(self) -> int:

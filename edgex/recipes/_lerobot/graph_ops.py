@@ -51,6 +51,16 @@ def mode_of(config, feature) -> str:
     return "IDENTITY" if mode is None else mode.value
 
 
+def image_norm(config, stats: dict, camera: str) -> nn.Module:
+    """One camera's image normalization with its own statistics (LeRobot keeps them per feature):
+    an `Affine`, or nothing where the config leaves images as they are."""
+    feature = config.image_features[camera]
+    mode = mode_of(config, feature)
+    if mode == "IDENTITY" or not stats.get(camera):
+        return nn.Identity()
+    return Affine(stats[camera], mode, (1, feature.shape[0], 1, 1))
+
+
 def attention(mha: nn.MultiheadAttention, query, key, value):
     """`nn.MultiheadAttention` (sequence-first, no mask, eval) as matmuls: [S, B, D] in and out."""
     d, heads = mha.embed_dim, mha.num_heads

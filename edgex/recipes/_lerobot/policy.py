@@ -35,9 +35,21 @@ class Policy:
     source: dict
     cameras: list[str] = field(default_factory=list)  # image feature keys, in the policy's order
 
+    def __post_init__(self):
+        camera_names(self.cameras)  # two cameras with one short name fail at load, before any build
+
     @property
     def config(self):
         return self.policy.config
+
+    @property
+    def camera_names(self) -> list[str]:
+        """Each camera's short name (`observation.images.top` -> `top`), the suffix of its graph
+        inputs and outputs (`image_top`, `image_tokens_top`)."""
+        return camera_names(self.cameras)
+
+    def camera_shape(self, camera: str) -> tuple[int, int, int]:
+        return tuple(self.config.image_features[camera].shape)
 
     def observation(self, state: torch.Tensor, images: list[torch.Tensor], **extra) -> dict:
         return {"observation.state": state, **dict(zip(self.cameras, images)), **extra}
@@ -48,6 +60,14 @@ class Policy:
         policy samples), postprocessor -> unnormalized actions [B, chunk, action_dim]."""
         batch = self.preprocess(dict(observation))
         return self.postprocess(self.policy.predict_action_chunk(batch, **kwargs))
+
+
+def camera_names(cameras: list[str]) -> list[str]:
+    """Short names of LeRobot camera keys; two cameras whose names end alike are a one-line error."""
+    short = [c.rsplit(".", 1)[-1] for c in cameras]
+    if len(set(short)) != len(short):
+        raise EdgexError(f"cameras {cameras} share a short name: edgex names graph inputs by the last part of each key")
+    return short
 
 
 def features(state_dim: int, action_dim: int, cameras: dict[str, tuple[int, int, int]], extra: dict | None = None):

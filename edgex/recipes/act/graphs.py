@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._lerobot.graph_ops import Affine, attention, mode_of
+from .._lerobot.graph_ops import Affine, attention, image_norm, mode_of
 
 
 def sine_table_2d(height: int, width: int, channels: int) -> torch.Tensor:
@@ -62,7 +62,10 @@ def fold_batchnorm(backbone: nn.Module) -> nn.Module:
 
 
 class ActPolicyGraph(nn.Module):
-    def __init__(self, policy, stats: dict, cameras: list[str], image_shape: tuple[int, int, int]):
+    """(raw state, each camera's image at its own shape) -> unnormalized action chunk. Each camera has
+    its own normalization and its own 2-D position table (its feature map's size)."""
+
+    def __init__(self, policy, stats: dict, cameras: list[str]):
         super().__init__()
         config = policy.config
         model = policy.model
@@ -70,16 +73,15 @@ class ActPolicyGraph(nn.Module):
         self.backbone = fold_batchnorm(model.backbone)
         self.state_norm = Affine(stats.get("observation.state", {}), mode_of(config, config.robot_state_feature),
                                  config.robot_state_feature.shape)
-        self.image_norm = nn.ModuleList(
-            Affine(stats.get(cam, {}), mode_of(config, config.image_features[cam]), (1, image_shape[0], 1, 1))
-            for cam in cameras)
+        self.image_norm = nn.ModuleList(image_norm(config, stats, cam) for cam in cameras)
         action = config.action_feature
         self.action_unnorm = Affine(stats.get("action", {}), mode_of(config, action), action.shape, inverse=True)
+        tables = [model.encoder_1d_feature_pos_embed.weight.detach()[:, None]]
         with torch.no_grad():
-            fmap = model.backbone(torch.zeros(1, *image_shape))["feature_map"]
-        cam_pos = sine_table_2d(fmap.shape[2], fmap.shape[3], config.dim_model)
-        one_d = model.encoder_1d_feature_pos_embed.weight.detach()[:, None]
-        self.register_buffer("pos", torch.cat([one_d, *[cam_pos] * len(cameras)]), persistent=False)
+            for cam in cameras:
+                fmap = model.backbone(torch.zeros(1, *config.image_features[cam].shape))["feature_map"]
+                tables.append(sine_table_2d(fmap.shape[2], fmap.shape[3], config.dim_model))
+        self.register_buffer("pos", torch.cat(tables), persistent=False)
         self.register_buffer("latent", torch.zeros(1, config.latent_dim), persistent=False)
         self.chunk, self.dim = config.chunk_size, config.dim_model
 

@@ -80,7 +80,6 @@ def observation(policy: Policy, seed: int) -> tuple[torch.Tensor, ...]:
 
 def policy_component(policy: Policy, seed: int) -> Component:
     cameras = policy.cameras
-    shape = policy.config.image_features[cameras[0]].shape
 
     def reference(state, *images):
         return (policy.chunk(policy.observation(state, list(images))),)
@@ -88,15 +87,16 @@ def policy_component(policy: Policy, seed: int) -> Component:
     samples = {name: observation(policy, 1000 * seed + off) for name, off in _SAMPLES.items()}
     first = next(iter(samples.values()))
     out = reference(*first)[0]
-    names = ["state"] + [f"image_{c.rsplit('.', 1)[-1]}" for c in cameras]
+    names = ["state"] + [f"image_{n}" for n in policy.camera_names]
     comp = Component(
-        "policy", ROLES["policy"], ActPolicyGraph(policy.policy, policy.stats, cameras, tuple(shape)).eval(),
+        "policy", ROLES["policy"], ActPolicyGraph(policy.policy, policy.stats, cameras).eval(),
         [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(names, first)],
         [TensorSpec("actions", tuple(out.shape), "float32")],
         reference, samples,
         description="raw state + RGB [0,1] images -> unnormalized action chunk (normalization inside)",
         metadata={"chunk": policy.config.chunk_size, "n_action_steps": policy.config.n_action_steps,
-                  "cameras": cameras, "normalization": "inside the graph (inputs raw, actions unnormalized)"},
+                  "cameras": cameras, "camera_shapes": {n: list(policy.camera_shape(c)) for n, c in zip(policy.camera_names, cameras)},
+                  "normalization": "inside the graph (inputs raw, actions unnormalized)"},
         calibration=lambda n: [observation(policy, 1000 * seed + 100 + i) for i in range(n)],
     )
     for sample in samples.values():

@@ -1,8 +1,9 @@
 """What `diffusion-policy` declares without importing torch: presets, components and their roles.
 
 Components (role):
-  vision_encoder (vision)  one camera image (RGB [0, 1]) -> features; run per camera and per
-                           observation step, the runner keeps the last n_obs_steps
+  vision_encoder (vision)  every camera's image (RGB [0, 1]) -> the cameras' features side by side,
+                           each camera normalized with its own statistics; run per observation step,
+                           the runner keeps the last n_obs_steps
   denoise_step (action)    (x_t, timestep, global conditioning) -> U-Net prediction (normalized space)
   action_loop (action)     (raw state history, image features, initial noise) -> unnormalized
                            actions: every DDIM step (eta 0) in one graph, `--set steps=N`

@@ -1,7 +1,7 @@
 """Diffusion Policy graphs: vision encoder, one denoise step, and the whole DDIM loop.
 
-- `DiffusionVision`: one camera image [1, 3, H, W] (RGB in [0, 1]) -> features [1, D]; owns the
-  image normalization and the eval-time center crop.
+- `DiffusionVision`: every camera's image [1, 3, H, W] (RGB in [0, 1]) -> the cameras' features
+  side by side [1, cams * D]; owns each camera's image normalization and the eval-time center crop.
 - `DiffusionStep`: (x_t [1, horizon, A], timestep [1] float, global_cond [1, C]) -> the U-Net's
   prediction, in normalized action space (what a runner looping itself calls).
 - `DiffusionLoop`: (state history [1, n_obs, S] raw, image features [1, n_obs, cams * D], initial
@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...errors import EdgexError
-from .._lerobot.graph_ops import Affine, mode_of
+from .._lerobot.graph_ops import Affine, image_norm, mode_of
 
 
 def alphas_cumprod(config) -> np.ndarray:
@@ -120,18 +120,14 @@ class _Unet(nn.Module):
         return x.transpose(1, 2)
 
 
-class DiffusionVision(nn.Module):
-    def __init__(self, policy, stats: dict, camera: str):
+class _CameraEncoder(nn.Module):
+    """One camera through an RGB encoder: its own normalization, the eval-time center crop, ResNet,
+    spatial softmax, linear + ReLU -> [1, D]."""
+
+    def __init__(self, encoder, norm: nn.Module, shape: tuple[int, int, int], crop: tuple[int, int] | None):
         super().__init__()
-        config = policy.config
-        if config.resize_shape is not None:
-            raise EdgexError("diffusion-policy with resize_shape is not supported by edgex's vision graph (crop only)")
-        if config.use_separate_rgb_encoder_per_camera:
-            raise EdgexError("diffusion-policy with one RGB encoder per camera is not supported by edgex yet")
-        encoder = policy.diffusion.rgb_encoder
-        shape = config.image_features[camera].shape
-        self.norm = Affine(stats.get(camera, {}), mode_of(config, config.image_features[camera]), (1, shape[0], 1, 1))
-        h, w = config.crop_shape if config.crop_shape is not None else shape[1:]
+        self.norm = norm
+        h, w = crop if crop is not None else shape[1:]
         self.top, self.left = int(round((shape[1] - h) / 2.0)), int(round((shape[2] - w) / 2.0))
         self.size = (h, w)
         self.backbone, self.keypoints, self.out = encoder.backbone, encoder.pool.nets, encoder.out
@@ -146,6 +142,28 @@ class DiffusionVision(nn.Module):
         attn = maps.flatten(2).softmax(-1)  # [1, K, h*w]
         points = attn @ self.grid  # [1, K, 2]
         return torch.relu(self.out(points.flatten(1)))
+
+
+class DiffusionVision(nn.Module):
+    """Every camera's image -> the cameras' features side by side [1, cams * D], in the policy's
+    camera order (LeRobot's global conditioning order). Each camera is normalized with its own
+    statistics; one RGB encoder serves every camera, or each its own
+    (`use_separate_rgb_encoder_per_camera`)."""
+
+    def __init__(self, policy, stats: dict, cameras: list[str]):
+        super().__init__()
+        config = policy.config
+        if config.resize_shape is not None:
+            raise EdgexError("diffusion-policy with resize_shape is not supported by edgex's vision graph (crop only)")
+        encoders = policy.diffusion.rgb_encoder
+        if not config.use_separate_rgb_encoder_per_camera:
+            encoders = [encoders] * len(cameras)
+        self.cameras = nn.ModuleList(
+            _CameraEncoder(encoder, image_norm(config, stats, cam), tuple(config.image_features[cam].shape), config.crop_shape)
+            for encoder, cam in zip(encoders, cameras))
+
+    def forward(self, *images):
+        return torch.cat([camera(image) for camera, image in zip(self.cameras, images)], -1)
 
 
 class DiffusionStep(nn.Module):

@@ -1,8 +1,8 @@
 """Recipe `diffusion-policy`: LeRobot's Diffusion Policy as vision / step / loop graphs.
 
-References are LeRobot's own code: the preprocessor's normalization and `rgb_encoder` for the
-vision graph, the U-Net for the step, and `conditional_sample` with LeRobot's diffusers DDIM
-scheduler plus the postprocessor for the loop. Samples come from the eager pipeline: seeded
+References are LeRobot's own code: the preprocessor's normalization (each camera's own statistics)
+and `_prepare_global_conditioning` for the vision graph, the U-Net for the step, and
+`conditional_sample` with LeRobot's diffusers DDIM scheduler plus the postprocessor for the loop. Samples come from the eager pipeline: seeded
 observations, their eager image features, and x_t from the eager DDIM loop.
 """
 
@@ -89,21 +89,23 @@ class _Builder:
         noise = torch.randn((1, c.horizon, c.action_feature.shape[0]), generator=gen)
         return {"state": state, "images": images, "noise": noise}
 
-    def _normalized(self, obs: dict) -> dict:
-        """LeRobot's preprocessor on the history (it normalizes any leading shape)."""
-        batch = self.p.preprocess({"observation.state": obs["state"], **dict(zip(self.p.cameras, obs["images"]))})
-        return batch
+    def _conditioning(self, state: torch.Tensor, images: list[torch.Tensor]) -> torch.Tensor:
+        """LeRobot's own path from a raw history (state [1, s, S], each camera [1, s, 3, H, W]) to the
+        U-Net's global conditioning [1, s * (S + cams * D)]: its preprocessor (each camera with its
+        own statistics), the camera stack `select_action` builds, `_prepare_global_conditioning`."""
+        batch = self.p.preprocess({"observation.state": state, **dict(zip(self.p.cameras, images))})
+        stacked = torch.stack([batch[cam] for cam in self.p.cameras], dim=-4)
+        with torch.no_grad():
+            return self.model._prepare_global_conditioning({"observation.state": batch["observation.state"],
+                                                            "observation.images": stacked})
 
     def image_features(self, obs: dict) -> torch.Tensor:
-        """[1, n_obs, cams * D] from LeRobot's rgb_encoder on the normalized images."""
-        batch = self._normalized(obs)
-        with torch.no_grad():
-            per_cam = [self.model.rgb_encoder(batch[cam][0]) for cam in self.p.cameras]  # [n_obs, D] each
-        return torch.cat(per_cam, -1)[None]
+        """[1, n_obs, cams * D]: the image part of LeRobot's conditioning of the observation history."""
+        dim = self.config.robot_state_feature.shape[0]
+        return self.global_cond(obs).reshape(1, self.config.n_obs_steps, -1)[..., dim:]
 
     def global_cond(self, obs: dict) -> torch.Tensor:
-        batch = self._normalized(obs)
-        return torch.cat([batch["observation.state"], self.image_features(obs)], -1).flatten(1)
+        return self._conditioning(obs["state"], obs["images"])
 
     def _component(self, name, module, input_names, samples, reference, output_name, description, calibration, metadata=None):
         first = next(iter(samples.values()))
@@ -116,23 +118,29 @@ class _Builder:
             comp.check_inputs(sample)
         return comp
 
+    def vision_features(self, images: list[torch.Tensor]) -> torch.Tensor:
+        """[1, cams * D] for one observation step: LeRobot's conditioning of a one-step history, the
+        state's columns dropped."""
+        dim = self.config.robot_state_feature.shape[0]
+        return self._conditioning(torch.zeros(1, 1, dim), [image[:, None] for image in images])[:, dim:]
+
     def vision_encoder(self) -> Component:
-        cam = self.p.cameras[0]
+        short = self.p.camera_names
 
         def sample(seed):
-            obs = self.observation(seed)
-            return (obs["images"][0][:, -1],)
+            return tuple(image[:, -1] for image in self.observation(seed)["images"])
 
-        def reference(image):
-            batch = self.p.preprocess({"observation.state": torch.zeros(1, self.config.robot_state_feature.shape[0]), cam: image})
-            return (self.model.rgb_encoder(batch[cam]),)
+        def reference(*images):
+            return (self.vision_features(list(images)),)
 
         samples = {n: sample(1000 * self.seed + off) for n, off in _SAMPLES.items()}
         return self._component(
-            "vision_encoder", DiffusionVision(self.p.policy, self.p.stats, cam), ["image"], samples, reference, "features",
-            "one camera RGB [0,1] image -> features (image normalization and center crop inside)",
+            "vision_encoder", DiffusionVision(self.p.policy, self.p.stats, self.p.cameras), [f"image_{n}" for n in short],
+            samples, reference, "features",
+            "every camera's RGB [0,1] image -> the cameras' features side by side (each camera's normalization and the center crop inside)",
             lambda n: [sample(1000 * self.seed + 100 + i) for i in range(n)],
-            {"cameras": self.p.cameras, "normalization": "image normalization inside"})
+            {"cameras": self.p.cameras, "camera_shapes": {n: list(self.p.camera_shape(c)) for n, c in zip(short, self.p.cameras)},
+             "normalization": "each camera's image normalization inside"})
 
     def _trajectory(self, obs: dict) -> list[tuple[torch.Tensor, int]]:
         """(x_t, t) at every step of LeRobot's own DDIM loop for this observation."""

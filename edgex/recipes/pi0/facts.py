@@ -1,8 +1,9 @@
 """What `pi0` declares without importing torch: presets, sizes, components and their roles.
 
 Components (role):
-  vision_encoder (vision)  one camera image (RGB [0, 1], any size) -> image tokens [1, 256, 2048]
-                           (LeRobot's resize-with-pad to 224, [-1, 1], SigLIP So400m, linear projector)
+  vision_encoder (vision)  every camera's image (RGB [0, 1], each at its own size) -> its image
+                           tokens [1, 256, 2048] (the camera's normalization where the config has one,
+                           LeRobot's resize-with-pad to 224, [-1, 1], SigLIP So400m, linear projector)
   prefix (prefix)          image tokens of every camera + language tokens / mask -> per-layer K/V
                            [layers, 1, P, kv_heads, head_dim] of the PaliGemma Gemma-2B (after RoPE)
                            and the prefix mask

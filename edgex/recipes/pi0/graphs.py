@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, mode_of, siglip_layer
+from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, image_norm, mode_of, siglip_layer
 
 _ROPE_THETA = 10_000.0
 
@@ -67,36 +67,51 @@ def _layer(layer, h, positions, past_k, past_v, allowed, kv_heads):
 
 
 class PI0Vision(nn.Module):
-    """Camera image [1, 3, H, W] in [0, 1] -> image tokens [1, N, width] (unscaled projector output)."""
+    """Every camera's image [1, 3, H, W] in [0, 1], each at its own shape -> its image tokens
+    [1, N, width] (unscaled projector output). One SigLIP tower serves every camera; each camera has
+    its own normalization (statistics baked, where the config normalizes images) and resize-with-pad."""
 
-    def __init__(self, policy, image_shape: tuple[int, int, int]):
+    def __init__(self, policy, stats: dict, cameras: list[str]):
         super().__init__()
+        config = policy.config
         pali = policy.model.paligemma_with_expert.paligemma.model
         self.vision, self.projector = pali.vision_tower.vision_model, pali.multi_modal_projector
         self.heads = self.vision.config.num_attention_heads
-        height, width = policy.config.image_resolution
-        _, h, w = image_shape
-        self.resized = None
-        if (h, w) != (height, width):
-            ratio = max(w / width, h / height)
-            self.resized = (int(h / ratio), int(w / ratio))
-            top, left = (height - self.resized[0]) // 2, (width - self.resized[1]) // 2
-            self.pad = (left, width - self.resized[1] - left, top, height - self.resized[0] - top)
+        self.norms = nn.ModuleList(image_norm(config, stats, cam) for cam in cameras)
+        height, width = config.image_resolution
+        self.resized, self.pads = [], []
+        for cam in cameras:
+            _, h, w = config.image_features[cam].shape
+            resized = pad = None
+            if (h, w) != (height, width):
+                ratio = max(w / width, h / height)
+                resized = (int(h / ratio), int(w / ratio))
+                top, left = (height - resized[0]) // 2, (width - resized[1]) // 2
+                pad = (left, width - resized[1] - left, top, height - resized[0] - top)
+            self.resized.append(resized)
+            self.pads.append(pad)
 
-    def forward(self, image):
-        x = image
-        if self.resized is not None:
-            # LeRobot clamps the resized image to [-1, 1]: a no-op on [0, 1] images (bilinear weights
-            # are a convex combination), left out. Its pad value -1 as a zero pad of x + 1: ExecuTorch's
-            # fp16 XNNPACK lowering of a constant -1 pad scored 5.7 dB
-            x = F.interpolate(x, size=self.resized, mode="bilinear", align_corners=False)
-            x = F.pad(x + 1.0, self.pad, value=0.0) - 1.0
-        x = x * 2.0 - 1.0
+    def _tokens(self, x):
         emb = self.vision.embeddings
-        x = emb.patch_embedding(x).flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]
+        x = emb.patch_embedding(x * 2.0 - 1.0).flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]
         for layer in self.vision.encoder.layers:
             x = siglip_layer(layer, x, self.heads)
         return self.projector.linear(self.vision.post_layernorm(x))
+
+    def forward(self, *images):
+        out = []
+        for image, norm, resized, pad in zip(images, self.norms, self.resized, self.pads):
+            x = norm(image)
+            if resized is not None:
+                # LeRobot clamps the resized image to [-1, 1]: a no-op on [0, 1] images (bilinear weights
+                # are a convex combination), kept only where the camera is normalized first. Its pad value
+                # -1 as a zero pad of x + 1: ExecuTorch's fp16 XNNPACK lowering of a constant -1 pad scored 5.7 dB
+                x = F.interpolate(x, size=resized, mode="bilinear", align_corners=False)
+                if not isinstance(norm, nn.Identity):
+                    x = x.clamp(-1.0, 1.0)
+                x = F.pad(x + 1.0, pad, value=0.0) - 1.0
+            out.append(self._tokens(x))
+        return tuple(out)
 
 
 class PI0Prefix(nn.Module):

@@ -57,9 +57,6 @@ def _build(config, sizes: dict, device: str | None = None):
         raise EdgexError("pi0 with empty_cameras is not supported by edgex's graphs (every camera is an input)")
     if config.rtc_config is not None and config.rtc_config.enabled:
         raise EdgexError("pi0 with real-time chunking (rtc_config) is not supported by edgex's graphs")
-    shapes = {tuple(f.shape) for f in config.image_features.values()}
-    if len(shapes) != 1:
-        raise EdgexError(f"pi0 cameras of different shapes {sorted(shapes)}: edgex builds one vision graph per shape, give one")
     config.dtype = "float32"
     try:
         if device is None:
@@ -154,7 +151,7 @@ class Builder(FlowBuilder):
 
     roles = facts.ROLES
     vision_graph = PI0Vision
-    vision_description = "one camera RGB [0,1] image -> image tokens (LeRobot's resize-with-pad, [-1,1], SigLIP, projector inside)"
+    vision_description = "every camera's RGB [0,1] image at its own shape -> its image tokens (per-camera normalization, LeRobot's resize-with-pad, [-1,1], SigLIP, projector inside)"
 
     def __init__(self, policy: Policy, seed: int, steps: int):
         super().__init__(policy, seed, steps)
@@ -183,7 +180,9 @@ class Builder(FlowBuilder):
         return batch
 
     def image_tokens(self, image: torch.Tensor, camera: str) -> torch.Tensor:
-        imgs, _ = self.p.policy._preprocess_images({camera: image})
+        """LeRobot's path for one camera: its preprocessor (the camera's own statistics), then
+        `_preprocess_images` and the PaliGemma image embedding."""
+        imgs, _ = self.p.policy._preprocess_images(self.p.preprocess({camera: image}))
         with torch.no_grad():
             return self.pwe.embed_image(imgs[0])
 
@@ -234,7 +233,7 @@ class Builder(FlowBuilder):
 
     # --- components ---------------------------------------------------------------------
     def prefix(self) -> Component:
-        names = [f"image_tokens_{c.rsplit('.', 1)[-1]}" for c in self.p.cameras] + ["lang_tokens", "lang_mask"]
+        names = [f"image_tokens_{n}" for n in self.p.camera_names] + ["lang_tokens", "lang_mask"]
 
         def reference(*inputs):
             return self._prefix(*self._split(inputs))

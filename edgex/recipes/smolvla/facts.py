@@ -1,8 +1,9 @@
 """What `smolvla` declares without importing torch: presets, components and their roles.
 
 Components (role):
-  vision_encoder (vision)  one camera image (RGB [0, 1], any size) -> image tokens [1, 64, 960]
-                           (resize-with-pad to 512, SigLIP, pixel-shuffle connector, sqrt(d) scale)
+  vision_encoder (vision)  every camera's image (RGB [0, 1], each at its own size) -> its image
+                           tokens [1, 64, 960] (the camera's normalization where the config has one,
+                           resize-with-pad to 512, SigLIP, pixel-shuffle connector, sqrt(d) scale)
   prefix (prefix)          image tokens of every camera + language tokens / mask + raw state ->
                            per-layer K/V [layers, 1, P, kv_heads, head_dim] and the prefix mask
   action_step (action)     (x_t, t, prefix K/V, mask) -> velocity (normalized action space)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, mode_of, siglip_layer
+from .._lerobot.graph_ops import Affine, gelu_tanh, grouped_attention, image_norm, mode_of, siglip_layer
 
 _ROPE_WAVELENGTH = 10_000.0
 
@@ -51,18 +51,25 @@ def _mlp(mlp, x):
 
 
 class SmolVLAVision(nn.Module):
-    """Camera image [1, 3, H, W] in [0, 1] -> image tokens [1, N, hidden] (scaled by sqrt(hidden))."""
+    """Every camera's image [1, 3, H, W] in [0, 1], each at its own shape -> its image tokens
+    [1, N, hidden] (scaled by sqrt(hidden)). One SigLIP tower serves every camera; each camera has its
+    own normalization (statistics baked, where the config normalizes images) and resize-with-pad."""
 
-    def __init__(self, policy, image_shape: tuple[int, int, int]):
+    def __init__(self, policy, stats: dict, cameras: list[str]):
         super().__init__()
+        config = policy.config
         vlm = policy.model.vlm_with_expert.get_vlm_model()
         self.vision, self.connector = vlm.vision_model, vlm.connector
         vc = self.vision.config
-        width, height = policy.config.resize_imgs_with_padding
-        _, h, w = image_shape
-        ratio = max(w / width, h / height)
-        self.resized = (int(h / ratio), int(w / ratio))
-        self.pad = (max(0, int(width - self.resized[1])), 0, max(0, int(height - self.resized[0])), 0)
+        width, height = config.resize_imgs_with_padding
+        self.norms = nn.ModuleList(image_norm(config, stats, cam) for cam in cameras)
+        self.resized, self.pads = [], []
+        for cam in cameras:
+            _, h, w = config.image_features[cam].shape
+            ratio = max(w / width, h / height)
+            resized = (int(h / ratio), int(w / ratio))
+            self.resized.append(resized)
+            self.pads.append((max(0, int(width - resized[1])), 0, max(0, int(height - resized[0])), 0))
         self.heads, self.scale_factor = vc.num_attention_heads, vlm.config.scale_factor
         per_side = vc.image_size // vc.patch_size
         nh, nw = height // vc.patch_size, width // vc.patch_size
@@ -72,9 +79,7 @@ class SmolVLAVision(nn.Module):
         self.register_buffer("positions", torch.from_numpy((rows[:, None] * per_side + cols[None]).reshape(-1)), persistent=False)
         self.text_scale = math.sqrt(vlm.config.text_config.hidden_size)
 
-    def forward(self, image):
-        x = F.interpolate(image, size=self.resized, mode="bilinear", align_corners=False)
-        x = F.pad(x, self.pad, value=0.0) * 2.0 - 1.0
+    def _tokens(self, x):
         emb = self.vision.embeddings
         x = emb.patch_embedding(x).flatten(2).transpose(1, 2) + emb.position_embedding.weight[self.positions]
         for layer in self.vision.encoder.layers:
@@ -85,6 +90,13 @@ class SmolVLAVision(nn.Module):
         x = x.reshape(1, n, n // s, d * s).permute(0, 2, 1, 3).reshape(1, n // s, n // s, d * s * s)
         x = x.permute(0, 2, 1, 3).reshape(1, (n // s) ** 2, d * s * s)
         return self.connector.modality_projection.proj(x) * self.text_scale
+
+    def forward(self, *images):
+        out = []
+        for image, norm, resized, pad in zip(images, self.norms, self.resized, self.pads):
+            x = F.interpolate(norm(image), size=resized, mode="bilinear", align_corners=False)
+            out.append(self._tokens(F.pad(x, pad, value=0.0) * 2.0 - 1.0))
+        return tuple(out)
 
 
 class SmolVLAPrefix(nn.Module):

@@ -76,9 +76,6 @@ def _policy(config, vlm, stats, source) -> Policy:
         raise EdgexError("smolvla with add_image_special_tokens is not supported by edgex (its graphs take no special tokens)")
     if config.adapt_to_pi_aloha or config.empty_cameras:
         raise EdgexError("smolvla with adapt_to_pi_aloha or empty_cameras is not supported by edgex's graphs")
-    shapes = {tuple(f.shape) for f in config.image_features.values()}
-    if len(shapes) != 1:
-        raise EdgexError(f"smolvla cameras of different shapes {sorted(shapes)}: edgex builds one vision graph per shape, give one")
     config.load_vlm_weights = False
     with _local_vlm(vlm):
         policy = m.smolvla.SmolVLAPolicy(config).eval()
@@ -123,7 +120,7 @@ class Builder(FlowBuilder):
 
     roles = ROLES
     vision_graph = SmolVLAVision
-    vision_description = "one camera RGB [0,1] image -> image tokens (resize-with-pad, SigLIP, connector, sqrt(d) scale inside)"
+    vision_description = "every camera's RGB [0,1] image at its own shape -> its image tokens (per-camera normalization, resize-with-pad, SigLIP, connector, sqrt(d) scale inside)"
 
     def __init__(self, policy: Policy, seed: int, steps: int):
         super().__init__(policy, seed, steps)
@@ -146,7 +143,9 @@ class Builder(FlowBuilder):
         return {"state": state, "images": images, "tokens": tokens, "mask": mask, "noise": noise}
 
     def image_tokens(self, image: torch.Tensor, camera: str) -> torch.Tensor:
-        imgs, _ = self.p.policy.prepare_images({camera: image})
+        """LeRobot's path for one camera: its preprocessor (the camera's own statistics), then
+        `prepare_images` and `embed_image`, scaled as `embed_prefix` scales it."""
+        imgs, _ = self.p.policy.prepare_images(self.p.preprocess({camera: image}))
         with torch.no_grad():
             emb = self.vwe.embed_image(imgs[0])
         return emb * torch.tensor(emb.shape[-1] ** 0.5, dtype=emb.dtype)
@@ -193,7 +192,7 @@ class Builder(FlowBuilder):
 
     # --- components ---------------------------------------------------------------------
     def prefix(self) -> Component:
-        names = [f"image_tokens_{c.rsplit('.', 1)[-1]}" for c in self.p.cameras] + ["lang_tokens", "lang_mask", "state"]
+        names = [f"image_tokens_{n}" for n in self.p.camera_names] + ["lang_tokens", "lang_mask", "state"]
 
         def reference(*inputs):
             *tokens, lang, mask, state = inputs
