@@ -66,6 +66,29 @@ def build(variant: str, preset: str = "tiny", seed: int = 0) -> OfficialModel:
     return OfficialModel(model, decoder, variant)
 
 
+def wrap(talker: torch.nn.Module, decoder: torch.nn.Module, config: dict) -> OfficialModel:
+    """The official model around an already loaded talker and decoder (the eager model edgex exports
+    from), with `config` a Qwen3-TTS config.json as a dict. The wrapper's own modules are built on the
+    meta device and its talker replaced: `generate()` reads only the talker and the config."""
+    mods = qwen_tts_modules()
+    config = {**config, "speaker_encoder_config": {k: v for k, v in (config.get("speaker_encoder_config") or {}).items()
+                                                   if k != "model_type"}}
+    cfg = mods.config.Qwen3TTSConfig(**config)
+    for c in (cfg, cfg.talker_config, cfg.talker_config.code_predictor_config, cfg.speaker_encoder_config):
+        c._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = mods.modeling.Qwen3TTSForConditionalGeneration(cfg)
+    model.talker = talker
+    model.speaker_encoder = None
+    return OfficialModel(model.eval(), decoder, cfg.tts_model_type or "custom_voice")
+
+
+def preset_config(talker_config: dict) -> dict:
+    """A preset's config.json: its talker with the published CustomVoice tables."""
+    return dict(talker_config={**talker_config, **VARIANTS["custom_voice"], "codec_language_id": LANGUAGES},
+                tts_model_type="custom_voice", tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz")
+
+
 def _tensor(ids) -> torch.Tensor:
     return torch.from_numpy(np.asarray(ids, np.int64).reshape(1, -1))
 
@@ -93,10 +116,21 @@ def generate_kwargs(request: Request, settings: Settings) -> dict:
 
 
 @torch.no_grad()
+def official_run(official: OfficialModel, request: Request, settings: Settings) -> tuple[np.ndarray, list[torch.Tensor]]:
+    """The official utterance's codes [T, 16] (the frames before EOS) and the talker hidden state [H]
+    each codebook-0 choice was made from (one per generation step, the EOS step included)."""
+    seen: list[torch.Tensor] = []
+    handle = official.model.talker.codec_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0][0, -1].detach().clone()))
+    try:
+        codes, _ = official.model.generate(**generate_kwargs(request, settings))
+    finally:
+        handle.remove()
+    return codes[0].numpy().astype(np.int64), seen
+
+
 def official_codes(official: OfficialModel, request: Request, settings: Settings) -> np.ndarray:
     """The official utterance's codes [T, 16] (the frames before EOS)."""
-    codes, _ = official.model.generate(**generate_kwargs(request, settings))
-    return codes[0].numpy().astype(np.int64)
+    return official_run(official, request, settings)[0]
 
 
 @torch.no_grad()
@@ -118,13 +152,8 @@ def stop_at(official: OfficialModel, request: Request, frame: int, margin: float
     `frame` frames: orthogonal to the talker hidden states of the earlier frames (EOS scores 0 there,
     below the best code), and `margin` above the best code's raw logit at `frame`."""
     talker = official.model.talker
-    seen: list[torch.Tensor] = []
-    handle = talker.codec_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0][0, -1].double()))
-    try:
-        settings = Settings(max_new_tokens=frame + 2, do_sample=False, subtalker_dosample=False)
-        official.model.generate(**generate_kwargs(request, settings))
-    finally:
-        handle.remove()
+    _, seen = official_run(official, request, Settings(max_new_tokens=frame + 2, do_sample=False, subtalker_dosample=False))
+    seen = [h.double() for h in seen]
     if len(seen) <= frame:
         raise EdgexError(f"the talker ran {len(seen)} steps, fewer than the {frame + 1} needed to stop at frame {frame}")
     eos = official.model.config.talker_config.codec_eos_token_id
