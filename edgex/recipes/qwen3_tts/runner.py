@@ -276,11 +276,10 @@ class LogitsProcessor:
         return scores
 
 
-def pick(scores: np.ndarray, sample: bool, top_k: int, top_p: float, temperature: float, rng) -> int:
-    """Greedy: the arg max. Sampled: temperature, top-k, top-p (transformers' order), then a draw."""
-    if not sample:
-        return int(np.argmax(scores))
-    scores = scores.astype(np.float64) / temperature
+def probabilities(scores: np.ndarray, top_k: int, top_p: float, temperature: float) -> np.ndarray:
+    """The sampling distribution transformers' warpers give: temperature, then top-k, then top-p
+    (the smallest set of most likely codes whose probability exceeds top_p; the best always stays)."""
+    scores = np.asarray(scores, np.float64) / temperature
     if top_k and top_k < scores.size:
         kth = np.sort(scores)[-top_k]
         scores = np.where(scores < kth, -np.inf, scores)
@@ -289,10 +288,18 @@ def pick(scores: np.ndarray, sample: bool, top_k: int, top_p: float, temperature
     if top_p < 1.0:
         order = np.argsort(probs, kind="stable")
         drop = np.cumsum(probs[order]) <= 1 - top_p
-        drop[-1] = False  # the most likely code always stays
+        drop[-1] = False
         probs[order[drop]] = 0.0
         probs /= probs.sum()
-    return int(rng.choice(scores.size, p=probs))
+    return probs
+
+
+def pick(scores: np.ndarray, sample: bool, top_k: int, top_p: float, temperature: float, rng) -> int:
+    """Greedy: the arg max. Sampled: a draw from `probabilities`."""
+    if not sample:
+        return int(np.argmax(scores))
+    probs = probabilities(scores, top_k, top_p, temperature)
+    return int(rng.choice(probs.size, p=probs))
 
 
 @dataclass
