@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -65,3 +66,27 @@ def test_a_runner_without_the_language_row_fails_the_pipeline(custom_voice, tmp_
     assert official["codec_prefix"] == [2154, 2156, 2157]
     assert not official["codes_equal"] and not official["first_difference"]["tie"]
     assert report["verdict"] == "fail" and any(f.startswith("official utterance: frame") for f in report["failures"])
+
+
+def test_a_decoder_that_adds_noise_fails_the_official_waveform(custom_voice, tmp_path, monkeypatch):
+    from edgex.in_situ import run_pipeline
+    from edgex.recipes.qwen3_tts import utterance
+
+    folder = Path(shutil.copytree(custom_voice, tmp_path / "cpu"))
+    faithful = utterance.streaming_decoder
+
+    def noisy(stages):
+        decoder = faithful(stages)
+        rng = np.random.default_rng(0)
+
+        def decode(codes):
+            wav = decoder(codes)
+            return wav + 0.1 * np.sqrt(np.mean(wav**2)) * rng.standard_normal(wav.shape).astype(np.float32)
+
+        return decode
+
+    monkeypatch.setattr(utterance, "streaming_decoder", noisy)
+    report = run_pipeline([folder], PLACE.split(","), frames=FRAMES, stream_frames=FRAMES)
+    official = report["official_utterance"]
+    assert official["codes_equal"] and 15 < official["wav_db"] < 25
+    assert any(f.startswith("official utterance: the waveform") for f in report["failures"])

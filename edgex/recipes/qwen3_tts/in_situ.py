@@ -8,7 +8,9 @@ talker and code predictor, sampling with Gumbel noise) on the same seed and the 
   divergence with the eager reference's margin there, and the final audio against the eager audio;
 - streaming: chunk schedules as servers run them (the eager decoder over 72 frames of left context
   plus the chunk, kept new samples) and the exact artifact pair in 25-frame chunks, against the
-  offline decode, with the playback gap each schedule leaves at this machine's measured speeds.
+  offline decode, with the playback gap each schedule leaves at this machine's measured speeds;
+- official utterance: the runner (`runner.py`) over the artifacts against the official `generate()`
+  on the checkpoint variant's own request, greedy, until EOS (`utterance.py`).
 
 Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
 
