@@ -287,6 +287,15 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
                "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
     config = model.code_predictor.config
     past = [config.num_hidden_layers, 1, config.num_key_value_heads, predictor.GROUPS, config.head_dim]  # the manifest's spec
+    tcfg, dcfg, options = model.config, decoder.config, loaded.options
+    window = [dcfg.num_hidden_layers, 1, dcfg.num_key_value_heads, dcfg.sliding_window - 1, dcfg.head_dim]
+    specs = {  # what each stage's manifest entry declares (the runner sizes its state from them)
+        "talker_prefill": {"inputs_embeds": [1, options["prefill_len"], tcfg.hidden_size]},
+        "talker_decode": {"past_key": [tcfg.num_hidden_layers, 1, tcfg.num_key_value_heads, options["max_context"], tcfg.head_dim]},
+        "code_predictor_step": {"past_key": past},
+        "code2latent": {"codes": [1, 16, 25], "conv_state": [1, dcfg.codebook_dim, 2], "past_key": window},
+        "latent2wav": {"latent": [1, dcfg.latent_dim, code2wav.receptive_field_frames(decoder) + 25]},
+    }
 
     class Graph:
         def __init__(self, module, noise=0.0):
@@ -299,8 +308,10 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
             return outputs
 
     def stages(noise):
-        entry = {"io_float_dtype": "float32", "inputs": [{"name": "past_key", "shape": past}]}
-        return {n: Stage(n, entry, Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
+        def entry(n):
+            return {"io_float_dtype": "float32", "inputs": [{"name": k, "shape": v} for k, v in specs[n].items()]}
+
+        return {n: Stage(n, entry(n), Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
 
     settings = {"frames": 4, "stream_frames": 4}
     good = recipe.in_situ(loaded, stages(0.0), settings, lambda _m: None)

@@ -8,7 +8,9 @@ talker and code predictor, sampling with Gumbel noise) on the same seed and the 
   divergence with the eager reference's margin there, and the final audio against the eager audio;
 - streaming: chunk schedules as servers run them (the eager decoder over 72 frames of left context
   plus the chunk, kept new samples) and the exact artifact pair in 25-frame chunks, against the
-  offline decode, with the playback gap each schedule leaves at this machine's measured speeds.
+  offline decode, with the playback gap each schedule leaves at this machine's measured speeds;
+- official utterance: the runner (`runner.py`) over the artifacts against the official `generate()`
+  on the checkpoint variant's own request, greedy, until EOS (`utterance.py`).
 
 Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
 
@@ -23,7 +25,7 @@ import torch
 
 from ...parity.check import flips, tie_margin
 from ...parity.metrics import snr_db
-from . import predictor, talker
+from . import predictor, talker, utterance
 from .code2wav import receptive_field_frames
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
 
@@ -58,33 +60,6 @@ def chunks(schedule: tuple[int, ...], frames: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
-
-
-class _Streamer:
-    """The exact streaming pair as a device runs it: code2latent over 25-frame chunks (rolling KV
-    and conv state fed back), latent2wav over the receptive field plus the chunk. A short last
-    chunk is padded with code 0 and cut: both graphs are causal."""
-
-    def __init__(self, decoder, code2latent, latent2wav):
-        cfg = decoder.config
-        self.code2latent, self.latent2wav, self.context = code2latent, latent2wav, receptive_field_frames(decoder)
-        self.state = [np.zeros((1, cfg.codebook_dim, 2), np.float32),
-                      np.zeros((cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.sliding_window - 1, cfg.head_dim), np.float32)]
-        self.state.append(np.zeros_like(self.state[1]))
-        self.latents = np.zeros((1, cfg.latent_dim, self.context), np.float32)
-
-    def __call__(self, codes: np.ndarray) -> np.ndarray:
-        frames = codes.shape[-1]
-        wavs = []
-        for start in range(0, frames, CHUNK):
-            chunk = np.zeros((1, codes.shape[1], CHUNK), np.int64)
-            real = min(CHUNK, frames - start)
-            chunk[..., :real] = codes[..., start : start + real]
-            latent, *self.state = self.code2latent([chunk, np.array([start], np.int64), *self.state])
-            self.latents = np.concatenate((self.latents, latent), axis=-1)[..., -(self.context + CHUNK):]
-            wav = self.latent2wav([self.latents, np.array([min(start, self.context)], np.int64)])[0]
-            wavs.append(wav[..., : real * SAMPLES_PER_FRAME])
-        return np.concatenate(wavs, axis=-1)
 
 
 def _median(values) -> float | None:
@@ -268,7 +243,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                            "hidden_db_median": _median(hidden_db)}
     tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree)),
                             "flips": tf_flips}
-    streamed = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(eager_codes)
+    streamed = utterance.streaming_decoder(stages)(eager_codes)
     decoder_gate = max(gates["code2latent"], gates["latent2wav"])
     tf["decoder"] = {"wav_db": snr_db(eager_wav, streamed), "gate_db": decoder_gate}
     for stage, figure, gate in (("talker_prefill", tf["talker_prefill"]["logits_db"], gates["talker_prefill"]),
@@ -290,7 +265,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         s.times_ms.clear()
     started = time.perf_counter()
     free = runner.run(frames, None)
-    wav = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(free["codes"])
+    wav = utterance.streaming_decoder(stages)(free["codes"])
     artifact_s = time.perf_counter() - started
     divergence = _first_divergence(models, utt, free, {n: s.tie_db for n, s in stages.items()})
     agreed = frames if divergence is None else divergence["frame"]
@@ -332,7 +307,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         offline = models.decoder(all_codes).numpy()
     for s in (stages["code2latent"], stages["latent2wav"]):
         s.times_ms.clear()
-    exact = _Streamer(models.decoder, stages["code2latent"], stages["latent2wav"])(all_codes.numpy())
+    exact = utterance.streaming_decoder(stages)(all_codes.numpy())
     pair_s = (_median(stages["code2latent"].times_ms) + _median(stages["latent2wav"].times_ms)) / 1000
     whole = chunks((), stream_frames)
     streaming = {"exact pair in 25-frame chunks (artifacts)": {
@@ -355,8 +330,12 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                          "gaps: one compute stream generating frames at the artifacts' measured talker + predictor ms and "
                          "decoding each chunk when complete (the artifacts' pair, or the eager decoder's measured time for "
                          "that chunk), playback from the first chunk on")
+    # (d) the official utterance: the runner over the artifacts against the official generate()
+    progress("official utterance: the runner against the official generate()")
+    official = utterance.compare(loaded, stages, frames, decoder_gate)
+    failures += official.pop("failures")
     return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
-            "streaming": streaming, "timing": timing, "failures": failures}
+            "streaming": streaming, "timing": timing, "official_utterance": official, "failures": failures}
 
 
 def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) -> dict:

@@ -1,0 +1,165 @@
+"""The official utterance in `edgex pipeline qwen3-tts`: the runner (`runner.py`) over the exported
+artifacts against the official `generate()` (`official.py`) on the same request, greedy.
+
+Codes are compared frame by frame until EOS. A first difference passes only as a near-tie of the
+official model's own scores there (codebook 0: the processed talker scores on the official history;
+codebooks 1-15: the official code predictor's logits), at the in-situ tie level; after it the
+utterances differ and are not compared further. The waveform (the artifacts' exact streaming pair
+over the runner's codes, the official decode over the official codes) is scored over the frames that
+agree, against the decoder's gate.
+
+The request is the checkpoint variant's own: a CustomVoice speaker with a language, a VoiceDesign
+instruction, a Base x-vector voice prompt; seeded random text ids (edgex ships no tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...parity.check import tie_margin
+from ...parity.metrics import snr_db
+from . import official as off
+from . import runner as rn
+from .predictor import frame_reference
+
+TEXT_TOKENS = 12  # text ids of the default request
+SEED_OFFSET = 700  # the request's draws: apart from the parity samples' and the synthetic utterance's
+
+
+def config_of(loaded) -> dict:
+    """The checkpoint's config.json, or a preset's (its talker with the published CustomVoice tables)."""
+    source = loaded.source
+    if "checkpoint" in source:
+        return json.loads((Path(source["checkpoint"]) / "config.json").read_text())
+    return off.preset_config(loaded.models.talker.config.to_dict())
+
+
+def default_request(config: dict, seed: int) -> rn.Request:
+    """The variant's own request: CustomVoice speaks as its first speaker in English, VoiceDesign
+    follows an instruction, Base clones an x-vector voice prompt; text is streamed."""
+    rng = np.random.default_rng(seed + SEED_OFFSET)
+    text = rn.chat_ids(rng.integers(0, rn.IM_START, TEXT_TOKENS))
+    talker = config["talker_config"]
+    variant = config.get("tts_model_type") or "custom_voice"
+    if variant == "base":
+        voice = rn.VoicePrompt(rng.standard_normal(talker["hidden_size"]).astype(np.float32))
+        return rn.Request(text, language="english", voice=voice)
+    if variant == "voice_design":
+        return rn.Request(text, language="english", instruct=rn.instruct_ids(rng.integers(0, rn.IM_START, 8)))
+    speakers = list(talker.get("spk_id") or {})
+    return rn.Request(text, language="english", speaker=speakers[0] if speakers else None)
+
+
+def _shape(stage, name: str) -> tuple:
+    return tuple(next(s["shape"] for s in stage.entry["inputs"] if s["name"] == name))
+
+
+def graphs(stages: dict) -> rn.Graphs:
+    """The runner's graphs from the pipeline's stages (a looped step graph counts as the step graph)."""
+    predictor = stages["code_predictor"]
+    step = getattr(predictor, "step", None)  # in_situ's _StepLoop wraps the step graph's stage
+    frame = None if step is not None else predictor
+    prefill, decode = stages["talker_prefill"], stages["talker_decode"]
+    return rn.Graphs(prefill, decode, _shape(prefill, "inputs_embeds")[1], _shape(decode, "past_key"),
+                     code_predictor=frame, code_predictor_step=step,
+                     predictor_kv_shape=_shape(step, "past_key") if step is not None else None)
+
+
+def streaming_decoder(stages: dict) -> rn.StreamingDecoder:
+    c2l, l2w = stages["code2latent"], stages["latent2wav"]
+    return rn.StreamingDecoder(c2l, l2w, _shape(c2l, "codes"), _shape(c2l, "conv_state"), _shape(c2l, "past_key"),
+                               _shape(l2w, "latent"))
+
+
+def tables(talker) -> rn.Tables:
+    return rn.Tables.from_state({f"talker.{k}": v.detach().numpy() for k, v in talker.state_dict().items()})
+
+
+def _sequence(codes: np.ndarray, stopped: bool, eos: int) -> list[list[int]]:
+    """Each frame's 16 codes, then [EOS] where the utterance stopped."""
+    return [list(map(int, f)) for f in codes] + ([[eos]] if stopped else [])
+
+
+@torch.no_grad()
+def _margin(official, vocab, settings, ref_codes, hiddens, frame: int, codebook: int, want: int, got: int) -> tuple[float, float]:
+    """The official model's own score margin (its choice minus the runner's) at the first difference,
+    and the tie margin of the tie gate's noise on those scores' logits."""
+    talker = official.model.talker
+    hidden = hiddens[frame].reshape(1, 1, -1)
+    if codebook == 0:
+        logits = talker.codec_head(hidden).reshape(-1).numpy()
+        scores = rn.LogitsProcessor(vocab, settings)(logits, [int(c) for c in ref_codes[:frame, 0]])
+        finite = logits[np.isfinite(scores)]
+    else:
+        code0 = torch.tensor([[int(ref_codes[frame, 0])]])
+        logits = frame_reference(talker, hidden, code0, torch.zeros(1, rn.GROUPS - 1, rn.AUDIO_CODES))[1][0, codebook - 1].numpy()
+        scores = finite = logits
+    return float(scores[want]) - float(scores[got]) if got < scores.size else float("inf"), finite
+
+
+@torch.no_grad()
+def _picks_eos(official, vocab, settings, ref_codes, hidden) -> bool:
+    """Whether the official model's last step picked EOS (generate() returns no stop flag: the
+    frames before EOS and the frames before max_new_tokens look alike when both are `frames`)."""
+    logits = official.model.talker.codec_head(hidden.reshape(1, 1, -1)).reshape(-1).numpy()
+    scores = rn.LogitsProcessor(vocab, settings)(logits, [int(c) for c in ref_codes[:, 0]])
+    return int(np.argmax(scores)) == vocab.codec_eos
+
+
+def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None) -> dict:
+    """The official-utterance block of the pipeline report, with its `failures`: at most `frames`
+    frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level."""
+    config = config_of(loaded)
+    vocab = rn.Vocabulary.from_config(config)
+    request = request or default_request(config, int(loaded.options.get("seed", 0)))
+    official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
+    settings = rn.Settings(max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False)
+    ref_codes, hiddens = off.official_run(official, request, settings)
+    ref_stopped = len(ref_codes) < frames or _picks_eos(official, vocab, settings, ref_codes, hiddens[-1])
+    utt = rn.Runner(graphs(stages), tables(loaded.models.talker), vocab).generate(request, settings)
+    want, got = _sequence(ref_codes, ref_stopped, vocab.codec_eos), _sequence(utt.codes, utt.stopped, vocab.codec_eos)
+    difference, agreed = None, min(len(ref_codes), len(utt.codes))
+    for f, (a, b) in enumerate(zip(want, got)):
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is None and len(a) != len(b):  # one stopped (EOS) where the other made a frame
+            k = 0
+        if k is None:
+            continue
+        w, g = a[k], b[k]
+        margin, logits = _margin(official, vocab, settings, ref_codes, hiddens, f, k, w, g)
+        tie_db = (stages["talker_decode"] if k == 0 else stages["code_predictor"]).tie_db
+        allowed = tie_margin(tie_db, logits)
+        difference = {"frame": f, "codebook": k, "official": w, "runner": g, "margin": margin, "tie_margin": allowed,
+                      "tie_db": tie_db, "tie": bool(margin <= allowed)}
+        agreed = f
+        break
+    if difference is None and len(want) != len(got):  # equal until one ran out of frames
+        agreed = min(len(ref_codes), len(utt.codes))
+    failures = []
+    wav_db = None
+    if agreed:
+        runner_wav = rn.waveform(streaming_decoder(stages), utt.codes[:agreed], request.voice)
+        official_wav = off.official_waveform(official, ref_codes[:agreed], request.voice)
+        wav_db = snr_db(official_wav, runner_wav)
+        if not wav_db >= decoder_gate_db:
+            failures.append(f"official utterance: the waveform of the {agreed} agreed frames scores {wav_db:.1f} dB, below "
+                            f"the decoder's {decoder_gate_db:.1f} dB gate")
+    if difference is not None and not difference["tie"]:
+        d = difference
+        failures.append(f"official utterance: frame {d['frame']} codebook {d['codebook']}: the runner picked {d['runner']} "
+                        f"where the official generate() picked {d['official']}, margin {d['margin']:.4g} > tie margin "
+                        f"{d['tie_margin']:.4g}")
+    elif difference is None and len(want) != len(got):
+        failures.append(f"official utterance: the official generate() made {len(ref_codes)} frames, the runner {len(utt.codes)}")
+    return {"variant": official.variant, "language": request.language, "speaker": request.speaker,
+            "instruct": request.instruct is not None, "voice_prompt": None if request.voice is None else
+            ("in-context" if request.voice.in_context else "x-vector"), "non_streaming": request.non_streaming,
+            "codec_prefix": rn.codec_prefix(request, vocab), "prompt_rows": utt.prompt_rows,
+            "official_frames": len(ref_codes), "runner_frames": len(utt.codes), "official_stopped": ref_stopped,
+            "runner_stopped": utt.stopped, "frames_compared": agreed if difference else min(len(ref_codes), len(utt.codes)),
+            "codes_equal": difference is None and len(want) == len(got), "first_difference": difference,
+            "wav_db": wav_db, "failures": failures}

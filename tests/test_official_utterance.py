@@ -1,0 +1,92 @@
+"""The official utterance: a small CustomVoice checkpoint built with the official classes (published
+config, widths and depths shrunk), exported to ONNX fp32 by edgex, and `edgex pipeline` running the
+runner over those artifacts against the official `generate()`, greedy, until EOS.
+
+The checkpoint's EOS row is set so the official utterance stops after `STOP` frames (`official.stop_at`):
+the runner must make the same codes and stop at the same frame. A runner that leaves the language row
+out of the CustomVoice prefix (what made other toolchains' Qwen3-TTS apps unintelligible) fails."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+STOP = 10  # frames of the official utterance
+COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav")
+PLACE = "talker=onnx:fp32,code_predictor_step=onnx:fp32,decoder=onnx:fp32"
+FRAMES = 16  # the most frames either side may make (the utterance stops at STOP)
+
+
+@pytest.fixture(scope="module")
+def custom_voice(tmp_path_factory):
+    from edgex.recipes.qwen3_tts import official, utterance
+
+    root = tmp_path_factory.mktemp("official-utterance")
+    model = official.build("custom_voice", seed=0)
+    request = utterance.default_request(model.model.config.to_dict(), seed=0)
+    official.stop_at(model, request, STOP)
+    checkpoint = official.write_checkpoint(model, root / "checkpoint")
+    out = root / "out"
+    components = [arg for c in COMPONENTS for arg in ("--component", c)]
+    proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(out),
+                   *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "qwen3-tts" / "cpu"
+
+
+def test_the_runner_over_onnx_fp32_artifacts_speaks_the_official_utterance(custom_voice):
+    from edgex.in_situ import run_pipeline
+
+    report = run_pipeline([custom_voice], PLACE.split(","), frames=FRAMES, stream_frames=FRAMES)
+    official = report["official_utterance"]
+    assert official["variant"] == "custom_voice" and official["speaker"] and official["language"] == "english"
+    assert official["codec_prefix"] == [2154, 2156, 2050, 2157]  # think, think_bos, english, think_eos
+    assert official["official_frames"] == official["runner_frames"] == official["frames_compared"] == STOP
+    assert official["official_stopped"] and official["runner_stopped"]
+    assert official["codes_equal"] and official["first_difference"] is None
+    assert float(official["wav_db"]) > 60  # strict JSON: an exact figure is the string "inf"
+    assert report["verdict"] == "pass"
+
+
+def test_a_runner_without_the_language_row_fails_the_pipeline(custom_voice, tmp_path, monkeypatch):
+    from edgex.in_situ import run_pipeline
+    from edgex.recipes.qwen3_tts import runner
+
+    folder = Path(shutil.copytree(custom_voice, tmp_path / "cpu"))
+    original = runner.codec_prefix
+    monkeypatch.setattr(runner, "codec_prefix",
+                        lambda request, vocab: [i for i in original(request, vocab) if i not in vocab.languages.values()])
+    report = run_pipeline([folder], PLACE.split(","), frames=FRAMES, stream_frames=FRAMES)
+    official = report["official_utterance"]
+    assert official["codec_prefix"] == [2154, 2156, 2157]
+    assert not official["codes_equal"] and not official["first_difference"]["tie"]
+    assert report["verdict"] == "fail" and any(f.startswith("official utterance: frame") for f in report["failures"])
+
+
+def test_a_decoder_that_adds_noise_fails_the_official_waveform(custom_voice, tmp_path, monkeypatch):
+    from edgex.in_situ import run_pipeline
+    from edgex.recipes.qwen3_tts import utterance
+
+    folder = Path(shutil.copytree(custom_voice, tmp_path / "cpu"))
+    faithful = utterance.streaming_decoder
+
+    def noisy(stages):
+        decoder = faithful(stages)
+        rng = np.random.default_rng(0)
+
+        def decode(codes):
+            wav = decoder(codes)
+            return wav + 0.1 * np.sqrt(np.mean(wav**2)) * rng.standard_normal(wav.shape).astype(np.float32)
+
+        return decode
+
+    monkeypatch.setattr(utterance, "streaming_decoder", noisy)
+    report = run_pipeline([folder], PLACE.split(","), frames=FRAMES, stream_frames=FRAMES)
+    official = report["official_utterance"]
+    assert official["codes_equal"] and 15 < official["wav_db"] < 25
+    assert any(f.startswith("official utterance: the waveform") for f in report["failures"])
