@@ -1,4 +1,4 @@
-"""Scheme vs lowering error for every quantized scheme edgex offers (issue 18, hole 4).
+"""Scheme vs lowering error for every quantized scheme edgex offers.
 
 For each (model, component, format:precision): export on the tiny preset and gate the artifact as
 `edgex export` does (`edgex.export.run_parity`: the same samples, references and gates), then print

@@ -55,7 +55,7 @@ def test_a_graph_that_drops_a_head_fails_the_gate(monkeypatch, tmp_path):
 def test_upstream_canary_executorch_int8_weight_only_still_fails_the_gate(tmp_path):
     """Upstream-bug canary, not the gate's test: ExecuTorch 1.5.1's int8 weight-only XNNPACK route
     lowers and runs but returns wrong numbers (docs/toolchains.md), and the gate fails it through the CLI.
-    When this test fails, ExecuTorch has fixed the bug: delete the test (and the README's note)."""
+    When this test fails, ExecuTorch has fixed the bug: delete the test (and the note in docs/targets-and-formats.md, "ExecuTorch")."""
     proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--component", "talker_decode",
                    "--format", "executorch", "--precision", "w8", "--out", str(tmp_path), "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
