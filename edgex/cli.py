@@ -40,8 +40,17 @@ def _db(value) -> str:
     return "inf" if math.isinf(value) and value > 0 else f"{value:.1f}"
 
 
+def source_line(source: dict) -> str:
+    """Where the weights came from, for the first line of a summary: a preset is named as seeded
+    random weights, so a random-weight artifact is never mistaken for a model."""
+    if "checkpoint" in source:
+        return f"checkpoint {source['checkpoint']}"
+    return f"preset {source.get('preset')}: seeded random weights, seed {source.get('seed', 0)}"
+
+
 def _summary(manifest: dict) -> Table:
-    table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
+    title = f"{manifest['model']} ({source_line(manifest.get('source') or {})}) -> {manifest['target']}  ({manifest['status'].upper()})"
+    table = Table(title=title, title_justify="left")
     device = manifest.get("hub") is not None
     numeric = ("min SNR dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
     for col in ("component", "format", "precision", "min SNR dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",

@@ -71,8 +71,15 @@ def test_upstream_canary_executorch_int8_weight_only_still_fails_the_gate(tmp_pa
 
 
 def test_min_db_override_can_fail_a_good_artifact(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "--component", "talker_decode", "--format", "onnx",
-                   "--precision", "fp16", "--min-db", "talker=200", "--out", str(tmp_path), "--json")
+    """Also: a preset's random weights are named in the manifest and on the summary's first line."""
+    args = ("export", "qwen3-tts", "--preset", "tiny", "--component", "talker_decode", "--format", "onnx",
+            "--precision", "fp16", "--min-db", "talker=200", "--out", str(tmp_path))
+    proc = run_cli(*args, "--json")
     assert proc.returncode == 1
-    (artifact,) = json.loads(proc.stdout)["artifacts"]
+    data = json.loads(proc.stdout)
+    (artifact,) = data["artifacts"]
     assert artifact["parity"]["threshold_db"] == 200.0 and artifact["verdict"] == "fail"
+    assert data["source"] == {"preset": "tiny", "seed": 0, "weights": "seeded random"}
+    table = run_cli(*args)  # unchanged: the recorded manifest's summary and exit code
+    assert table.returncode == 1 and "reused" in table.stderr
+    assert table.stdout.splitlines()[0].strip() == "qwen3-tts (preset tiny: seeded random weights, seed 0) -> cpu  (FAIL)"
