@@ -1,7 +1,7 @@
-"""The Qwen3-TTS frame benchmark (issue 16): one talker step + the 15-codebook predictor frame, on
+"""The Qwen3-TTS frame benchmark: one talker step + the 15-codebook predictor frame, on
 the CPU, every engine in one process and one run at a fixed thread count.
 
-    .venv/bin/python benchmarks/bench_cpu.py --frame --preset 0.6b --threads 2 --out /tmp/bench-frame
+    .venv/bin/python benchmarks/bench_cpu.py --frame --preset 0.6b --threads 2 --out out-bench-frame
 
 Engines: the eager fp32 model (the official modules: the talker's KV-cached step and the code
 predictor's own loop), edgex's ONNX artifacts of `talker_decode` and `code_predictor` (one graph per

@@ -1,6 +1,6 @@
 """Benchmark (not a test): MiniCPM-o speech output on CPU, artifacts vs eager in the same process.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_minicpm_o.py --preset 4.5 --threads 2 --out /tmp/bench-minicpmo
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_minicpm_o.py --preset 4.5 --threads 2 --out out-bench-minicpmo
 
 Runs `bench_cpu.py` on the streaming path's graphs (`tts_decode`, `flow_encoder`, `flow_chunk`,
 `hift`; ONNX Runtime fp32 unless --formats says otherwise) and derives the two figures a device

@@ -1,7 +1,7 @@
 """Benchmark (not a test): one SmolVLA control step from the exported artifacts vs LeRobot's eager
 policy, in the same process, at a fixed thread count.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_vla.py --preset 450m --threads 2 --runs 10 --out /tmp/bench-vla
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_vla.py --preset 450m --threads 2 --runs 10 --out out-bench-vla
 
 A control step is what a robot runs per action chunk: the vision encoder once per camera, the
 prefix, and the whole Euler loop (`action_loop`), here as ONNX fp32 on ONNX Runtime CPU. The eager
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--preset", default="450m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=Path("/tmp/bench-vla"))
+    ap.add_argument("--out", type=Path, default=Path("out-bench-vla"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -41,8 +41,17 @@ def _db(value) -> str:
     return "inf" if math.isinf(value) and value > 0 else f"{value:.1f}"
 
 
+def source_line(source: dict) -> str:
+    """Where the weights came from, for the first line of a summary: a preset is named as seeded
+    random weights, so a random-weight artifact is never mistaken for a model."""
+    if "checkpoint" in source:
+        return f"checkpoint {source['checkpoint']}"
+    return f"preset {source.get('preset')}: seeded random weights, seed {source.get('seed', 0)}"
+
+
 def _summary(manifest: dict) -> Table:
-    table = Table(title=f"{manifest['model']} -> {manifest['target']}  ({manifest['status'].upper()})")
+    title = f"{manifest['model']} ({source_line(manifest.get('source') or {})}) -> {manifest['target']}  ({manifest['status'].upper()})"
+    table = Table(title=title, title_justify="left")
     device = manifest.get("hub") is not None
     numeric = ("e2e dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
     for col in ("component", "format", "precision", "e2e dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
@@ -120,9 +129,24 @@ def _exit(status: str, failed: str, unverified: list[str]) -> None:
         raise typer.Exit(3)
 
 
+# One meaning per option, whichever command takes it: these are shared, and --help shows the same text.
 _ALLOW_HELP = ("accept unverified entries of these kinds (exit 0, not 3, where every job has a file that ran and passed): "
                "sidecar (a QNN .dlc), or a format, e.g. qnn-dlc, mlpackage; repeat or comma-separate")
 _VERBOSE_HELP = "show the toolchains' own logs (native and Python) instead of edgex's lines only"
+_THREADS_HELP = ("threads each runtime uses when it runs an artifact here (parity, latency, pipeline stages), and the "
+                 "eager model beside it where the command runs one; default: the runtime's own choice")
+_MIN_DB_HELP = ("gate override, repeatable: DB (every artifact), ROLE=DB, PRECISION=DB, ROLE:PRECISION=DB, "
+                "lowering=DB or lowering:PRECISION=DB (the lowering gate of fp16 / quantized artifacts); most specific wins")
+_PLACEMENT_HELP = ("place a role or component: KEY=EXPORTER:PRECISION[:CALIBRATION], e.g. decoder=qnn:fp16, or @FILE "
+                   "(one a line, as edgex sweep's recommended.placement); repeatable, each one is added")
+
+
+def _threads_option():
+    return typer.Option(None, "--threads", min=1, help=_THREADS_HELP)
+
+
+def _verbose_option():
+    return typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP)
 
 
 @app.callback()
@@ -144,14 +168,14 @@ def export(
     preset: Optional[str] = typer.Option(None, help="seeded random weights of a named config (default: tiny)"),
     checkpoint: Optional[Path] = typer.Option(None, help="Hugging Face-layout checkpoint: a folder, or a hub id (ORG/NAME[@REV]) already in the local HF cache (never downloaded)"),
     seed: int = typer.Option(0, help="seed for preset weights and the eager pipeline"),
-    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root: the artifacts and manifest.json go to <out>/<model>/<target>/"),
     component: Optional[List[str]] = typer.Option(None, "--component", "-c", help="only these components"),
     fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter or format names: executorch or pte, onnx, ...)"),
     precision: Optional[List[str]] = typer.Option(None, "--precision", "-p", help="precisions instead of the target's defaults"),
-    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override: DB, ROLE=DB or PRECISION=DB"),
-    placement: Optional[List[str]] = typer.Option(None, "--placement", help="place a role or component elsewhere: KEY=EXPORTER:PRECISION[:CALIBRATION], e.g. decoder=qnn:fp16 (a key given twice is placed in both), or @FILE (edgex sweep's recommended.placement)"),
+    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help=_MIN_DB_HELP),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help=_PLACEMENT_HELP + " (a key given twice is built in both)"),
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
-    threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
+    threads: Optional[int] = _threads_option(),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
@@ -161,7 +185,7 @@ def export(
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (jobs, formats, precisions, artifact paths) and build nothing"),
     force: bool = typer.Option(False, "--force", help="export even when the output folder holds an unchanged export of the same inputs"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
+    verbose: bool = _verbose_option(),
 ):
     """Export every component of MODEL for TARGET, gate each artifact on parity, write a manifest.
 
@@ -292,21 +316,22 @@ def sweep(
     calibration: Optional[List[str]] = typer.Option(None, "--calibration", help="calibration sizes for the calibrated schemes, e.g. 8,16,32"),
     component: Optional[List[str]] = typer.Option(None, "--component", "-c", help="only these components"),
     fmt: Optional[List[str]] = typer.Option(None, "--format", "-f", help="only these formats (exporter or format names: executorch or pte, onnx, ...)"),
-    placement: Optional[List[str]] = typer.Option(None, "--placement", help="KEY=EXPORTER:PRECISION[:CAL] or @FILE, as export"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help=_PLACEMENT_HELP + " (a key given twice is swept in both)"),
     preset: Optional[str] = typer.Option(None, help="seeded random weights of a named config (default: tiny)"),
     checkpoint: Optional[Path] = typer.Option(None, help="local checkpoint folder or cached hub id"),
     seed: int = typer.Option(0, help="seed for preset weights and the eager pipeline"),
-    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help="gate override, as export"),
+    min_db: Optional[List[str]] = typer.Option(None, "--min-db", help=_MIN_DB_HELP),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE"),
-    out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="sweep folder: artifacts, sweep.{md,json,csv,png}, recommended.placement"),
+    out_dir: Path = typer.Option(Path("out/sweep"), "--out", "-o", help="output root: the artifacts go to <out>/<model>[-cal<N>]/<target>/, the report (sweep.{md,json,csv,png}, recommended.placement, build.json, junit.xml) to <out>/"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="build cache folder (default: <out>/.edgex-cache)"),
-    threads: int = typer.Option(2, help="threads for the latency and in-situ runs"),
+    threads: Optional[int] = _threads_option(),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
+    verbose: bool = _verbose_option(),
 ):
     """Export MODEL for TARGET over precisions and calibration sizes (reusing cached artifacts), gate
     each point as export does, and write a table, JSON, CSV, a plot and the recommended placement:
@@ -317,6 +342,7 @@ def sweep(
     from .parity.gates import parse_overrides
     from .recipes.base import parse_settings
 
+    set_verbose(verbose or is_verbose())
     try:
         from .build.executors import make_executor
         from .status import check_unverified_kinds
@@ -327,7 +353,8 @@ def sweep(
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
                           formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
-                          placements=_split(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings))
+                          placements=_split(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings),
+                          threads=threads)
         err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
         with native_output_quiet() as stderr:
             quiet_libraries()
@@ -385,15 +412,17 @@ def _pipeline_table(report: dict) -> Table:
 def pipeline(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
     directories: List[Path] = typer.Argument(..., help="folder(s) holding manifest.json (edgex export / sweep / build output); a stage is taken from the first that has it"),
-    placement: Optional[List[str]] = typer.Option(None, "--placement", help="which artifact serves a stage: KEY=EXPORTER:PRECISION or @FILE (default: the target's)"),
+    placement: Optional[List[str]] = typer.Option(None, "--placement", help=_PLACEMENT_HELP + "; picks the artifact that serves a stage (default: the target's), so a key given twice with different values is refused"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (TTS) or decode steps (LLM) to generate (default: as many as the tiny graphs hold, at most 40 / 48)"),
     stream_frames: Optional[int] = typer.Option(None, "--stream-frames", help="eager frames for the streaming-schedule comparison (default 122: past the 72-frame left context)"),
-    threads: int = typer.Option(2, help="threads for the artifacts' runtimes and the eager model"),
+    threads: Optional[int] = _threads_option(),
     as_json: bool = typer.Option(False, "--json", help="print the pipeline report as JSON"),
+    verbose: bool = _verbose_option(),
 ):
     """In-situ parity: DIR's artifacts composed into MODEL's pipeline against the eager pipeline (same seed
     and noise), teacher-forced and free-running, streaming schedules, timing; gated like a component.
     Writes pipeline.json beside the manifest and a `pipeline` block into it. Exit 0 pass, 1 fail, 2 bad input."""
+    set_verbose(verbose or is_verbose())
     try:
         with native_output_quiet() as stderr:
             quiet_libraries()
@@ -425,10 +454,10 @@ def pipeline(
 @app.command()
 def verify(
     directory: Path = typer.Argument(..., help="folder holding manifest.json (or an output root)"),
-    threads: Optional[int] = typer.Option(None, help="runtime threads for parity runs"),
+    threads: Optional[int] = _threads_option(),
     as_json: bool = typer.Option(False, "--json", help="print the verification as JSON"),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE_HELP),
+    verbose: bool = _verbose_option(),
 ):
     """Check artifact hashes against the manifest and re-run parity from it."""
     set_verbose(verbose or is_verbose())
@@ -499,15 +528,17 @@ def _build_result(data: dict, out_dir: Path, as_json: bool) -> None:
 @build_app.command("run")
 def build_run(
     file: Path = typer.Argument(..., help="build file (TOML)"),
-    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root: <out>/<name>/<target>/, build.json, junit.xml, summary.md"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root: the artifacts go to <out>/<name>/<target>/, the reports (build.json, junit.xml, summary.md) to <out>/"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="cache folder (default: <out>/.edgex-cache)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run shard I of N of the jobs, e.g. 1/2 (merge with edgex build merge)"),
     costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json: balance shards by its recorded export seconds"),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
+    verbose: bool = _verbose_option(),
 ):
     """Export every artifact of a build file (reusing unchanged ones from the cache), write reports."""
+    set_verbose(verbose or is_verbose())
     try:
         quiet_libraries()
         from .build.run import run_build
@@ -526,7 +557,7 @@ def build_run(
 @build_app.command("merge")
 def build_merge(
     dirs: List[Path] = typer.Argument(..., help="output folders of edgex build --shard 1/N ... N/N"),
-    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="merged output root"),
+    out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root of the merged build: the artifacts go to <out>/<name>/<target>/, the reports to <out>/"),
     as_json: bool = typer.Option(False, "--json", help="print the merged build.json on stdout"),
 ):
     """Join shard outputs into one tree, one build.json and one set of reports."""

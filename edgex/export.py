@@ -424,6 +424,15 @@ def export_model(
     return {**manifest, "manifest_path": str(out_dir / MANIFEST), "reused": False}
 
 
+# What a preset's weights are, in the manifest beside its name: nobody should ship them by mistake.
+PRESET_WEIGHTS = "seeded random"
+
+
+def _described(source: dict) -> dict:
+    """The weights' source as recorded: a preset says its weights are seeded random ones."""
+    return {**source, "weights": PRESET_WEIGHTS} if "preset" in source else dict(source)
+
+
 def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified, key) -> dict:
     """The manifest as written: strict JSON (non-finite figures as strings, `strict_json`)."""
     return strict_json({
@@ -432,7 +441,7 @@ def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries
         "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
         "tool_versions": versions(),
         "model": model,
-        "source": loaded.source,
+        "source": _described(loaded.source),
         "settings": settings or {},
         "options": loaded.options,
         "target": tgt.name,

@@ -82,8 +82,15 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
     file naming both), else the first one the target places and the folders hold."""
     target = get_target(manifests[0][1]["target"])
     named = {parse_placement(p)[0]: i for i, p in enumerate(placements)}  # key -> where it was last named
-    # One artifact serves a stage: a key's last placement wins (export places a repeated key in each).
-    last = {parse_placement(p)[0]: p for p in placements}
+    # One artifact serves a stage. --placement adds a placement in every command: export builds each
+    # one given, so a key given twice with two values has no single artifact to pick here.
+    last: dict[str, str] = {}
+    for text in placements:
+        key = parse_placement(text)[0]
+        if key in last and parse_placement(last[key]) != parse_placement(text):
+            raise EdgexError(f"--placement {key} is given twice ({last[key]}, {text}): a pipeline stage is served by one "
+                             f"artifact, so give one placement per role or component")
+        last[key] = text
     overrides = placement_overrides(recipe, list(last.values())) if placements else {}
     if overrides:
         target = target.with_overrides(overrides, recipe.components)
@@ -123,7 +130,7 @@ def _calibrated(entry: dict, calibration: int | None) -> bool:
     return calibration is None or (entry.get("export_options") or {}).get("calibration_size") == calibration
 
 
-def _stage(name: str, entry: dict, root: Path, threads: int, overrides: dict) -> Stage:
+def _stage(name: str, entry: dict, root: Path, threads: int | None, overrides: dict) -> Stage:
     for record in entry["files"]:
         path = root / record["path"]
         if not path.is_file() or sha256(path) != record["sha256"]:
@@ -136,7 +143,7 @@ def _stage(name: str, entry: dict, root: Path, threads: int, overrides: dict) ->
     return Stage(name, entry, session, threshold_db(entry["role"], entry["precision"], overrides), root)
 
 
-def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int = 2,
+def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int | None = None,
                  progress=None, stream_frames: int | None = None) -> dict:
     """Compose, run, score and gate; writes pipeline.json and the `pipeline` block into the first
     folder's manifest. Several folders (of one model source) compose a placement across targets,
@@ -160,7 +167,8 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     stages = {n: _stage(n, e, root, threads, overrides) for n, (root, e) in chosen.items()}
     source = manifest["source"]
     checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None
-    torch.set_num_threads(threads)
+    if threads:  # else torch's own choice, as each runtime keeps its own
+        torch.set_num_threads(threads)
     progress("building the eager model")
     loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), recipe.parse_options(manifest.get("settings")))
     progress("running the eager and the artifact pipelines")

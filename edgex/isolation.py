@@ -2,8 +2,8 @@
 
 Why: lowering and parity leave native memory behind that neither the garbage collector nor
 `malloc_trim` returns (ExecuTorch / XNNPACK lowering, ONNX Runtime sessions, allocator arenas):
-the 0.6b Qwen3-TTS cpu export grew 8.0, 8.2, 9.1, 10.9 GB after its first four jobs (session 11)
-and was stopped in its fifth. A job in its own process returns everything when it exits, so the
+run in one process, the 0.6b Qwen3-TTS cpu export grows 8.0, 8.2, 9.1, 10.9 GB after its first
+four jobs. A job in its own process returns everything when it exits, so the
 export's peak is that of its largest job, not the sum of what every job left.
 
 Why fork and not a fresh process: the child shares the parent's eager model and the samples the

@@ -47,7 +47,7 @@ def htp_session(model: Path, *, soc_model: int | None = None, htp_arch: int | No
     the HTP cannot take is an error, not a silent split).
 
     `context_out`: also compile the graph into an EPContext model there (+ its `.bin`, not embedded).
-    `dlc_dir`: instead write the graph through the IR backend as `.dlc` (that session's outputs are
+    `dlc_dir`: instead write the graph through the IR backend as `.dlc` (the IR backend session's outputs are
     not meaningful). `fp16`: run a float32 graph in fp16 on the HTP."""
     ort, devices = _devices()
     options = ort.SessionOptions()

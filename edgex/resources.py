@@ -38,8 +38,9 @@ class PeakRss:
 def return_free_memory() -> None:
     """Give the heap's free pages back to the system (glibc `malloc_trim`): glibc keeps freed
     memory in its arenas, so a freed lowering or parity run could still count in the next job's
-    peak. On the 0.6b cpu export (session 11) it did not stop the process growing from job to job
-    (8.0, 8.2, 9.1, 10.9 GB after jobs 1-4); what stays is not found yet. No-op without glibc."""
+    peak. It does not stop one process growing from job to job on the 0.6b cpu export (8.0, 8.2,
+    9.1, 10.9 GB after jobs 1-4), which is why jobs run in forked children (`edgex.isolation`).
+    No-op without glibc."""
     import ctypes
     import ctypes.util
 

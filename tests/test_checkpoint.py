@@ -61,6 +61,9 @@ def test_export_from_checkpoint(checkpoint, tmp_path):
     assert data["source"] == {"checkpoint": str(root.resolve())}
     (artifact,) = data["artifacts"]
     assert artifact["verdict"] == "pass" and artifact["parity"]["min_snr_db"] > 90
+    table = run_cli("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",
+                    "--out", str(tmp_path))  # unchanged: the summary of the recorded manifest
+    assert table.stdout.splitlines()[0].strip() == f"qwen3-tts (checkpoint {root.resolve()}) -> cpu  (PASS)"
 
 
 def test_checkpoint_from_the_local_hub_cache(checkpoint, tmp_path, monkeypatch):

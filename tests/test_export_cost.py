@@ -1,4 +1,4 @@
-"""What keeps a full-size export inside one machine (issue 16, export cost): the reference's outputs
+"""What keeps a full-size export inside one machine: the reference's outputs
 on the example are not recomputed for parity, and the table read-back decodes only constants that
 can be a table, from the file itself rather than from copies of it."""
 

@@ -44,7 +44,7 @@ def test_fp32_is_near_exact_and_fp16_is_lower(manifest):
 def test_manifest_records_files_versions_and_timings(manifest):
     out, data = manifest
     root = out / "qwen3-tts" / "cpu"
-    assert data["source"] == {"preset": "tiny", "seed": 0}
+    assert data["source"] == {"preset": "tiny", "seed": 0, "weights": "seeded random"}
     assert data["tool_versions"]["torch"].startswith("2.13.0")
     assert data["tool_versions"]["executorch"] == "1.5.1"
     for a in data["artifacts"]:

@@ -55,7 +55,7 @@ def test_a_graph_that_drops_a_head_fails_the_gate(monkeypatch, tmp_path):
 def test_upstream_canary_executorch_int8_weight_only_still_fails_the_gate(tmp_path):
     """Upstream-bug canary, not the gate's test: ExecuTorch 1.5.1's int8 weight-only XNNPACK route
     lowers and runs but returns wrong numbers (docs/toolchains.md), and the gate fails it through the CLI.
-    When this test fails, ExecuTorch has fixed the bug: delete the test (and the README's note)."""
+    When this test fails, ExecuTorch has fixed the bug: delete the test (and the note in docs/targets-and-formats.md, "ExecuTorch")."""
     proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "--component", "talker_decode",
                    "--format", "executorch", "--precision", "w8", "--out", str(tmp_path), "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -72,8 +72,15 @@ def test_upstream_canary_executorch_int8_weight_only_still_fails_the_gate(tmp_pa
 
 
 def test_min_db_override_can_fail_a_good_artifact(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "--component", "talker_decode", "--format", "onnx",
-                   "--precision", "fp16", "--min-db", "talker=200", "--out", str(tmp_path), "--json")
+    """Also: a preset's random weights are named in the manifest and on the summary's first line."""
+    args = ("export", "qwen3-tts", "--preset", "tiny", "--component", "talker_decode", "--format", "onnx",
+            "--precision", "fp16", "--min-db", "talker=200", "--out", str(tmp_path))
+    proc = run_cli(*args, "--json")
     assert proc.returncode == 1
-    (artifact,) = json.loads(proc.stdout)["artifacts"]
+    data = json.loads(proc.stdout)
+    (artifact,) = data["artifacts"]
     assert artifact["parity"]["threshold_db"] == 200.0 and artifact["verdict"] == "fail"
+    assert data["source"] == {"preset": "tiny", "seed": 0, "weights": "seeded random"}
+    table = run_cli(*args)  # unchanged: the recorded manifest's summary and exit code
+    assert table.returncode == 1 and "reused" in table.stderr
+    assert table.stdout.splitlines()[0].strip() == "qwen3-tts (preset tiny: seeded random weights, seed 0) -> cpu  (FAIL)"

@@ -150,9 +150,9 @@ def test_head_weight_norm_is_folded_into_the_graph(minicpm):
 
 def test_scheme_reference_reads_the_output_weight_the_file_stores(minicpm):
     """A scheme reference swaps a file's stored weights into the graph's parameters; the eager head
-    must then compute its logits with the stored output weight. Session 8's head refolded its weight
-    norm on every call, so the reference kept an fp32 output layer and a 4-bit head's rounding of
-    that layer was reported as a 20-21 dB lowering error."""
+    must then compute its logits with the stored output weight. A head that refolds its weight norm
+    on every call keeps an fp32 output layer in the reference, and a 4-bit head's rounding of that
+    layer is then reported as a 20-21 dB lowering error."""
     comp = minicpm[1]["tts_decode"]
     weight = comp.module.head_weight.detach()
     coarse = torch.round(weight * 4) / 4  # a 2-bit-like rounding: far from fp32 whatever the backbone does

@@ -343,7 +343,7 @@ def test_chained_files_reproduce_predict_action_chunk(pi0, pi0_export):
                               "prefix_mask": mask})[0]
     assert actions.shape == eager.shape == (1, policy.config.chunk_size, policy.config.action_feature.shape[0])
     # three files in sequence, each >= 100 dB against its own reference: ONNX Runtime's vision encoder
-    # (110 dB) dominates, and the chunk moved 98-112 dB over the observations measured (README)
+    # (110 dB) dominates, and the chunk moved 98-112 dB over the observations measured
     assert snr_db(eager, actions) >= 90.0
     other = loop.run_named({"noise": -obs["noise"].numpy(), "state": state, "prefix_key": keys, "prefix_value": values,
                             "prefix_mask": mask})[0]

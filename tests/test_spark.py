@@ -94,8 +94,7 @@ REFERENCE_BUGS = {
 def test_graphs_share_no_numerical_code_with_the_reference(spark, monkeypatch, bug):
     """A bug planted in the eager reference's code leaves the graph's outputs bit-identical and
     drops graph-vs-reference parity far below the fp32 bar: the graph computes it all itself, so
-    a shared-helper bug cannot cancel out of the gate. (Before the graphs had their own RoPE and
-    MLP, the rope and mlp bugs changed the graph too.)"""
+    a bug in shared code cannot cancel out of the gate."""
     loaded, components = spark
     inputs = components["decode"].samples[f"prompt_a_pos{loaded.options['context'] - 1}"]  # the ring has wrapped
     with torch.no_grad():

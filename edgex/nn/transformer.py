@@ -1,13 +1,13 @@
 """Export-friendly transformer pieces over Hugging Face modules (attention, RMSNorm, MLP).
 
 Hugging Face forwards hide the KV cache in `Cache` objects, build masks with vmap and choose the
-kernel at run time; none of that survives torch.export into static edge graphs. These helpers use
+kernel at run time; none of that survives torch.export into static edge graphs. These functions use
 the *parameters* of an HF layer (its torch `nn.Linear` projections, norm weights, layer scales)
 but compute everything themselves, taking the past keys/values and an additive mask as plain
 tensors and returning the new keys/values, so a recipe can place the cache wherever its
 deployment wants it (graph input/output, in-graph ring buffer, unrolled steps).
 
-They call no HF forward and no HF helper (RoPE init, activations, scaling attributes): the eager
+They call no HF forward and no HF utility (RoPE init, activations, scaling attributes): the eager
 reference runs the HF modules, so a bug on either side shows at the parity gate instead of
 cancelling out. RoPE frequencies and the attention scale come from the config.
 """
@@ -87,9 +87,9 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     y = x / peak, for any peak > 0. Every y^2 lies in [0, 1] and the largest is 1, so the sum of
     squares is between 1 and n whatever the row's scale, and (sqrt(eps) / peak)^2 stays finite with
     the peak floored at the smallest normal fp16. A fixed scale cannot do this: squaring
-    x / (16 sqrt(n)) (edgex until session 14) underflowed each term for an RMS below ~5 at n = 2048,
-    and an embedding row (RMS ~0.02) came out of the norm at 16.7 dB, the Spark-X2.5 1.7b decode
-    `.pte` at 4.6 dB. ONNX Runtime hid it: its CPU kernels compute these fp16 ops in fp32. The row
+    x / (16 sqrt(n)) underflows each term for an RMS below ~5 at n = 2048: an embedding row (RMS
+    ~0.02) comes out of such a norm at 16.7 dB, the Spark-X2.5 1.7b decode `.pte` at 4.6 dB. ONNX
+    Runtime hides it: its CPU kernels compute these fp16 ops in fp32. The row
     maximum is an `amax`, which ExecuTorch's exporter hands to XNNPACK as max pooling."""
     if isinstance(norm, nn.Identity):
         return x

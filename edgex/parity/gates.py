@@ -1,7 +1,7 @@
 """Parity gates: the minimum SNR (dB) an artifact must reach, per (role, precision).
 
-Defaults are per precision, from measurements on the tiny and 0.6b presets (README, "Parity
-gates"): fp32 graphs differ from eager only by kernel rounding (> 100 dB measured), fp16 by
+Defaults are per precision, from measurements on the tiny and 0.6b presets (docs/parity.md,
+"Gates"): fp32 graphs differ from eager only by kernel rounding (> 100 dB measured), fp16 by
 half-precision rounding, int schemes by quantization noise. No role has measured differently
 enough to need its own default, so there is no per-role table: a per-(role, precision) gate is an
 override (`--min-db decoder:fp16=40`), recorded in the manifest (`gate_overrides`) and looked up

@@ -18,7 +18,7 @@ from ..build.spec import BuildJob
 LATENCY_RUNS = 5
 
 
-def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int = 2,
+def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, threads: int | None = None,
               progress: Callable[[str], None] | None = None, allow_unverified: tuple[str, ...] = (),
               executor=None) -> dict:
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
@@ -39,7 +39,7 @@ def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, th
     return data
 
 
-def _row(artifact: dict, out: Path, threads: int) -> dict:
+def _row(artifact: dict, out: Path, threads: int | None) -> dict:
     parity = artifact.get("parity") or {}
     split = {k: parity.get(k) or {} for k in ("scheme", "lowering")}
     options = artifact.get("export_options") or {}
@@ -60,7 +60,7 @@ def _row(artifact: dict, out: Path, threads: int) -> dict:
     return row
 
 
-def _latency(artifact: dict, files: list[Path], threads: int) -> dict:
+def _latency(artifact: dict, files: list[Path], threads: int | None) -> dict:
     """Median ms of the artifact's own runtime on inputs of its declared shapes (zeros: a valid
     position, token and code everywhere; the graphs' cost does not depend on the values), only where
     it ran here for real: a simulator's time (QNN HTP on x86) says nothing about the device."""
@@ -86,10 +86,10 @@ def _latency(artifact: dict, files: list[Path], threads: int) -> dict:
         start = time.perf_counter()
         session.run(inputs)
         times.append((time.perf_counter() - start) * 1000)
-    return {"latency_ms": round(statistics.median(times), 3), "latency_note": f"{runtime.name}, {threads} threads, median of {LATENCY_RUNS}"}
+    return {"latency_ms": round(statistics.median(times), 3), "latency_note": f"{runtime.name}, {threads or 'its default'} threads, median of {LATENCY_RUNS}"}
 
 
-def in_situ_runner(rows: list[dict], out: Path, frames: int | None, threads: int, progress: Callable[[str], None] | None = None):
+def in_situ_runner(rows: list[dict], out: Path, frames: int | None, threads: int | None, progress: Callable[[str], None] | None = None):
     """`run(placement lines) -> pipeline report`: `edgex pipeline` over the sweep's published folders
     (every calibration size's), the stages picked by the placement (`edgex.in_situ.run_pipeline`)."""
     from ..in_situ import run_pipeline

@@ -13,7 +13,7 @@ import and never use gets a placeholder that fails loudly if touched:
   of torchvision, transformers' included: ``edgex/torchvision_ops.py`` says why). The policies use
   only torchvision's Python models (ResNet), ``FrozenBatchNorm2d`` and transforms.
 
-The list is repeated in the README ("LeRobot policies"). Loading happens once per process.
+The list is repeated in docs/models.md ("VLA policies"). Loading happens once per process.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class MiniCPMTTSHead(nn.Module):
         Why one shared Parameter: a scheme reference swaps what a quantized file stores into the
         graph's parameters. Were the eager head to recompute g v / ||v|| from `original0/1` on every
         call, the reference would keep an fp32 output layer, and a 4-bit head's rounding of it would
-        show up as a 20-21 dB "lowering" error (session 8). The checkpoint's parametrized names stay
+        show up as a 20-21 dB "lowering" error. The checkpoint's parametrized names stay
         in `state_dict()`; the fold is recomputed (into the same Parameter) when `original0/1` change,
         e.g. when a checkpoint is loaded after the first call."""
         parametrized = self.head_code[0].parametrizations.weight
@@ -108,7 +108,7 @@ class _HeadGraph(nn.Module):
     def __init__(self, head: MiniCPMTTSHead):
         super().__init__()
         self.model = head.model
-        for layer in self.model.layers:  # Llama has no q/k norms; the shared attention helper skips Identity
+        for layer in self.model.layers:  # Llama has no q/k norms; edgex.nn's attention skips Identity
             layer.self_attn.q_norm = layer.self_attn.k_norm = nn.Identity()
         attach_norm_constants(self.model)
         register_rope(self, "inv_freq", rope_inv_freq(head.backbone_config))

@@ -68,7 +68,7 @@ FACTS = RecipeFacts(
     fp32_components=dict.fromkeys(("action_step", "action_loop"), (
         "the Gemma action expert's velocity loses the chunk below fp32 on accelerators (docs/models.md: an fp16 "
         "TensorRT pi0 loop scored cosine -0.55 until kept in fp32). HTP simulator, tiny: action_loop fp16 lowering "
-        "19.2 and 38.3 dB in two builds of the same graph (gate 30; session 7's graph 13.6), w8a16 11.6 dB (lowering "
+        "19.2 and 38.3 dB in two builds of the same graph (gate 30), w8a16 11.6 dB (lowering "
         "12.0 / 12); "
         "action_step w8a16 6.5 dB (scheme 9.9)")),
     reference_packages=LEROBOT_PACKAGES + ("transformers",),

@@ -156,5 +156,5 @@ def build_policy(config, sizes: dict):
 
 
 def lerobot_pi0():
-    """LeRobot's modeling_pi0 module (its masks, padding and time embedding helpers)."""
+    """LeRobot's modeling_pi0 module (its masks, padding and time embedding functions)."""
     return _classes()[2]

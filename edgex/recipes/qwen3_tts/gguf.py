@@ -9,7 +9,7 @@ interleaved M-RoPE. Its conventions, followed here so that libllama loads the fi
   * `rope.dimension_sections` = `mrope_section` padded to 4 entries.
 edgex ships no text tokenizer (presets use random text ids), so the vocabulary is llama.cpp's
 `none` model with `vocab_size` placeholder tokens: the file runs from embeddings or token ids, but
-it has no text/codec token names, which llama.cpp's `llama-tts` helper looks up by name.
+it has no text/codec token names, which llama.cpp's `llama-tts` example program looks up by name.
 """
 
 from __future__ import annotations

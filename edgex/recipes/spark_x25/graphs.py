@@ -17,7 +17,7 @@ they apply its parameters through the torch `nn.Linear` / `nn.Embedding` modules
 the config, and compute everything else themselves (RoPE frequencies, tables and rotation, masks,
 attention, the head gate, the MLP and its activation, the norms). A bug in either implementation
 therefore shows as a parity loss instead of cancelling out; `tests/test_spark.py` breaks the
-reference's helpers to prove it. `reference.py` runs the eager model on these graphs' inputs.
+reference's functions to prove it. `reference.py` runs the eager model on these graphs' inputs.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .config import FULL, SparkConfig
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm in fp32 (`weight`, `variance_epsilon`: the attribute names edgex.nn's helpers read)."""
+    """RMSNorm in fp32 (`weight`, `variance_epsilon`: the attribute names edgex.nn's functions read)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
