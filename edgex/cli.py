@@ -15,7 +15,6 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from .errors import EdgexError
-from .parity.quantized import summary as quantized_summary
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
@@ -103,6 +102,8 @@ def _why_failed(entry: dict) -> str:
     """The first reason an artifact failed, one line: its export error, else its parity's first
     failure (a NaN / inf first, `edgex.parity.check`), its stored tensors', its stored quantized
     tensors' (`edgex.parity.quantized`), or its device run's."""
+    from .parity.quantized import summary as quantized_summary  # numpy: not for toolchain-free commands
+
     reasons = [entry.get("error"), *(entry.get("parity") or {}).get("failures", [])[:1],
                (entry.get("tensor_parity") or {}).get("failure"), quantized_summary(entry.get("quantized_parity")),
                *(entry.get("device_parity") or {}).get("failures", [])[:1]]

@@ -58,7 +58,8 @@ def test_export_from_checkpoint(checkpoint, tmp_path):
                    "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
-    assert data["source"] == {"checkpoint": str(root.resolve())}
+    assert data["source"]["checkpoint"] == str(root.resolve())
+    assert len(data["source"]["checkpoint_sha256"]) == 64  # what verify checks the folder against
     (artifact,) = data["artifacts"]
     assert artifact["verdict"] == "pass" and artifact["parity"]["min_snr_db"] > 90
     table = run_cli("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",

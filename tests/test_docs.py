@@ -187,7 +187,7 @@ def test_the_checks_fail_on_planted_history_a_broken_link_and_a_bad_command(tmp_
     code = tmp_path / "x.py"
     name = "hel" + "per"
     assert history(code, f'"""Fixed in {"iss" + "ue"} 16."""\nfrom onnx import {name}\n') and not history(code, f"from onnx import {name}\n")
-    broken = readme + "\nSee [the guide](docs/no-such-page.md) and `edgex/no_such_module.py`.\n"
+    broken = readme + "\nSee [the guide](docs/" + "no-such-page.md) and `edgex/no_such_module.py`.\n"
     assert len(broken_references(ROOT / "README.md", broken)) == 2 and not broken_references(ROOT / "README.md", readme)
     for bad in ("edgex export qwen3-tts --target S25", "edgex export qwen3-tts -c talker", "edgex sweep qwen3-tts -p fp17",
                 "edgex export qwen3-tts --no-such-flag", "edgex pipeline qwen3-tts out --placement vocoder=onnx:fp32"):

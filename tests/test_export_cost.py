@@ -148,7 +148,7 @@ def test_what_a_forked_job_computed_for_its_component_comes_back(tmp_path):
     recipe = RECIPES.get("qwen3-tts")
     (comp,) = recipe.components(recipe.load("tiny", None, 0), ["talker_prefill"])
     assert set(comp._reference_outputs) == {next(iter(comp.samples))}
-    (entry,) = _export_isolated(Job("talker_prefill", "talker", "onnx", "fp16"), comp, tmp_path, None, None, None, False)
+    (entry,) = _export_isolated(Job("talker_prefill", "talker", "onnx", "fp16"), comp, tmp_path, None, None, None)
     assert entry["verdict"] == "pass"
     assert set(comp._reference_outputs) == set(comp.samples)
     assert set(comp._reads) == {"module", "reference"}  # fp16: what the cast and the scheme reference read

@@ -193,8 +193,8 @@ def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_na
     both = [*PLACE.split(","), "code_predictor_step=onnx:fp32", "code_predictor=onnx:fp32"]
     assert "code_predictor" in _choose(manifests, recipe.facts, stages, both), "the last one named serves"
     again = [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor_step=onnx:fp32"]
-    assert _choose(manifests, recipe.facts, stages, again)["code_predictor_step"][1]["precision"] == "fp32", \
-        "a key placed twice: the last placement serves the stage"
+    with pytest.raises(EdgexError, match="given twice"):  # one artifact serves a stage: never a silent pick
+        _choose(manifests, recipe.facts, stages, again)
     with pytest.raises(EdgexError, match="needs code_predictor or code_predictor_step"):
         _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
 
@@ -226,6 +226,28 @@ def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     assert _choose(either, recipe.facts, stages, PLACE.split(","))["talker_decode"][0] == tmp_path / "b"
 
 
+def _stage_specs(loaded) -> dict:
+    """The input shapes each stage's manifest entry declares (the runner sizes its state from them)."""
+    from edgex.recipes.qwen3_tts import code2wav, predictor
+
+    model, decoder = loaded.models.talker, loaded.models.decoder
+    config = model.code_predictor.config
+    past = [config.num_hidden_layers, 1, config.num_key_value_heads, predictor.GROUPS, config.head_dim]  # the manifest's spec
+    tcfg, dcfg, options = model.config, decoder.config, loaded.options
+    window = [dcfg.num_hidden_layers, 1, dcfg.num_key_value_heads, dcfg.sliding_window - 1, dcfg.head_dim]
+    return {
+        "talker_prefill": {"inputs_embeds": [1, options["prefill_len"], tcfg.hidden_size]},
+        "talker_decode": {"past_key": [tcfg.num_hidden_layers, 1, tcfg.num_key_value_heads, options["max_context"], tcfg.head_dim]},
+        "code_predictor_step": {"past_key": past},
+        "code2latent": {"codes": [1, 16, 25], "conv_state": [1, dcfg.codebook_dim, 2], "past_key": window},
+        "latent2wav": {"latent": [1, dcfg.latent_dim, code2wav.receptive_field_frames(decoder) + 25]},
+    }
+
+
+def _entry(specs: dict, name: str) -> dict:
+    return {"io_float_dtype": "float32", "inputs": [{"name": k, "shape": v} for k, v in specs.get(name, {}).items()]}
+
+
 def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_prefill():
     """`--frames 1` scores the talker's decode (the call after the last frame), so a broken decode
     graph fails a one-frame pipeline; a code-0 divergence at frame 0 comes from the prefill's logits
@@ -254,8 +276,10 @@ def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_p
                 outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
             return outputs
 
+    specs = _stage_specs(loaded)
+
     def stages(noisy: str, noise: float, gates=None):
-        return {n: Stage(n, {"io_float_dtype": "float32"}, Graph(m, noise if n == noisy else 0.0), (gates or {}).get(n, 60.0))
+        return {n: Stage(n, _entry(specs, n), Graph(m, noise if n == noisy else 0.0), (gates or {}).get(n, 60.0))
                 for n, m in modules.items()}
 
     settings = {"frames": 1, "stream_frames": 1}
@@ -285,17 +309,7 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
     modules = {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
                "code_predictor_step": predictor.CodePredictorStep(model), "code2latent": code2wav.Code2Latent(decoder),
                "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
-    config = model.code_predictor.config
-    past = [config.num_hidden_layers, 1, config.num_key_value_heads, predictor.GROUPS, config.head_dim]  # the manifest's spec
-    tcfg, dcfg, options = model.config, decoder.config, loaded.options
-    window = [dcfg.num_hidden_layers, 1, dcfg.num_key_value_heads, dcfg.sliding_window - 1, dcfg.head_dim]
-    specs = {  # what each stage's manifest entry declares (the runner sizes its state from them)
-        "talker_prefill": {"inputs_embeds": [1, options["prefill_len"], tcfg.hidden_size]},
-        "talker_decode": {"past_key": [tcfg.num_hidden_layers, 1, tcfg.num_key_value_heads, options["max_context"], tcfg.head_dim]},
-        "code_predictor_step": {"past_key": past},
-        "code2latent": {"codes": [1, 16, 25], "conv_state": [1, dcfg.codebook_dim, 2], "past_key": window},
-        "latent2wav": {"latent": [1, dcfg.latent_dim, code2wav.receptive_field_frames(decoder) + 25]},
-    }
+    specs = _stage_specs(loaded)
 
     class Graph:
         def __init__(self, module, noise=0.0):
@@ -308,10 +322,7 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
             return outputs
 
     def stages(noise):
-        def entry(n):
-            return {"io_float_dtype": "float32", "inputs": [{"name": k, "shape": v} for k, v in specs[n].items()]}
-
-        return {n: Stage(n, entry(n), Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
+        return {n: Stage(n, _entry(specs, n), Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
 
     settings = {"frames": 4, "stream_frames": 4}
     good = recipe.in_situ(loaded, stages(0.0), settings, lambda _m: None)

@@ -93,9 +93,13 @@ def test_refusals_are_one_line(tmp_path, args, message):
 def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
     proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
                    "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The w8a16 binary's embedding table is not found in the context binary, so its stored quantized
+    # tensors are not all read back: the artifact ran and passed, yet stays unverified (exit 3).
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "decode.w8a16.qnn-context (embedding not read back" in proc.stderr
     got = _artifacts(proc)
     fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
+    assert fp16["verdict"] == "pass" and w8["parity"]["verdict"] == "pass" and w8["verdict"] == "unverified"
     assert fp16["parity"]["min_snr_db"] > w8["parity"]["min_snr_db"] > 10.0
     kept = w8["details"]["float_only"]
     assert kept["patterns"] == ["*.self_attn.g_proj"] and len(kept["nodes"]) == 4  # one per layer (tiny: 4)

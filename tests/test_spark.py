@@ -238,8 +238,8 @@ def test_bad_options_are_refused(setting, fragment):
 
 
 def test_unknown_option_is_a_one_line_cli_error_also_for_recipes_without_options(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--set", "context=64", "--out", str(tmp_path / "o"))
-    assert_one_line_error(proc, "unknown option 'context' for qwen3-tts (known: none)")
+    proc = run_cli("export", "act", "--set", "context=64", "--out", str(tmp_path / "o"))
+    assert_one_line_error(proc, "unknown option 'context' for act (known: none)")
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_a_core_ml_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
     stage = tmp_path / "stage"
     stage.mkdir()
     before = set(fresh_tempdir.iterdir())  # importing coremltools here made torch's cache folder (torchinductor_<user>)
-    (entry,) = _export_isolated(Job("mlp", "decoder", "coreml", "fp32"), _mlp(), stage, None, None, None, False)
+    (entry,) = _export_isolated(Job("mlp", "decoder", "coreml", "fp32"), _mlp(), stage, None, None, None)
     assert entry["verdict"] == "pass", entry
     assert set(fresh_tempdir.iterdir()) == before
 
@@ -88,7 +88,7 @@ def test_a_qnn_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
     stage.mkdir()
     before = set(fresh_tempdir.iterdir())
     job = Job("mlp", "decoder", "qnn", "fp16", tuple(TARGETS.get("s25-htp").exporter_options["qnn"].items()))
-    entries = _export_isolated(job, _mlp(), stage, None, None, None, False)
+    entries = _export_isolated(job, _mlp(), stage, None, None, None)
     assert entries[0]["verdict"] == "pass", entries[0]
     assert set(fresh_tempdir.iterdir()) == before
 

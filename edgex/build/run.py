@@ -89,7 +89,7 @@ def run_jobs(jobs: list[BuildJob], cache: Cache, progress, executor=None) -> lis
     looked = []
     for job in jobs:
         start = time.perf_counter()
-        inputs = job_key_inputs(cache, job, checkpoints.get(job.checkpoint))
+        inputs = job_key_inputs(cache, job, weights[job.model, job.preset, job.checkpoint])
         key = cache.key(inputs)
         looked.append((inputs, key, cache.lookup(key), round(time.perf_counter() - start, 3)))
     todo = [Pending(i, job, looked[i][1], looked[i][0]) for i, job in enumerate(jobs) if looked[i][2] is None]

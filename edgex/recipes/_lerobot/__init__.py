@@ -4,5 +4,5 @@ Not a recipe itself (the leading underscore keeps the registry from looking for 
 
 # What LeRobot's policy code imports and runs for every policy edgex builds from it (its modules,
 # checkpoint configs through draccus, weights through safetensors, tensors reshaped by einops and
-# accelerate's device helpers); each recipe adds its own (torchvision's ResNet, diffusers' DDIM ...).
+# accelerate's device utilities); each recipe adds its own (torchvision's ResNet, diffusers' DDIM ...).
 LEROBOT_PACKAGES = ("lerobot", "draccus", "safetensors", "einops", "accelerate")
