@@ -64,11 +64,19 @@ def _summary(manifest: dict) -> Table:
         size = sum(f["bytes"] for f in a.get("files", []))
         colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
         table.add_row(
-            a["component"], a["format"], a["precision"], _db(parity.get("min_snr_db")), _gate(parity),
+            a["component"], a["format"], a["precision"], _end_to_end(parity), _gate(parity),
             _split_figures(parity), agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
             parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
         )
     return table
+
+
+def _end_to_end(parity: dict) -> str:
+    """The deciding figure; where spectral figures gate waveform outputs, their waveform SNR beside
+    it (recorded, not deciding)."""
+    waveform = parity.get("min_waveform_snr_db")
+    figure = _db(parity.get("min_snr_db"))
+    return figure if waveform is None else f"{figure} (waveform SNR {_db(waveform)})"
 
 
 def _gate(parity: dict) -> str:

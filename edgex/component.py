@@ -75,6 +75,8 @@ class Component:
     as the eager tensors the graph reads rows of. The parity samples read a few of their rows (a
     Spark-X2.5 decode call reads 1 of 131072), so every format reads them back from the written
     file and scores them row by row at export and in `edgex verify` (`edgex.parity.tensors`).
+    `spectral` names the waveform outputs gated by their phase-insensitive spectral figure instead
+    of their SNR (the recipe's `RecipeFacts.spectral_outputs`).
     """
 
     name: str
@@ -93,6 +95,7 @@ class Component:
     forced_reference: Callable[[Inputs, dict[str, torch.Tensor]], Inputs] | None = None
     written: dict[str, WrittenIndex] = field(default_factory=dict)
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
+    spectral: tuple[str, ...] = ()
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
     _reads: dict = field(default_factory=dict, repr=False)

@@ -136,6 +136,8 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         problems.append(f"parity run failed: {_one_line(exc)}")
         return {"verdict": "fail"}
     row = {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "method": report.method}
+    if report.min_waveform_snr_db is not None:  # spectral outputs: their SNR, recorded beside the gated figure
+        row["min_waveform_snr_db"] = report.min_waveform_snr_db
     figures = report.to_json()  # strict JSON: inf as a string
     for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
         if figures[figure]:

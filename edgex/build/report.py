@@ -25,9 +25,11 @@ def failure_text(artifact: dict) -> tuple[str, str]:
     lines = []
     for sample, outputs in parity.get("samples", {}).items():
         for output, scores in outputs.items():
-            snr = scores.get("snr_db")
-            below = isinstance(snr, (int, float)) and gate is not None and snr < gate
-            lines.append(f"{'FAIL' if below else 'ok  '} {sample}/{output}: {_db(snr)} dB (required {_db(gate)} dB)")
+            spectral = "spectral_db" in scores  # a waveform gated by its spectral figure, its SNR recorded
+            figure = scores.get("spectral_db" if spectral else "snr_db")
+            below = isinstance(figure, (int, float)) and gate is not None and figure < gate
+            what = f"spectral {_db(figure)} dB (waveform SNR {_db(scores.get('snr_db'))} dB)" if spectral else f"{_db(figure)} dB"
+            lines.append(f"{'FAIL' if below else 'ok  '} {sample}/{output}: {what} (required {_db(gate)} dB)")
     agreement, required = parity.get("min_token_agreement"), parity.get("token_threshold")
     if agreement is not None and required is not None:
         lines.append(f"token agreement {agreement:.3f} (required {required:.3f})")

@@ -11,6 +11,8 @@ model) for other figures. Every output is scored over every step:
 - LOGITS are scored by SNR and their top-1 flips go through the same tie rule.
 - State outputs a component declares in `written` are scored on the entries the call writes; the
   copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
+- Waveform outputs a component declares `spectral` (their phase is free) are gated by their
+  phase-insensitive spectral figure (`metrics.spectral_db`); their SNR is recorded beside it.
 - A NaN or inf fails, with its own reason first on the report: in the artifact's output (its
   figures are -inf) or in the reference (nothing can be compared with it).
 """
@@ -41,7 +43,8 @@ class ParityReport:
     simulator: str | None = None  # which interpreter / simulator ran it when method is "simulated"
     reason: str | None = None  # why method is "none"
     threshold_db: float | None = None
-    min_snr_db: float | None = None
+    min_snr_db: float | None = None  # the lowest gated figure: SNR, or the spectral figure of `spectral` outputs
+    min_waveform_snr_db: float | None = None  # `spectral` outputs: their lowest SNR (recorded, not deciding)
     min_token_agreement: float | None = None
     min_top1_agreement: float | None = None  # logits outputs: the lowest top-1 agreement (reported, judged by the tie rule)
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
@@ -150,6 +153,8 @@ def _figures(ref: np.ndarray, out: np.ndarray) -> dict:
 
 def _signal(component: Component, spec: TensorSpec, inputs: Inputs, ref: np.ndarray, out: np.ndarray) -> dict:
     written = component.written.get(spec.name)
+    if spec.name in component.spectral:
+        return _figures(ref, out) | {"spectral_db": metrics.spectral_db(ref, out)}
     if written is None:
         return _figures(ref, out)
     mask = np.zeros(ref.shape, bool)
@@ -165,6 +170,13 @@ def _sampled(spec: TensorSpec, by_name: dict[str, np.ndarray], outputs: dict[str
     out, ref = outputs[spec.name], by_name[spec.name]
     vocab = by_name[spec.sampled_from[0]].shape[-1]
     return out.shape == ref.shape and np.issubdtype(out.dtype, np.integer) and bool(np.all((out >= 0) & (out < vocab)))
+
+
+def gated_figures(scores: dict) -> list[float]:
+    """The figures of one output that its gate judges: the spectral figure where it has one (its
+    SNR is then recorded only), else its SNR; and the SNR of the copied entries of a state output."""
+    first = "spectral_db" if "spectral_db" in scores else "snr_db"
+    return [scores[k] for k in (first, "copied_snr_db") if k in scores]
 
 
 def score_sample(component: Component, inputs: Inputs, outputs: list[np.ndarray], reference: Reference,
@@ -239,7 +251,7 @@ def measure(
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
-    snrs, agreements, top1, failures, nonfinite = [], [], [], [], []
+    snrs, waveform, agreements, top1, failures, nonfinite = [], [], [], [], [], []
     for sample, inputs in component.samples.items():
         result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db,
                               tie_level_db)
@@ -247,10 +259,12 @@ def measure(
         report.divergences += [{"sample": sample, **d} for d in result.divergences]
         failures += [f"{sample}: {f}" for f in result.failures if f not in result.nonfinite]
         nonfinite += [f"{sample}: {f}" for f in result.nonfinite]
-        snrs += [s[k] for s in result.scores.values() for k in ("snr_db", "copied_snr_db") if k in s]
+        snrs += [f for s in result.scores.values() for f in gated_figures(s)]
+        waveform += [s["snr_db"] for s in result.scores.values() if "spectral_db" in s]
         agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
         top1 += [s["top1_agreement"] for s in result.scores.values() if "top1_agreement" in s]
     report.min_snr_db = metrics.lowest(snrs)
+    report.min_waveform_snr_db = metrics.lowest(waveform)
     report.min_token_agreement = min(agreements) if agreements else None
     report.min_top1_agreement = min(top1) if top1 else None
     if not component.samples:
@@ -258,7 +272,8 @@ def measure(
     elif not snrs and not agreements:
         failures.append(f"{component.name}: no output was scored")
     if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
-        failures.insert(0, f"min SNR {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
+        figure = "min SNR / spectral figure" if component.spectral else "min SNR"
+        failures.insert(0, f"{figure} {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
     report.nonfinite = nonfinite
     report.failures = nonfinite + failures  # a NaN / inf is the reason, the -inf figure its consequence
     report.verdict = "fail" if report.failures else "pass"

@@ -71,3 +71,55 @@ def top1_agreement(ref: np.ndarray, out: np.ndarray) -> float:
 
 def token_agreement(ref: np.ndarray, out: np.ndarray) -> float:
     return float(np.mean(np.asarray(ref) == np.asarray(out)))
+
+
+# Multi-resolution STFT of `spectral_db`: (n_fft, hop) pairs, periodic Hann windows. 2048 / 1024 / 512
+# points at 24 kHz resolve 12 / 23 / 47 Hz in frequency and 21 / 11 / 5 ms in time.
+SPECTRAL_RESOLUTIONS = ((2048, 512), (1024, 256), (512, 128))
+# Log magnitudes are measured from a floor this far (dB) under the reference's loudest bin at each
+# resolution: quieter bins count as the floor in both signals, so the figure does not depend on the
+# signal's absolute level, nor on bins under any playback's noise.
+SPECTRAL_RANGE_DB = 40.0
+
+
+def _magnitudes(signal: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
+    """|STFT| of `signal` [..., time] (periodic Hann, no centring, the tail zero-padded to a frame)."""
+    length = signal.shape[-1]
+    frames = 1 + max(0, -(-(length - n_fft) // hop))
+    padded = np.zeros((*signal.shape[:-1], (frames - 1) * hop + n_fft))
+    padded[..., :length] = signal
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, n_fft, axis=-1)[..., ::hop, :]
+    return np.abs(np.fft.rfft(windows * window, axis=-1))
+
+
+def spectral_db(ref: np.ndarray, out: np.ndarray, resolutions=SPECTRAL_RESOLUTIONS,
+                range_db: float = SPECTRAL_RANGE_DB) -> float:
+    """A phase-insensitive figure for waveforms [..., time], higher is better: the SNR of the
+    log-magnitude spectrograms, summed over `resolutions`,
+    10*log10(sum L_ref^2 / sum (L_ref - L_out)^2) with L = 20*log10(max(|S|, floor) / floor) and the
+    floor `range_db` under the reference's loudest bin. A phase change leaves |S| nearly as it is;
+    a wrong pitch, a missing band or noise does not. An error of 1 dB in every bin of a spectrogram
+    lying 40 dB over its floor on average scores 32 dB. Identical -> inf; NaN / inf in either ->
+    -inf. Deterministic: numpy's FFT on float64, nothing random."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    if not finite(ref, out):
+        return -math.inf
+    if np.array_equal(ref, out):
+        return math.inf
+    length = ref.shape[-1] if ref.ndim else 1
+    ref, out = ref.reshape(-1, length), out.reshape(-1, length)
+    sizes = sorted({(min(n, length), max(1, h * min(n, length) // n)) for n, h in resolutions}, reverse=True)
+    signal = noise = 0.0
+    for n_fft, hop in sizes:
+        s_ref, s_out = _magnitudes(ref, n_fft, hop), _magnitudes(out, n_fft, hop)
+        floor = float(np.max(s_ref)) * 10.0 ** (-range_db / 20.0) or np.finfo(np.float64).tiny
+        l_ref = 20.0 * np.log10(np.maximum(s_ref, floor) / floor)
+        l_out = 20.0 * np.log10(np.maximum(s_out, floor) / floor)
+        signal += float(np.sum(l_ref**2))
+        noise += float(np.sum((l_ref - l_out) ** 2))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)

@@ -76,6 +76,12 @@ class RecipeFacts:
     # recorded in its manifest entry (`coarse_scheme`).
     coarse: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    # component -> its waveform outputs whose phase the model leaves free (a vocoder's sine source
+    # integrates F0 over thousands of radians: float rounding or any phase offset moves every later
+    # sample while the sound stays the same). Their phase-insensitive spectral figure
+    # (`metrics.spectral_db`) is gated in place of their waveform SNR, which is recorded beside it.
+    spectral_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
     def coarse_reason(self, component: str, precision: str) -> str | None:
         """Why `precision` is too coarse for `component` (see `coarse`), or None."""
         return self.coarse.get(component, {}).get(precision)

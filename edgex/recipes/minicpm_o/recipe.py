@@ -115,7 +115,7 @@ class _ComponentBuilder:
         outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
         comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
                          calibration=calibration, calibration_size=calibration_size, written=written or {},
-                         layouts=layouts or {}, tables=tables or {})
+                         layouts=layouts or {}, tables=tables or {}, spectral=FACTS.spectral_outputs.get(name, ()))
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp
