@@ -15,12 +15,20 @@ from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.facts import ROLES
 
 
-def test_mnn_target_exports_every_component_with_runtime_parity(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2")
+# A KV-cache decode graph, a sampling frame graph and a convolutional decoder: each MNN lowering path
+# once in the suite; every component as a benchmark.
+SUITE_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
+
+
+@pytest.mark.parametrize("components", [pytest.param(SUITE_COMPONENTS, id="suite"),
+                                        pytest.param(ROLES, id="every-component", marks=pytest.mark.benchmark)])
+def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components):
+    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2",
+                   "-c", ",".join(components))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     got = {(a["component"], a["precision"]) for a in data["artifacts"]}
-    assert got == {(c, p) for c in ROLES for p in ("fp32", "fp16")}
+    assert got == {(c, p) for c in components for p in ("fp32", "fp16")}
     for a in data["artifacts"]:
         assert a["format"] == "mnn" and a["parity"]["method"] == "runtime" and a["parity"]["runtime"] == "mnn"
         assert a["verdict"] == "pass", a["parity"]
