@@ -56,6 +56,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
 
 
+# A build file of one tiny job (talker_decode, ONNX fp32, one thread): the build tests' smallest plan.
+ONE_JOB_BUILD = """
+[build]
+threads = 1
+
+[[entry]]
+model = "qwen3-tts"
+targets = ["cpu"]
+components = ["talker_decode"]
+formats = ["onnx"]
+precisions = ["fp32"]
+"""
+
+
 @pytest.fixture
 def fresh_tempdir(tmp_path, monkeypatch):
     """An empty temporary folder for this test, for Python's `tempfile` here and in forked children

@@ -12,22 +12,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import run_cli
+from conftest import ONE_JOB_BUILD, run_cli
 from edgex.build.reproducible import MEASURED
 
 pytestmark = pytest.mark.xdist_group("build")
 
-BUILD_FILE = """
-[build]
-threads = 1
-
-[[entry]]
-model = "qwen3-tts"
-targets = ["cpu"]
-components = ["talker_decode"]
-formats = ["onnx"]
-precisions = ["fp16"]
-
+BUILD_FILE = ONE_JOB_BUILD.replace('["fp32"]', '["fp16"]') + """
 [[entry]]
 model = "qwen3-tts"
 targets = ["llama-cpp"]

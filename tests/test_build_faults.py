@@ -14,23 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EDGEX, run_cli
+from conftest import EDGEX, ONE_JOB_BUILD, run_cli
 from edgex.errors import EdgexError
 
 pytestmark = pytest.mark.xdist_group("build-faults")
 
-TWO_JOBS = """
-[build]
-threads = 1
-
-[[entry]]
-model = "qwen3-tts"
-targets = ["cpu"]
-components = ["talker_decode"]
-formats = ["onnx"]
-precisions = ["fp32", "fp16"]
-"""
-ONE_JOB = TWO_JOBS.replace('["fp32", "fp16"]', '["fp32"]')
+ONE_JOB = ONE_JOB_BUILD
+TWO_JOBS = ONE_JOB.replace('["fp32"]', '["fp32", "fp16"]')
 
 
 def visible_files(out: Path) -> list[str]:

@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from conftest import ONE_JOB_BUILD
 from edgex.build.run import run_build
 from edgex.errors import EdgexError
 
@@ -25,17 +26,7 @@ ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.xdist_group("build-ray")
 
-ONE_JOB = """
-[build]
-threads = 1
-
-[[entry]]
-model = "qwen3-tts"
-targets = ["cpu"]
-components = ["talker_decode"]
-formats = ["onnx"]
-precisions = ["fp32"]
-"""
+ONE_JOB = ONE_JOB_BUILD
 JOB_ID = "qwen3-tts/cpu/talker_decode.fp32.onnx"
 OBJECT_STORE = 80 * 2**20  # Ray's smallest
 CHILD = "edgex.build.executors.child"

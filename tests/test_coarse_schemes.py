@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from conftest import run_cli
+from noisy_scheme import NoisyScheme, noisy
 from edgex.component import LOGITS, Component, TensorSpec
 from edgex.parity.check import tie_margin
 from edgex.parity.runtimes.base import Session
@@ -51,30 +52,6 @@ class _Run(Session):
         return self.fn(inputs)
 
 
-def _noisy(outputs, db: float, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    noisy = []
-    for out in outputs:
-        out = np.asarray(out, np.float64)
-        noise = rng.standard_normal(out.shape)
-        noise *= math.sqrt(np.sum(out**2) / np.sum(noise**2) * 10 ** (-db / 10))
-        noisy.append((out + noise).astype(np.float32))
-    return noisy
-
-
-class _Scheme:
-    """A scheme reference whose outputs are fp32 eager's plus noise at `db` (a coarse scheme)."""
-
-    label = "toy scheme"
-
-    def __init__(self, component: Component, db: float):
-        self.component, self.db = component, db
-
-    def __call__(self, inputs, forced=None):
-        return tuple(torch.from_numpy(o) for o in _noisy(self.component.eager(inputs), self.db, seed=1))
-
-    def to_json(self):
-        return {"source": self.label}
 
 
 def _toy() -> Component:
@@ -88,10 +65,10 @@ def test_an_accepted_coarse_scheme_is_judged_by_its_lowering(lowering_db, nan, v
     """A 3 dB scheme (in the broken band) against a 5 dB gate: its scheme and end-to-end failures are
     waived when the scheme was asked for by name; a broken lowering (3 dB against 30) and a NaN are not."""
     component = _toy()
-    scheme = _Scheme(component, 3.0)
+    scheme = NoisyScheme(component, 3.0)
 
     def artifact(inputs):
-        out = _noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))], lowering_db, seed=2)
+        out = noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))], lowering_db, seed=2)
         if nan:
             out[0][0, 0] = np.nan
         return out

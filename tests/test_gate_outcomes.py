@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisy_scheme import NoisyScheme, noisy
 from edgex.component import Component, TensorSpec
 from edgex.exporters.base import StoredTensor
 from edgex.parity import metrics
@@ -107,31 +108,6 @@ def test_a_nan_row_in_a_stored_table_fails_with_its_row():
     assert good["verdict"] == "pass"
 
 
-class _Scheme:
-    """A scheme reference: the eager outputs plus fixed noise at `db` (seeded per sample)."""
-
-    label = "toy scheme"
-
-    def __init__(self, component: Component, db: float):
-        self.component, self.db = component, db
-
-    def __call__(self, inputs, forced=None):
-        return tuple(torch.from_numpy(o) for o in _noisy(self.component.eager(inputs), self.db, seed=1))
-
-    def to_json(self):
-        return {"source": self.label}
-
-
-def _noisy(outputs, db: float, seed: int) -> list[np.ndarray]:
-    """Each output plus independent noise at exactly `db` below it."""
-    rng = np.random.default_rng(seed + int(1e6 * abs(float(outputs[0].reshape(-1)[0]))))
-    noisy = []
-    for out in outputs:
-        out = np.asarray(out, np.float64)
-        noise = rng.standard_normal(out.shape)
-        noise *= math.sqrt(np.sum(out**2) / np.sum(noise**2) * 10 ** (-db / 10))
-        noisy.append((out + noise).astype(np.float32))
-    return noisy
 
 
 def test_scheme_and_lowering_each_passing_do_not_pass_an_artifact_under_the_end_to_end_floor():
@@ -139,8 +115,8 @@ def test_scheme_and_lowering_each_passing_do_not_pass_an_artifact_under_the_end_
     ~8.4 dB end to end, under the precision's 10 dB. Each figure alone passes; the artifact fails,
     and the report says the end-to-end gate decided."""
     component = _component()
-    scheme = _Scheme(component, 10.5)
-    session = _Run(lambda _call, inputs: _noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))],
+    scheme = NoisyScheme(component, 10.5)
+    session = _Run(lambda _call, inputs: noisy([t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))],
                                                 12.5, seed=2))
     report = measure_split(component, session, "toy", "float32", 10.0, 12.0, scheme)
     assert report.scheme["verdict"] == "pass" and report.lowering["verdict"] == "pass"

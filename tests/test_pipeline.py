@@ -226,6 +226,23 @@ def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     assert _choose(either, recipe.facts, stages, PLACE.split(","))["talker_decode"][0] == tmp_path / "b"
 
 
+class _WrapperGraph:
+    """An export wrapper standing in for an artifact, with seeded noise on its first output (logits
+    for the LM graphs; the frame graph's first output is its codes)."""
+
+    def __init__(self, module, noise=0.0):
+        self.module, self.noise = module.eval(), noise
+
+    def run(self, inputs):
+        import torch
+
+        with torch.no_grad():
+            outputs = [t.numpy() for t in self.module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])]
+        if self.noise:
+            outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
+        return outputs
+
+
 def _stage_specs(loaded) -> dict:
     """The input shapes each stage's manifest entry declares (the runner sizes its state from them)."""
     from edgex.recipes.qwen3_tts import code2wav, predictor
@@ -265,21 +282,10 @@ def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_p
                "code_predictor": predictor.CodePredictorFrame(model), "code2latent": code2wav.Code2Latent(decoder),
                "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
 
-    class Graph:
-        def __init__(self, module, noise=0.0):
-            self.module, self.noise = module.eval(), noise
-
-        def run(self, inputs):
-            with torch.no_grad():
-                outputs = [t.numpy() for t in self.module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])]
-            if self.noise:  # on the first output, logits here (the frame graph's first output is its codes)
-                outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
-            return outputs
-
     specs = _stage_specs(loaded)
 
     def stages(noisy: str, noise: float, gates=None):
-        return {n: Stage(n, _entry(specs, n), Graph(m, noise if n == noisy else 0.0), (gates or {}).get(n, 60.0))
+        return {n: Stage(n, _entry(specs, n), _WrapperGraph(m, noise if n == noisy else 0.0), (gates or {}).get(n, 60.0))
                 for n, m in modules.items()}
 
     settings = {"frames": 1, "stream_frames": 1}
@@ -311,18 +317,8 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
                "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
     specs = _stage_specs(loaded)
 
-    class Graph:
-        def __init__(self, module, noise=0.0):
-            self.module, self.noise = module.eval(), noise
-
-        def run(self, inputs):
-            with torch.no_grad():
-                outputs = [t.numpy() for t in self.module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])]
-            outputs[0] = outputs[0] + self.noise * np.random.default_rng(0).standard_normal(outputs[0].shape).astype(np.float32)
-            return outputs
-
     def stages(noise):
-        return {n: Stage(n, _entry(specs, n), Graph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
+        return {n: Stage(n, _entry(specs, n), _WrapperGraph(m, noise if n == "code_predictor_step" else 0.0), 60.0) for n, m in modules.items()}
 
     settings = {"frames": 4, "stream_frames": 4}
     good = recipe.in_situ(loaded, stages(0.0), settings, lambda _m: None)
