@@ -243,6 +243,18 @@ class _WrapperGraph:
         return outputs
 
 
+def _wrappers(loaded, predictor_stage: str) -> dict:
+    """The export wrappers standing in for each stage's artifact; the predictor stage is the frame
+    graph (`code_predictor`) or the step graph the runner loops (`code_predictor_step`)."""
+    from edgex.recipes.qwen3_tts import code2wav, predictor, talker
+
+    model, decoder = loaded.models.talker, loaded.models.decoder
+    frame = predictor.CodePredictorFrame if predictor_stage == "code_predictor" else predictor.CodePredictorStep
+    return {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
+            predictor_stage: frame(model), "code2latent": code2wav.Code2Latent(decoder),
+            "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
+
+
 def _stage_specs(loaded) -> dict:
     """The input shapes each stage's manifest entry declares (the runner sizes its state from them)."""
     from edgex.recipes.qwen3_tts import code2wav, predictor
@@ -273,14 +285,10 @@ def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_p
 
     from edgex.in_situ import Stage
     from edgex.recipes import RECIPES
-    from edgex.recipes.qwen3_tts import code2wav, predictor, talker
 
     recipe = RECIPES.get("qwen3-tts")
     loaded = recipe.load("tiny", None, 0)
-    model, decoder = loaded.models.talker, loaded.models.decoder
-    modules = {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
-               "code_predictor": predictor.CodePredictorFrame(model), "code2latent": code2wav.Code2Latent(decoder),
-               "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
+    modules = _wrappers(loaded, "code_predictor")
 
     specs = _stage_specs(loaded)
 
@@ -307,14 +315,10 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
 
     from edgex.in_situ import Stage
     from edgex.recipes import RECIPES
-    from edgex.recipes.qwen3_tts import code2wav, predictor, talker
 
     recipe = RECIPES.get("qwen3-tts")
     loaded = recipe.load("tiny", None, 0)
-    model, decoder = loaded.models.talker, loaded.models.decoder
-    modules = {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
-               "code_predictor_step": predictor.CodePredictorStep(model), "code2latent": code2wav.Code2Latent(decoder),
-               "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
+    modules = _wrappers(loaded, "code_predictor_step")
     specs = _stage_specs(loaded)
 
     def stages(noise):
