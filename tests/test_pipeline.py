@@ -281,7 +281,6 @@ def test_frame_one_scores_talker_decode_and_a_frame_zero_code_is_judged_on_the_p
     """`--frames 1` scores the talker's decode (the call after the last frame), so a broken decode
     graph fails a one-frame pipeline; a code-0 divergence at frame 0 comes from the prefill's logits
     and is judged at the prefill stage's tie level, not the decode's."""
-    import torch
 
     from edgex.in_situ import Stage
     from edgex.recipes import RECIPES
@@ -311,7 +310,6 @@ def test_the_step_graph_looped_by_the_runner_and_a_perturbed_step_graph():
     """`code_predictor_step` driven 16 calls a frame (`_StepLoop`), the export wrappers standing in
     for artifacts: the pipeline matches the eager one; with noise on the step graph's logits the
     teacher-forced predictor stage fails its gate and the free-running codes drift."""
-    import torch
 
     from edgex.in_situ import Stage
     from edgex.recipes import RECIPES
