@@ -206,7 +206,7 @@ def _first_line(exc: BaseException) -> str:
 def _failed(item: Pending, reason: str) -> dict:
     """The manifest of a job that exported nothing: one `error` entry with the reason. It records
     no model source (the folder's manifest takes it from a job that ran)."""
-    from ...export import _error_entries
+    from ...export import error_entries
 
     job = item.job
-    return {"model": job.model, "target": job.target, "artifacts": _error_entries(job.planned, TaskFailed(reason))}
+    return {"model": job.model, "target": job.target, "artifacts": error_entries(job.planned, TaskFailed(reason))}
