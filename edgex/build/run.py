@@ -4,8 +4,9 @@ publish one output tree with per-folder manifests, a merged `build.json` and the
 Each job is one `export_model` call restricted to one component, format and precision, written
 into a temporary cache folder. Why one call per artifact and not one per
 group of artifacts: an artifact must be a function of its cache key alone, and a recipe's samples
-are not always independent of the other components derived with it (measured: Spark-X2.5's `decode`
-samples differ when `prefill` is derived in the same call; Qwen3-TTS's `talker_decode` do not). A
+are not always independent of the other components derived with it (measured: one language model's decode
+graph's samples differ when its prefill graph is derived in the same call; a speech model's talker decode
+graph's do not). A
 grouped call would make an artifact's parity samples, and a quantized artifact's calibration, depend
 on its neighbours in the build. And `export_model` is the public contract of what an export
 produces (files, manifest entries and their folders, verdicts, sidecars), so calling it inherits
