@@ -314,8 +314,9 @@ def _yaml_flow(config: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_checkpoint(root, models, drop=None, skip_file=None, plain_head=False):
-    preset = get_preset("tiny")
+def _write_checkpoint(root, models, drop=None, skip_file=None, plain_head=False, preset=None):
+    """`models` written in the released layout (`preset`'s configuration files; default tiny)."""
+    preset = preset or get_preset("tiny")
     voc = root / "token2wav"
     voc.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps({"tts_config": preset.tts}))
