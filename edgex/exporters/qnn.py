@@ -334,6 +334,39 @@ def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 
 
 def _located(data: bytes, raw) -> "np.ndarray | None":
+    """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
+    block of `_column_blocks` is located on its own (`_located_block`) and the table read back
+    from where its blocks are. The HTP splits some tables so (measured: Spark-X2.5 tiny decode's
+    w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
+    each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
+    is not found (e.g. tiled)."""
+    import numpy as np
+
+    for blocks in _column_blocks(raw.shape[1]):
+        width = raw.shape[1] // blocks
+        parts = []
+        for b in range(blocks):
+            part = _located_block(data, np.ascontiguousarray(raw[:, b * width:(b + 1) * width]))
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            return np.concatenate(parts, axis=1) if blocks > 1 else parts[0]
+    return None
+
+
+def _column_blocks(width: int, least: int = 16) -> list[int]:
+    """How many equal column blocks a table of `width` columns is looked for in: 1, then 2, 4, ...
+    while a block keeps at least `least` values (16 bytes of 8-bit codes: a shorter probe matches
+    by chance)."""
+    counts, n = [], 1
+    while width % n == 0 and width // n >= least:
+        counts.append(n)
+        n *= 2
+    return counts or [1]
+
+
+def _located_block(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous: the rows' bytes are searched at up to 64
     places, and the start most found rows agree on (row i at start + i * row bytes) is read back.
     None where 8 probes spread over the rows find none (not stored so, e.g. tiled)."""
@@ -437,15 +470,19 @@ class QnnExporter(Exporter):
     def stored_constants(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                          **_target):
         """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
-        rows contiguous (measured: the predictor step's stacked table in fp16, row i at a fixed base +
-        i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
+        rows contiguous, whole or in column blocks (`_located`; measured: the predictor step's stacked
+        table in fp16, row i at a fixed base + i * 128 bytes; Spark-X2.5's w8a16 decode table in
+        uint16 codes, two blocks of 32 columns), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
         binary by its rows' bytes and read from there, decoded (a 3-D constant, a stack of tables,
-        by the rows of all of them). Constants not stored contiguously (tiled weights) are not listed."""
+        by the rows of all of them). Only constants that may hold one of the component's tables are
+        looked for (`may_hold_table`); those not stored so (tiled weights) are not listed."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
+
+        from ..parity.tensors import may_hold_table
 
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
@@ -466,6 +503,8 @@ class QnnExporter(Exporter):
         data = _context_binary(files[0]).read_bytes()
         found = {}
         for name, (raw, decode) in encoded.items():
+            if not may_hold_table(raw.shape, component.tables):
+                continue
             rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
             stored = _located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
             if stored is not None:
@@ -474,8 +513,8 @@ class QnnExporter(Exporter):
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
         """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
-        is unverified, not missing: the HTP may keep it another way (measured: an LLM decode
-        graph's table, which its output head shares, in w8a16), and its layout is not documented."""
+        (whole or in column blocks) is unverified, not missing: the HTP may keep some table another
+        way, and its layout is not documented."""
         tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
         for name, t in (tables or {}).items():
             if t.stored is None:
