@@ -36,7 +36,12 @@ def _tool_dequantized(key):
         layer[0].weight.data = torch.from_numpy(_W.copy())
         quantize_(layer, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8 if precision == "8da8w" else torch.int4,
                                                                weight_granularity=granularity))
-        return layer[0].weight.dequantize().float().numpy()
+        weight = layer[0].weight
+        if precision == "8da8w":
+            return weight.dequantize().float().numpy()
+        # ExecuTorch's XNNPACK serializer writes per-group scales in bfloat16 (node_visitor.get_quant_params)
+        scale = weight.scale.to(torch.bfloat16).float().repeat_interleave(32, dim=1)
+        return (weight.qdata.float() * scale).numpy()
     if exporter == "coreml":
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
         from coremltools.optimize._utils import compute_qparams
