@@ -64,14 +64,14 @@ def _dense_codes(data: bytes, int32: bool) -> np.ndarray:
     return table[indices]
 
 
-def _exact(printed: list, words: np.ndarray, floats: np.ndarray) -> np.ndarray:
-    """The float32 vector of the file that `printed` (the JSON dump, 6 decimal places) rounds."""
+def locate_vector(printed: list, words: np.ndarray, floats: np.ndarray) -> int:
+    """Where (in 4-byte words) the file's float32 vector that `printed` (the JSON dump, 6 decimal
+    places) rounds begins: a uint32 length equal to its size, then values within half a printed unit."""
     want = np.asarray(printed, np.float32)
     n = want.size
     for at in np.flatnonzero(words[: words.size - n] == n):
-        got = floats[at + 1 : at + 1 + n]
-        if np.allclose(got, want, rtol=1e-6, atol=6e-7):
-            return got.copy()
+        if np.allclose(floats[at + 1 : at + 1 + n], want, rtol=1e-6, atol=6e-7):
+            return int(at) + 1
     raise ValueError(f"a scale vector of {n} values printed by the JSON dump is not in the file")
 
 
@@ -89,7 +89,10 @@ def decode(quan: dict, output_count: int, file: tuple[np.ndarray, np.ndarray] | 
         codes = np.frombuffer(data, np.int8).astype(np.int32)
     else:
         raise ValueError(f"weight coding type {kind} is not read here")
-    alpha = np.asarray(quan.get("alpha", []), np.float32) if file is None else _exact(quan.get("alpha", []), *file)
+    alpha = np.asarray(quan.get("alpha", []), np.float32)
+    if file is not None:
+        at = locate_vector(alpha.tolist(), *file)
+        alpha = file[1][at : at + alpha.size].copy()
     asymmetric = quan.get("readType", 0) != 0
     groups = alpha.size // 2 if asymmetric else alpha.size
     if groups == 0 or codes.size % groups:

@@ -33,9 +33,11 @@ _CODES = {"xnn_datatype_qcint8": 8, "xnn_datatype_qcint4": 4, "xnn_datatype_qbin
 @dataclass
 class XnnpackWeight:
     """One quantized weight of a delegate, dequantized as XNNPACK reads it: [out, in] float32.
-    `group`: inputs per scale (None: one scale per output channel); `key`: its named data key."""
+    `group`: inputs per scale (None: one scale per output channel); `key` / `scale_key`: the named
+    data keys of its codes and its scales."""
 
     key: str
+    scale_key: str
     datatype: str
     weight: np.ndarray
     group: int | None
@@ -129,6 +131,6 @@ def quantized_weights(path: Path) -> dict[str, XnnpackWeight]:
                     scales = _bfloat16(scale_raw) if group else np.frombuffer(scale_raw, np.float32)
                     scales = scales.reshape(rows, -1)
                     per = np.repeat(scales, group, axis=1)[:, :columns] if group else scales
-                    found[f"{key}/{scale_key}"] = XnnpackWeight(key, tensor["datatype"].removeprefix("xnn_datatype_"),
+                    found[f"{key}/{scale_key}"] = XnnpackWeight(key, scale_key, tensor["datatype"].removeprefix("xnn_datatype_"),
                                                                 (codes * per).astype(np.float32), group)
     return found
