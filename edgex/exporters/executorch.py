@@ -51,7 +51,7 @@ def _xnnpack_ready(program, precision: str):
     partitioner must refuse. Quantized programs skip it: it would fold each weight's dequantize
     into a float constant and undo the scheme. Propagation runs on the functionalized program: in
     torch.export's graph an in-place op may still write to a tensor that only looks constant
-    (pi0's loop: "constant ... is mutated in the forward method")."""
+    (a VLA's Euler loop: "constant ... is mutated in the forward method")."""
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
@@ -65,7 +65,7 @@ def _compact_view_constants(program) -> None:
     """Constant propagation folds a slice of a weight (`in_proj_weight[d:2 * d]`, the key rows of a
     packed attention projection) into a constant that is a view into the weight's storage; XNNPACK's
     serializer writes such a constant from the start of its storage, so the key and value projections
-    of ACT's attention ran with the query rows (a .pte at -0.8 dB against its own module). Every
+    of a one-pass action policy's attention ran with the query rows (a .pte at -0.8 dB against its own module). Every
     constant that is a view becomes a compact copy of its own."""
     import torch
 

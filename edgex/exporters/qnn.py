@@ -131,8 +131,8 @@ def _own_biases(source: Path, dest: Path) -> Path:
 
     ONNX Runtime's quantizer gives each reader of a shared bias its own copy itself, named
     `<bias><n>` for the next free number among initializers only (`_dup_initializer`): with
-    torch.onnx's `val_<n>` names that can be an existing activation's name. Diffusion Policy's
-    unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
+    torch.onnx's `val_<n>` names that can be an existing activation's name. A diffusion
+    policy's unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
     nodes, the copy `val_1636` took the name of a Reshape output, and quantization stopped with
     "Quantization parameter shared mode is not supported for weight yet"; where no error follows,
     the node reads that activation as its bias (tests/test_qnn.py)."""
@@ -278,7 +278,7 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
 
 def _fp16_on_htp(source: Path) -> list[str]:
     """Nodes left in float (fp16 on the HTP) whatever the scheme: the HTP's 16-bit quantized
-    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on Spark-X2.5 tiny decode:
+    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on a tiny LLM decode graph:
     the same QDQ graph scores 13-16 dB on ONNX Runtime CPU and 0-4 dB in the HTP simulator, 13-17 dB
     with these nodes in float)."""
     import onnx
@@ -313,7 +313,7 @@ def _dequantize(q, *, scale, zero, axis: int):
 def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
     """(table, factor) for each float table a Gather reads whose rows are then multiplied by a
     scalar constant (a token embedding times sqrt(hidden)): the HTP's fp16 graph stores that table
-    already multiplied (measured: SmolVLA's and pi0's prefix, `embed_tokens` x 8 on the tiny
+    already multiplied (measured: two VLAs' prefix graphs, `embed_tokens` x 8 on the tiny
     preset, rows contiguous in fp16), so it is looked for that way too."""
     import numpy as np
     from onnx import numpy_helper
@@ -474,8 +474,8 @@ class QnnExporter(Exporter):
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
         """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
-        is unverified, not missing: the HTP may keep it another way (measured: Spark-X2.5's decode
-        table, which its output head shares, in w8a16), and its layout is not documented."""
+        is unverified, not missing: the HTP may keep it another way (measured: an LLM decode
+        graph's table, which its output head shares, in w8a16), and its layout is not documented."""
         tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
         for name, t in (tables or {}).items():
             if t.stored is None:
@@ -598,7 +598,7 @@ _FOLDED = ("unverified: read only by nodes whose inputs are all constants, which
 def _folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
     DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on ACT, whose first decoder layer starts from a constant zero query:
+    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
     its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
     nor the constants around it."""
     constant = {i.name for i in graph.initializer}
