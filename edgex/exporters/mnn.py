@@ -13,15 +13,13 @@ gate measures the result.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter
+from .mnn_converter import run_converter
 from .onnx import OnnxExporter
 
 if TYPE_CHECKING:
@@ -34,7 +32,6 @@ _FLAGS = {
     "w8": ["--weightQuantBits", "8"],
     "w4": ["--weightQuantBits", "4", "--weightQuantBlock", str(W4_BLOCK)],
 }
-_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv[1:])"
 
 
 def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
@@ -42,23 +39,6 @@ def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
     argv = ["MNNConvert", "-f", "ONNX", "--modelFile", str(onnx_path.resolve()), "--MNNModel", str(dest.resolve()),
             "--bizCode", "edgex", *flags]
     return run_converter(argv, dest)
-
-
-def run_converter(argv: list[str], dest: Path) -> str:
-    """Run MNN's converter with `argv` writing `dest`; returns its log. It returns success even when
-    it fails, so success is the output file existing and being non-empty."""
-    dest.unlink(missing_ok=True)
-    # The converter writes scratch files under fixed names in its working directory: concurrent
-    # conversions sharing one produced broken graphs (measured: zero logits). Give each its own.
-    with tempfile.TemporaryDirectory(prefix="mnnconvert-") as scratch:
-        env = dict(os.environ, TMPDIR=scratch)
-        proc = subprocess.run([sys.executable, "-c", _CONVERT, *argv], capture_output=True, text=True, timeout=3600,
-                              cwd=scratch, env=env)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0 or not dest.is_file() or dest.stat().st_size == 0:
-        last = [line for line in log.splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"MNN converter failed (exit {proc.returncode}): {' | '.join(last)}")
-    return log
 
 
 def minmax_asymmetric(weight, bits: int, block: int | None):

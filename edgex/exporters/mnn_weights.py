@@ -112,7 +112,7 @@ def decode(quan: dict, output_count: int, file: tuple[np.ndarray, np.ndarray] | 
 
 def dump(path: Path, scratch: Path) -> dict:
     """The `.mnn` as MNN's converter writes it to JSON."""
-    from .mnn import run_converter
+    from .mnn_converter import run_converter
 
     out = scratch / "model.json"
     run_converter(["MNNConvert", "-f", "MNN", "--modelFile", str(path.resolve()), "--JsonFile", str(out)], out)
