@@ -37,10 +37,15 @@ def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) ->
         "8da4w": lambda: Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
         "w8": Int8WeightOnlyConfig,
     }
-    def quantizable(m: nn.Module, fqn: str) -> bool:
-        return isinstance(m, nn.Linear) and m.in_features % 32 == 0 and not any(fnmatch(fqn, p) for p in float_only)
+    quantize_(module, configs[precision](), filter_fn=lambda m, fqn: quantizable(m, fqn, float_only))
 
-    quantize_(module, configs[precision](), filter_fn=quantizable)
+
+def quantizable(module: nn.Module, fqn: str, float_only: tuple[str, ...]) -> bool:
+    """Whether torchao quantizes this layer here: a linear layer whose input divides into groups of
+    32 and that no `float_only` pattern keeps in float."""
+    from torch import nn
+
+    return isinstance(module, nn.Linear) and module.in_features % 32 == 0 and not any(fnmatch(fqn, p) for p in float_only)
 
 
 def _xnnpack_ready(program, precision: str):
@@ -159,22 +164,15 @@ def _constant_data(path: Path):
     three copies of a 1.7b model's weights to find one embedding table. Constants live either in
     the flatbuffer (`constant_buffer`) or, as the serializer writes them by default, in the
     constant segment at `constant_segment.offsets`, as `_restore_constant_segment` reads them."""
-    import mmap
+    from .xnnpack_weights import program_segments
 
-    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    from executorch.exir._serialize._program import _get_extended_header
-
-    with open(path, "rb") as f:
-        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    header = _get_extended_header(bytes(view[:64]))
-    program = _flatbuffer_to_program(bytes(view[: header.program_size if header else len(view)]))
-    segment = program.constant_segment
-    if header is None or segment is None or not segment.offsets:
+    program, segment = program_segments(path)
+    constants = program.constant_segment
+    if segment is None or constants is None or not constants.offsets:
         return program, lambda index: program.constant_buffer[index].storage
-    located = program.segments[segment.segment_index]
-    start = header.segment_base_offset + located.offset
-    ends = [*segment.offsets[1:], located.size]
-    return program, lambda index: view[start + segment.offsets[index] : start + ends[index]]
+    data = segment(constants.segment_index)
+    ends = [*constants.offsets[1:], len(data)]
+    return program, lambda index: data[constants.offsets[index] : ends[index]]
 
 
 @EXPORTERS.register("executorch")
@@ -207,8 +205,12 @@ class ExecuTorchExporter(Exporter):
 
         if precision in ("fp32", "fp16"):
             return super().stored_scheme(component, precision, files)
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a layout `xnnpack_weights` does not read
+            return self._independent_scheme(component, precision, f"the file's weights not read back: {error}")
         weights, activations, notes = {}, {}, []
-        for key, stored, param, module in self._file_weights(component, files):
+        for key, stored, param, module in paired:
             if param is None:
                 notes.append(f"quantized weight {key} of the file holds no linear layer's weight of the component")
                 continue
@@ -216,6 +218,28 @@ class ExecuTorchExporter(Exporter):
             if precision.startswith("8da"):
                 activations[module] = ActivationQuant(DYNAMIC, bits=8)
         return StoredScheme("read from the file (XNNPACK delegates' quantized weights)", weights, activations, notes)
+
+    @staticmethod
+    def _independent_scheme(component: Component, precision: str, why: str):
+        """The independent quantizer's torchao scheme (`edgex.parity.quantizer`) applied to every
+        layer torchao quantizes here, for a file whose weights cannot be read back; labelled so."""
+        import torch
+
+        from ..parity.quantizer import fake_quantize, scheme_for
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules
+
+        scheme = scheme_for("executorch", precision)
+        names = {id(p): n for n, p in component.module.named_parameters()}
+        weights, activations = {}, {}
+        for module in sorted(called_modules(component)):
+            layer = component.module.get_submodule(module)
+            if scheme is None or not quantizable(layer, module, component.float_only):
+                continue
+            original = layer.weight.detach()
+            weights[names[id(layer.weight)]] = StoredWeight(original, torch.from_numpy(fake_quantize(original.float().numpy(), scheme)))
+            if precision.startswith("8da"):
+                activations[module] = ActivationQuant(DYNAMIC, bits=8)
+        return StoredScheme(f"independent quantizer's {scheme.name if scheme else precision} scheme ({why})", weights, activations)
 
     def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
         """Every quantized weight of the XNNPACK delegates, dequantized from the file, beside the
@@ -229,8 +253,12 @@ class ExecuTorchExporter(Exporter):
         scheme = scheme_for(self.name, precision)
         if scheme is None:
             return None
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a layout `xnnpack_weights` does not read: unverified, never guessed
+            return f"quantized weights of {files[0].name} not read back: {error}"
         found = {}
-        for key, stored, param, _module in self._file_weights(component, files):
+        for key, stored, param, _module in paired:
             name = param or f"xnnpack weight {key}"
             if name in found:
                 name = f"{name} (again, {key})"

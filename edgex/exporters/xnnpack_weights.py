@@ -43,17 +43,18 @@ class XnnpackWeight:
     group: int | None
 
 
-def _program(path: Path):
-    """The program and `segment(index)`, a segment's bytes from a memory map of the file."""
+def program_segments(path: Path):
+    """The `.pte`'s program (ExecuTorch's deserializer, on the flatbuffer only) and `segment(index)`,
+    a data segment's bytes from a memory map of the file (None: a file without data segments)."""
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
     from executorch.exir._serialize._program import _get_extended_header
 
     with open(path, "rb") as f:
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     header = _get_extended_header(bytes(view[:64]))
+    program = _flatbuffer_to_program(bytes(view[: header.program_size if header else len(view)]))
     if header is None:
-        raise ValueError(f"{path.name} has no extended header (no data segments)")
-    program = _flatbuffer_to_program(bytes(view[: header.program_size]))
+        return program, None
 
     def segment(index: int) -> memoryview:
         located = program.segments[index]
@@ -97,7 +98,9 @@ def quantized_weights(path: Path) -> dict[str, XnnpackWeight]:
     codes and scales (partitions that read the same weight share its named data)."""
     from executorch.exir.schema import DataLocation
 
-    program, segment = _program(path)
+    program, segment = program_segments(path)
+    if segment is None:
+        raise ValueError(f"{path.name} has no data segments, where XNNPACK's weights are kept")
     named = {entry.key: entry.segment_index for entry in program.named_data or []}
     found: dict[str, XnnpackWeight] = {}
     with tempfile.TemporaryDirectory(prefix="xnngraph-") as scratch:
