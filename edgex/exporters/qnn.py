@@ -336,7 +336,7 @@ def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 def _located(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
     block of `_column_blocks` is located on its own (`_located_block`) and the table read back
-    from where its blocks are. The HTP splits some tables so (measured: Spark-X2.5 tiny decode's
+    from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode graph's
     w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
     each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
     is not found (e.g. tiled)."""
@@ -471,7 +471,7 @@ class QnnExporter(Exporter):
                          **_target):
         """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
         rows contiguous, whole or in column blocks (`_located`; measured: the predictor step's stacked
-        table in fp16, row i at a fixed base + i * 128 bytes; Spark-X2.5's w8a16 decode table in
+        table in fp16, row i at a fixed base + i * 128 bytes; an LLM decode graph's w8a16 table in
         uint16 codes, two blocks of 32 columns), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
