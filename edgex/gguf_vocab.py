@@ -8,8 +8,9 @@ gets, through gguf-py's own readers and writer methods:
   tokenizer lacks up to the model's vocabulary named `[PAD<id>]`, as the converter names them;
 - `tokenizer.ggml.token_type`: normal; control for special added tokens; user-defined for other
   added tokens and the padding ids;
-- the merges and the bos / eos / pad / unk ids and add-bos / add-eos flags (gguf-py's `SpecialVocab`,
-  reading `tokenizer.json`, `tokenizer_config.json` and `config.json` as the converter does);
+- the merges, the bos / eos / pad / unk ids, add-bos / add-eos flags and chat template (gguf-py's
+  `SpecialVocab`, reading `tokenizer.json`, `tokenizer_config.json` and `config.json` as the
+  converter does);
 - `tokenizer.ggml.pre`: llama.cpp's name for the tokenizer's pre-tokenizer regex (the converter
   finds it by hashing a tokenization; here it is read from `tokenizer.json`, or from
   `tokenizer_config.json`'s `tokenizer_class` for the vocab.json layout);
@@ -98,7 +99,7 @@ class GgufVocab:
 
         try:
             vocab = gguf.vocab.BpeVocab(self.folder)
-        except (FileNotFoundError, ValueError) as exc:
+        except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
             raise EdgexError(f"tokenizer in {self.folder} is not a byte-level BPE tokenizer llama.cpp reads as gpt2: {exc}") from None
         if vocab.vocab_size > self.n_vocab:
             raise EdgexError(f"tokenizer in {self.folder} has {vocab.vocab_size} tokens, the model's vocabulary {self.n_vocab}")
@@ -135,7 +136,6 @@ class GgufVocab:
         special = gguf.SpecialVocab(self.folder, load_merges=True, n_vocab=self.n_vocab)
         if not special.merges:
             raise EdgexError(f"tokenizer in {self.folder} has no merges (tokenizer.json model.merges or merges.txt)")
-        special.chat_template = None  # the chat template is not part of what edgex's graphs run
         special.add_to_gguf(writer, quiet=True)
         for field, value in self.sampling().items():
             getattr(writer, f"add_{field}")(value)

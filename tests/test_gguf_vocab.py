@@ -26,6 +26,7 @@ from test_spark import _write_checkpoint
 QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PLAIN_ADDED = "<tts_pad>"  # an added token that is not special (llama.cpp: user-defined)
+CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 GENERATION = {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.05}
 CORPUS = ["The quick brown fox jumps over the lazy dog. It's 12:30, isn't it?", "Hello world! hello, World... 2024-06-01",
           "你好，世界。今天天气很好，我们去公园散步吧。", "语音合成模型把文字变成声音。", "こんにちは世界、カタカナとひらがな。",
@@ -60,7 +61,7 @@ def checkpoint(tmp_path_factory):
     tok.save(str(root / "tokenizer.json"))
     (root / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "Qwen2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "add_bos_token": False}))
+        "pad_token": "<|endoftext|>", "add_bos_token": False, "chat_template": CHAT}))
     (root / "generation_config.json").write_text(json.dumps(GENERATION))
     return root, tok
 
@@ -129,6 +130,7 @@ def test_llama_cpp_tokenizes_the_gguf_as_the_checkpoint_s_tokenizer(checkpoint, 
 
     assert value(Keys.Tokenizer.MODEL) == "gpt2" and value(Keys.Tokenizer.PRE) == "qwen2"
     assert value(Keys.Tokenizer.PAD_ID) == tok.token_to_id("<|endoftext|>")
+    assert value(Keys.Tokenizer.CHAT_TEMPLATE) == CHAT
     types = value(Keys.Tokenizer.TOKEN_TYPE)
     assert types[tok.token_to_id("<|im_start|>")] == 3 and types[tok.token_to_id(PLAIN_ADDED)] == 4  # control, user-defined
     assert value(Keys.Tokenizer.LIST)[-1] == f"[PAD{get_preset('tiny').config.vocab_size - 1}]"
@@ -155,7 +157,8 @@ def test_a_wrong_pre_tokenizer_changes_llama_cpp_s_ids(checkpoint, tmp_path, mon
 def test_a_tokenizer_that_is_not_byte_level_bpe_is_a_one_line_error(tmp_path):
     from tokenizers import Tokenizer, models
 
-    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(EdgexError, match="not a byte-level BPE tokenizer"):
-        checkpoint_vocab(tmp_path, 10).tokens()
+    for model in (models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"), models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")])):
+        Tokenizer(model).save(str(tmp_path / "tokenizer.json"))  # the BPE one has no byte-level decoder
+        with pytest.raises(EdgexError, match="not a byte-level BPE tokenizer"):
+            checkpoint_vocab(tmp_path, 10).tokens()
     assert checkpoint_vocab(tmp_path / "none", 10) is None  # no tokenizer files: llama.cpp's `none` vocabulary
