@@ -78,6 +78,7 @@ class _ComponentBuilder:
     def __init__(self, loaded: LoadedModel):
         self.talker = loaded.models.talker
         self.decoder = loaded.models.decoder
+        self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self.prefill_len = loaded.options["prefill_len"]
         self.slots = loaded.options["max_context"]
         seed = loaded.options["seed"]
@@ -133,7 +134,7 @@ class _ComponentBuilder:
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
             self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
-            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED)},
+            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED, self.checkpoint)},
             prefill_len=self.prefill_len,
         )
 
@@ -173,7 +174,7 @@ class _ComponentBuilder:
             # every position up to the last slot: a static quantizer calibrated on early positions only
             # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
             self._calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
-            layouts={"gguf": talker_layout(self.talker, DECODE_FEED)},
+            layouts={"gguf": talker_layout(self.talker, DECODE_FEED, self.checkpoint)},
             max_context=self.slots,
         )
 
