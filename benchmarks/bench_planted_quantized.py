@@ -2,12 +2,13 @@
 
 Each bug is written into the exported file only: one layer's weight scales x2 (layer 0's
 down-projection), its zero points one step off (asymmetric schemes), one head of layer 0's q_proj
-zeroed. Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
+zeroed (ONNX, GGUF, Core ML, QNN: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
 the independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
 
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py          # ONNX, GGUF
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py --qnn    # QNN context binary and .dlc (s25-htp)
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py --coreml # Core ML .mlpackage
+    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT ...]
+
+FORMAT: onnx, gguf, executorch, mnn, coreml (a real `.mlpackage`), qnn (s25-htp context binary and
+`.dlc`); all of them by default.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from edgex.export import run_parity
 from edgex.exporters import EXPORTERS
 from edgex.parity.quantized import quantized_parity
 from edgex.recipes import RECIPES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from planted_files import plant_mnn, plant_pte  # noqa: E402
 
 LAYER = "model.layers.0"
 HEAD_DIM = 16  # tiny talker: 4 heads of 16
@@ -126,6 +130,11 @@ def _qnn_bug(component, precision: str, path: Path, bug: str) -> str | None:
         return "not located in the HTP binary (tiled integers; the scale it stores is not the one it computes with)"
     if bug in ("scales x2", "zero points +1"):
         _, _, scale, zero = down
+        if zero == 0:  # the default offset is not written: the scale stands alone
+            if bug == "zero points +1":
+                return "zero point 0 is not written in the .dlc (the field's default)"
+            ok = _replace_once(path, np.float32(scale).tobytes(), np.float32(scale * 2).tobytes())
+            return None if ok else "scale not found"
         pair = np.float32(scale).tobytes() + np.int32(-zero).tobytes()
         planted = (np.float32(scale * 2).tobytes() + np.int32(-zero).tobytes() if bug == "scales x2"
                    else np.float32(scale).tobytes() + np.int32(-(zero + 1)).tobytes())
@@ -231,11 +240,12 @@ def coreml_rows(component) -> None:
 def main() -> None:
     recipe = RECIPES.get("qwen3-tts")
     (component,) = recipe.components(recipe.load("tiny", None, 0), ["talker_decode"])
-    if "--qnn" in sys.argv:
-        return qnn_rows(component)
-    if "--coreml" in sys.argv:
-        return coreml_rows(component)
-    cases = [("onnx", "8da8w", _onnx_bug), ("onnx", "8da4w", _onnx_bug), ("gguf", "q8_0", _gguf_bug), ("gguf", "q4_0", _gguf_bug)]
+    pte = lambda path, bug, _precision: plant_pte(path, component, bug)  # noqa: E731
+    mnn = lambda path, bug, _precision: plant_mnn(path, component, bug)  # noqa: E731
+    cases = [("onnx", "8da8w", _onnx_bug), ("onnx", "8da4w", _onnx_bug), ("gguf", "q8_0", _gguf_bug), ("gguf", "q4_0", _gguf_bug),
+             ("executorch", "8da8w", pte), ("executorch", "8da4w", pte), ("mnn", "w8", mnn), ("mnn", "w4", mnn)]
+    only = sys.argv[1:]  # optional: format names to run
+    cases = [case for case in cases if not only or case[0] in only]
     print(f"{'format:precision':18s} {'bug':16s} {'stored tensors':14s} {'min agreement dB':>16s}  {'run alone':10s} named")
     with tempfile.TemporaryDirectory() as tmp:
         for name, precision, plant in cases:
@@ -257,6 +267,10 @@ def main() -> None:
                     run_parity(component, exporter, files, "float32", precision, None, 1).verdict
                 named = block["failures"][0].split(":")[0] if block["failures"] else ""
                 print(f"{name + ':' + precision:18s} {bug:16s} {block['verdict']:14s} {block['min_agreement_db']:16.1f}  {run:10s} {named}")
+    if not only or "coreml" in only:
+        coreml_rows(component)
+    if not only or "qnn" in only:
+        qnn_rows(component)
 
 
 def _has_llama() -> bool:

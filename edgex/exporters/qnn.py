@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 # scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names. `per_channel`
 # applies to Conv / ConvTranspose kernels only: QNN's MatMul takes no per-channel weights, so the QNN
-# quantizer config gives every MatMul weight one scale (measured: all 21 uint8 weights of Spark-X2.5
-# tiny decode w8a16 per tensor; a gather's table takes the activation type, uint16 per tensor).
+# quantizer config gives every MatMul weight one scale (measured: all 21 uint8 weights of a tiny LLM
+# decode graph at w8a16 per tensor; a gather's table takes the activation type, uint16 per tensor).
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
 _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
 # The .dlc is written by its own backend session (QAIRT's IR backend), holds its own copy of the
@@ -134,8 +134,8 @@ def _own_biases(source: Path, dest: Path) -> Path:
 
     ONNX Runtime's quantizer gives each reader of a shared bias its own copy itself, named
     `<bias><n>` for the next free number among initializers only (`_dup_initializer`): with
-    torch.onnx's `val_<n>` names that can be an existing activation's name. Diffusion Policy's
-    unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
+    torch.onnx's `val_<n>` names that can be an existing activation's name. A diffusion
+    policy's unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
     nodes, the copy `val_1636` took the name of a Reshape output, and quantization stopped with
     "Quantization parameter shared mode is not supported for weight yet"; where no error follows,
     the node reads that activation as its bias (tests/test_qnn.py)."""
@@ -281,7 +281,7 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
 
 def _fp16_on_htp(source: Path) -> list[str]:
     """Nodes left in float (fp16 on the HTP) whatever the scheme: the HTP's 16-bit quantized
-    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on Spark-X2.5 tiny decode:
+    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on a tiny LLM decode graph:
     the same QDQ graph scores 13-16 dB on ONNX Runtime CPU and 0-4 dB in the HTP simulator, 13-17 dB
     with these nodes in float)."""
     import onnx
@@ -316,7 +316,7 @@ def _dequantize(q, *, scale, zero, axis: int):
 def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
     """(table, factor) for each float table a Gather reads whose rows are then multiplied by a
     scalar constant (a token embedding times sqrt(hidden)): the HTP's fp16 graph stores that table
-    already multiplied (measured: SmolVLA's and pi0's prefix, `embed_tokens` x 8 on the tiny
+    already multiplied (measured: two VLAs' prefix graphs, `embed_tokens` x 8 on the tiny
     preset, rows contiguous in fp16), so it is looked for that way too."""
     import numpy as np
     from onnx import numpy_helper
@@ -339,7 +339,7 @@ def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 def _located(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
     block of `_column_blocks` is located on its own (`_located_block`) and the table read back
-    from where its blocks are. The HTP splits some tables so (measured: Spark-X2.5 tiny decode's
+    from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode graph's
     w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
     each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
     is not found (e.g. tiled)."""
@@ -474,7 +474,7 @@ class QnnExporter(Exporter):
                          **_target):
         """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
         rows contiguous, whole or in column blocks (`_located`; measured: the predictor step's stacked
-        table in fp16, row i at a fixed base + i * 128 bytes; Spark-X2.5's w8a16 decode table in
+        table in fp16, row i at a fixed base + i * 128 bytes; an LLM decode graph's w8a16 table in
         uint16 codes, two blocks of 32 columns), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
@@ -615,8 +615,8 @@ def _in_dlc(path: Path, model, tensors: dict) -> dict:
     `model.params.bin` (as stored or in QAIRT's layouts) and its quantization in the graph member
     `model`: a per-tensor scale with its zero point as QNN's scale-offset pair (float32 scale, then
     int32 offset = -zero point; a zero point of 0 is the field's default, which the graph member
-    leaves out, so there the scale alone; measured on every per-tensor constant of Spark-X2.5 tiny
-    decode w8a16 and qwen3-tts tiny talker_decode w8a8 / w4a16: uint8, uint16 and int4), per-channel
+    leaves out, so there the scale alone; measured on every per-tensor constant of two tiny LLM
+    decode graphs at w8a16, w8a8 and w4a16: uint8, uint16 and int4), per-channel
     scales as float32 values (their offsets are not matched here). Then the graph's dequantized values stand
     for the `.dlc`'s. A constant missing from either fails (compared with an empty tensor)."""
     import numpy as np
@@ -647,7 +647,7 @@ _FOLDED = ("unverified: read only by nodes whose inputs are all constants, which
 def _folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
     DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on ACT, whose first decoder layer starts from a constant zero query:
+    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
     its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
     nor the constants around it."""
     constant = {i.name for i in graph.initializer}
