@@ -2,13 +2,14 @@
 
 Each bug is written into the exported file only: one layer's weight scales x2 (layer 0's
 down-projection), its zero points one step off (asymmetric schemes), one head of layer 0's q_proj
-zeroed (ONNX, GGUF, Core ML, QNN: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
-the independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
+zeroed (ONNX, GGUF, Core ML, QNN: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their
+tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with the
+independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
 
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT ...]
+    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT ...]   (default: every format)
 
 FORMAT: onnx, gguf, executorch, mnn, coreml (a real `.mlpackage`), qnn (s25-htp context binary and
-`.dlc`); all of them by default.
+`.dlc`).
 """
 
 from __future__ import annotations
