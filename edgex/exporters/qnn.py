@@ -35,7 +35,10 @@ from .onnx import OnnxExporter, drop_unread_initializers, nodes_from_modules
 if TYPE_CHECKING:
     from ..component import Component
 
-# scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
+# scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names. `per_channel`
+# applies to Conv / ConvTranspose kernels only: QNN's MatMul takes no per-channel weights, so the QNN
+# quantizer config gives every MatMul weight one scale (measured: all 21 uint8 weights of a tiny LLM
+# decode graph at w8a16 per tensor; a gather's table takes the activation type, uint16 per tensor).
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
 _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
 # The .dlc is written by its own backend session (QAIRT's IR backend), holds its own copy of the
@@ -267,7 +270,7 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
     """Write the QDQ graph's digest into the EPContext model (hashed with it in the manifest)."""
     import onnx
 
-    from ..parity.graph_reference import graph_digest
+    from .qdq_scheme import graph_digest
 
     digest = graph_digest(onnx.load(str(qdq)))
     model = onnx.load(str(ctx), load_external_data=False)
@@ -400,9 +403,9 @@ class QnnExporter(Exporter):
     precisions = ("fp16", *_SCHEMES)
     schemes = {  # what each precision means in this format, one line each (edgex list)
         "fp16": "the float graph computed in fp16 on the HTP",
-        "w8a16": "static QDQ: uint8 per-channel weights, uint16 activations calibrated on eager activations",
-        "w4a16": "static QDQ: int4 per-channel weights, uint16 activations calibrated on eager activations",
-        "w8a8": "static QDQ: uint8 per-channel weights, uint8 activations calibrated on eager activations",
+        "w8a16": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint16 activations calibrated on eager activations",
+        "w4a16": "static QDQ: int4 weights (per tensor in MatMul, per channel in Conv), uint16 activations calibrated on eager activations",
+        "w8a8": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint8 activations calibrated on eager activations",
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
@@ -419,7 +422,7 @@ class QnnExporter(Exporter):
         wrapper or the ONNX export would otherwise be in the QDQ graph's weights and scales alike."""
         import onnx
 
-        from ..parity.graph_reference import graph_digest
+        from .qdq_scheme import graph_digest
         from ..parity.scheme import build, called_modules
         from .qdq_scheme import qdq_stored_scheme
 
@@ -457,7 +460,7 @@ class QnnExporter(Exporter):
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
         if files[0].suffix != ".dlc":
-            from ..parity.graph_reference import graph_digest
+            from .qdq_scheme import graph_digest
 
             if _metadata(files[0]).get(QDQ_DIGEST) != graph_digest(model):
                 return {"QDQ graph": _mismatch("the QDQ graph made again is not the one the context binary records")}
@@ -609,9 +612,13 @@ def _mismatch(why: str):
 
 def _in_dlc(path: Path, model, tensors: dict) -> dict:
     """`tensors` (the QDQ graph's) as the `.dlc` stores them: each constant's integers must be in
-    `model.params.bin` (as stored or in QAIRT's layouts) and its scale values, as float32, in the
-    graph member `model`; then the graph's dequantized values stand for the `.dlc`'s. A constant
-    missing from either fails (compared with an empty tensor)."""
+    `model.params.bin` (as stored or in QAIRT's layouts) and its quantization in the graph member
+    `model`: a per-tensor scale with its zero point as QNN's scale-offset pair (float32 scale, then
+    int32 offset = -zero point; a zero point of 0 is the field's default, which the graph member
+    leaves out, so there the scale alone; measured on every per-tensor constant of two tiny LLM
+    decode graphs at w8a16, w8a8 and w4a16: uint8, uint16 and int4), per-channel
+    scales as float32 values (their offsets are not matched here). Then the graph's dequantized values stand
+    for the `.dlc`'s. A constant missing from either fails (compared with an empty tensor)."""
     import numpy as np
 
     from .qdq_scheme import dequantized_constants
@@ -620,12 +627,15 @@ def _in_dlc(path: Path, model, tensors: dict) -> dict:
     data, graph = members["model.params.bin"], members["model"]
     qdq = dequantized_constants(model)
     for name, tensor in tensors.items():
-        _, q, scale, _zero, _axis = qdq[name]
+        _, q, scale, zero, _axis = qdq[name]
         layouts = [q, *(q.transpose(p) for p in _QAIRT_LAYOUTS.get(q.ndim, ()))]
         codes = q.size < 2 or any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
-        scales = graph.find(np.ascontiguousarray(scale, np.float32).tobytes()) >= 0
+        quantization = np.ascontiguousarray(scale, np.float32).tobytes()
+        if scale.size == 1 and int(np.reshape(zero, -1)[0]) != 0:  # an offset of 0 is the default, not written
+            quantization += np.int32(-int(np.reshape(zero, -1)[0])).tobytes()
+        scales = graph.find(quantization) >= 0
         if not (codes and scales):
-            what = " and ".join(w for w, ok in (("integers", codes), ("scales", scales)) if not ok)
+            what = " and ".join(w for w, ok in (("integers", codes), ("scales / zero points", scales)) if not ok)
             tensors[name] = _mismatch(f"{what} not found in the .dlc")
     return tensors
 
