@@ -298,12 +298,12 @@ _CHOICES = ("ArgMax", "TopK")
 
 def sampling_nodes(source: Path, component: Component) -> list[str]:
     """The nodes of a sampling graph that take its noise input to the scores and the choice (the
-    moves of the noise, the Add `logits + noise`, the ArgMax after it): left in float (fp16 on the HTP) whatever the
-    scheme. A static range calibrated by min / max on a few noise draws clips a later draw's larger
-    values, and Gumbel noise is unbounded: the tiny code_predictor's w8a16 Add of codebook step 10
-    was calibrated to 8.95 (8 sets, 4 of them sampled) while the held-out sampled frame's best
-    score there is 14.07; every score above the range saturates to the same value and the argmax
-    among them is arbitrary (a code flipped at margin 4.55 against a 0.65 tie margin). In fp16 the
+    moves of the noise, the Add `logits + noise`, the ArgMax after it): left in float (fp16 on the
+    HTP) whatever the scheme. A static range calibrated by min / max on a few noise draws clips a later draw's larger
+    values, and Gumbel noise is unbounded: every score above the range saturates to the same value
+    and the argmax among them is arbitrary (measured on an unrolled 15-step sampling graph at
+    w8a16: one step's Add calibrated to 8.95, a held-out draw's best score there 14.07, a code
+    flipped at margin 4.55 against a 0.65 tie margin; docs/targets-and-formats.md). In fp16 the
     scores are resolved to 2^-7 at 16."""
     import onnx
 
