@@ -109,7 +109,7 @@ def _quantize_qdq(source: Path, dest: Path, component: Component, precision: str
     weights, activations = _SCHEMES[precision]
     source = _own_biases(source, dest)
     float_only = nodes_from_modules(source, component.float_only)
-    htp_fp16 = _fp16_on_htp(source)
+    htp_fp16 = _fp16_on_htp(source) + sampling_nodes(source, component)
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
                                 weight_type=getattr(QuantType, weights), per_channel=True,
                                 nodes_to_exclude=float_only + htp_fp16 or None)
@@ -222,14 +222,18 @@ class _Graphs:
 
 
 def _float_key(component: Component) -> str:
-    """sha256 of what a component's fp32 ONNX graph is a function of (see `_Graphs`)."""
+    """sha256 of what a component's fp32 ONNX graph is a function of (see `_Graphs`): edgex's source,
+    the tool versions, the component's specs, its modules' classes, every parameter and buffer."""
     import torch
 
     from ..artifacts.keys import edgex_source_sha256
     from ..toolchain import versions
 
     specs = [component.name, [s.to_json() for s in component.inputs], [s.to_json() for s in component.outputs]]
-    digest = hashlib.sha256(json.dumps([edgex_source_sha256(), versions(), specs], sort_keys=True, default=str).encode())
+    # The graph is a function of its modules' code too: a module of a class defined outside edgex and
+    # its pinned packages (a wrapper patched for a test) must not get another module's graph back.
+    classes = [f"{name}:{type(m).__module__}.{type(m).__qualname__}" for name, m in component.module.named_modules()]
+    digest = hashlib.sha256(json.dumps([edgex_source_sha256(), versions(), specs, classes], sort_keys=True, default=str).encode())
     for name, tensor in itertools.chain(component.module.named_parameters(), component.module.named_buffers()):
         digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
         digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
@@ -288,6 +292,43 @@ def _fp16_on_htp(source: Path) -> list[str]:
 
     graph = onnx.load(str(source), load_external_data=False).graph
     return [n.name for n in graph.node if n.op_type in _FLOAT_OPS]
+
+
+# Ops that only move or reshape a tensor: followed from a noise input to the Add that uses it.
+_MOVES = ("Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Cast")
+_CHOICES = ("ArgMax", "TopK")
+
+
+def sampling_nodes(source: Path, component: Component) -> list[str]:
+    """The nodes of a sampling graph that take its noise input to the scores and the choice (the
+    moves of the noise, the Add `logits + noise`, the ArgMax after it): left in float (fp16 on the
+    HTP) whatever the scheme. A static range calibrated by min / max on a few noise draws clips a later draw's larger
+    values, and Gumbel noise is unbounded: every score above the range saturates to the same value
+    and the argmax among them is arbitrary (measured on an unrolled 15-step sampling graph at
+    w8a16: one step's Add calibrated to 8.95, a held-out draw's best score there 14.07, a code
+    flipped at margin 4.55 against a 0.65 tie margin; docs/targets-and-formats.md). In fp16 the
+    scores are resolved to 2^-7 at 16."""
+    import onnx
+
+    noise = {s.sampled_from[1] for s in component.outputs if s.sampled_from and s.sampled_from[1]}
+    if not noise:
+        return []
+    graph = onnx.load(str(source), load_external_data=False).graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found, frontier = [], [i.name for i in graph.input if i.name in noise]
+    while frontier:
+        for node in consumers.get(frontier.pop(), []):
+            if node.name in found or node.op_type not in (*_MOVES, "Add"):
+                continue
+            found.append(node.name)
+            if node.op_type in _MOVES:
+                frontier += list(node.output)
+            else:  # the choice read from the scores: a quantized input would be the same saturated range
+                found += [c.name for out in node.output for c in consumers.get(out, []) if c.op_type in _CHOICES]
+    return found
 
 
 def _context_binary(ctx: Path) -> Path:

@@ -73,6 +73,15 @@ LOWERING = "lowering"  # `--min-db lowering=DB` / `--min-db lowering:PRECISION=D
 # tokens by more than that is too coarse for the component, whatever its SNR gate says.
 TIE_DB = 30.0
 
+# The action error (`metrics.action_error`: a policy's unnormalized actions, per dimension, RMS over
+# the chunk in units of that dimension's spread) an artifact may reach against its reference, at
+# every precision: the task figure of VLA action graphs, whose SNR gates a wrong dimension or a
+# skipped denoising step can pass. Measured on the tiny SmolVLA action_loop (4 Euler steps,
+# benchmarks/bench_planted_graph.py): faithful fp16 builds 0.002-0.005, QNN w8a16 0.193 (scheme
+# 0.039); one Euler step's velocity zeroed 0.28 at every fp16 build and 0.297 at QNN w8a16, where
+# its SNRs (18.8 dB end to end and lowering) pass the 10 / 12 dB gates: only this figure fails it.
+ACTION_ERROR = 0.25
+
 
 def tie_db(gate_db: float) -> float:
     """The level whose tie margin judges a flip under a gate: the gate where it is stricter than
