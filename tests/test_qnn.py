@@ -2,6 +2,7 @@
 SoC, run in the QAIRT x86 HTP simulator for parity; calibrated quantized schemes; refusals."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,19 @@ def _artifacts(proc, sidecars: bool = False) -> dict:
 
 
 def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
+    # The talker's step on s25-htp (fp16 context binary and .dlc) is exported, checked and corrupted
+    # in test_fault_injection.py; the predictor step stands for the LM roles here.
     proc = run_cli("export", "qwen3-tts", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "talker_decode,code_predictor_step,code2latent")
+                   "-c", "code_predictor_step,code2latent")
     data = json.loads(proc.stdout)
     # the .dlc entries are unverified here: status "incomplete", exit 3, the reason on stderr
     assert proc.returncode == 3 and data["status"] == "incomplete", proc.stderr[-3000:]
     assert "unverified" in proc.stderr and "--allow-unverified" in proc.stderr
     assert data["target_facts"]["htp_arch"] == "v79" and data["target_facts"]["soc_model"] == 69
     got = _artifacts(proc)
-    assert set(got) == {("talker_decode", "fp16"), ("code_predictor_step", "fp16"), ("code2latent", "fp32")}
+    assert set(got) == {("code_predictor_step", "fp16"), ("code2latent", "fp32")}
     out = tmp_path / "qwen3-tts" / "s25-htp"
-    for name in ("talker_decode", "code_predictor_step"):
+    for name in ("code_predictor_step",):
         a = got[(name, "fp16")]
         assert a["format"] == "qnn-context" and a["verdict"] == "pass", a["parity"]
         assert a["parity"]["method"] == "simulated" and a["parity"]["runtime"] == "qnn-htp-simulator"
@@ -47,9 +50,20 @@ def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
     assert "Adreno" in gpu["placement"]["device"] and "not the GPU" in gpu["placement"]["unverified"]
 
 
-def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--target", "s24-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "talker_decode", "-p", "fp16,w8a16,w4a16", "--calibration", "6")
+@pytest.fixture(scope="module")
+def s24(tmp_path_factory):
+    """Tiny talker_decode for s24-htp in fp16, w8a16 and w4a16 (6 calibration sets), exported on one
+    thread (torch's and ONNX Runtime's)."""
+    out = tmp_path_factory.mktemp("s24")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        proc = run_cli("export", "qwen3-tts", "--target", "s24-htp", "--preset", "tiny", "--out", str(out), "--json",
+                       "-c", "talker_decode", "-p", "fp16,w8a16,w4a16", "--calibration", "6", "--threads", "1")
+    return out, proc
+
+
+def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(s24):
+    _, proc = s24
     got = _artifacts(proc)
     fp16, w8, w4 = (got[("talker_decode", p)] for p in ("fp16", "w8a16", "w4a16"))
     for a in (fp16, w8, w4):
@@ -60,6 +74,38 @@ def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(tmp_path):
     # 4-bit weights without a better scheme break this graph: the gate says so and the run exits 1.
     assert w4["verdict"] == "fail" and w4["files"][0]["path"].startswith("failed/")
     assert proc.returncode == 1
+
+
+def test_a_w8a16_binary_exported_on_one_thread_verifies_on_two_and_another_qdq_graph_is_refused(s24, tiny, tmp_path, monkeypatch):
+    """`edgex verify` makes the QDQ graph again in its own process, at its own thread count, and
+    refuses a context binary whose recorded digest is not that graph's. The w8a16 binary exported on
+    one thread verifies with torch, OpenMP and the runtime on two; a QDQ graph made from other
+    calibration data (5 sets, not the 6 it was compiled from) is refused by the scheme reference and
+    by the stored-tensor check alike."""
+    from edgex.exporters import EXPORTERS
+
+    out, _ = s24
+    folder = tmp_path / "w8a16"
+    shutil.copytree(out / "qwen3-tts" / "s24-htp", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["precision"] == "w8a16"]  # the binary and its .dlc
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    proc = run_cli("verify", str(folder), "--threads", "2", "--allow-unverified", "sidecar", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {a["format"]: a for a in json.loads(proc.stdout)["artifacts"]}
+    binary = rows["qnn-context"]
+    assert binary["verdict"] == "pass" and binary["method"] == "simulated" and binary["problem"] == "", binary
+    assert binary["scheme"]["verdict"] == "pass" and binary["quantized_min_agreement_db"] > 40, binary
+    assert rows["qnn-dlc"]["verdict"] == "unverified", "the .dlc never runs here"
+
+    _, components = tiny
+    context = next(a for a in manifest["artifacts"] if a["format"] == "qnn-context")
+    qnn, files = EXPORTERS.get("qnn"), [folder / f["path"] for f in context["files"]]
+    with pytest.raises(RuntimeError, match="is not the one the context binary was compiled from"):
+        qnn.scheme_reference(components["talker_decode"], "w8a16", files, calibration_size=5)
+    refused = qnn.stored_quantized(components["talker_decode"], files, "w8a16", calibration_size=5)
+    assert list(refused) == ["QDQ graph"], refused
 
 
 def test_calibration_never_uses_the_parity_samples(tiny):

@@ -68,6 +68,7 @@ def test_the_recommended_placement_passes_edgex_pipeline(swept):
     assert ran.returncode == 0, ran.stderr[-2000:]
     report = json.loads(ran.stdout)
     assert report["verdict"] == "pass" and report["failures"] == []
+    assert report["free_running"]["token_agreement"] == 1.0 and report["free_running"]["agreed_steps"] == 8, report["free_running"]
     assert sorted((a["component"], a["format"], a["precision"]) for a in report["artifacts"]) == [
         ("decode", "onnx", "fp32"), ("prefill", "onnx", "fp32")], "the stages the recommendation names, not the target's default"
 
