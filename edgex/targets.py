@@ -74,11 +74,12 @@ class Target:
 VLA_ROLES = ("vision", "prefix", "action")
 _CPU = (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))
 _MNN = (Placement("mnn", ("fp32", "fp16")),)
-# MiniCPM-o's HiFT (component `hift`, role decoder) is placed by name in fp32 only: rounding its
+# MiniCPM-o's HiFT (components `hift` and `hift_stream`, role decoder) is placed by name in fp32 only: rounding its
 # weights to fp16 alone scores 5.8 dB (tiny; ONNX fp16 4.8 dB, MNN -2.4 dB) against a 30 dB gate,
 # while its fp32 graph holds 73.7 dB. `-p fp16` still builds the fp16 variant on request.
-HIFT_FP32 = {"hift": "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source "
-                     "(tiny: fp16 scheme 5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB)"}
+HIFT = ("hift", "hift_stream")
+HIFT_FP32 = dict.fromkeys(HIFT, "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source "
+                                "(tiny: fp16 scheme 5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB)")
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
     """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
@@ -131,14 +132,14 @@ TARGETS: dict[str, Target] = {
             "cpu",
             "x86/ARM CPU: ExecuTorch XNNPACK .pte and ONNX Runtime .onnx for every component",
             {**dict.fromkeys(VLA_ROLES, _CPU), "*": _CPU,
-             "hift": (Placement("executorch", ("fp32",)), Placement("onnx", ("fp32",)))},
+             **dict.fromkeys(HIFT, (Placement("executorch", ("fp32",)), Placement("onnx", ("fp32",))))},
             {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"], "precision_limits": HIFT_FP32},
         ),
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
             {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),),
-             "hift": (Placement("mnn", ("fp32",)),), "*": _MNN},
+             **dict.fromkeys(HIFT, (Placement("mnn", ("fp32",)),)), "*": _MNN},
             {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"], "precision_limits": HIFT_FP32,
              "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 18.2 dB in MNN fp16 (lowering; torch "
                                       "fp16 61.6, the same graph's loop with baked time embeddings 65.3): its time "
@@ -184,7 +185,7 @@ TARGETS: dict[str, Target] = {
                 "prefix": (Placement("coreml", ("fp16", "w8")),),
                 "action": (Placement("coreml", ("fp32", "fp16")),),
                 "action_step": (Placement("coreml", ("fp32",)),),
-                "hift": (Placement("coreml", ("fp32",)),),
+                **dict.fromkeys(HIFT, (Placement("coreml", ("fp32",)),)),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
