@@ -332,7 +332,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                          "that chunk), playback from the first chunk on")
     # (d) the official utterance: the runner over the artifacts against the official generate()
     progress("official utterance: the runner against the official generate()")
-    official = utterance.compare(loaded, stages, frames, decoder_gate)
+    official = utterance.compare(loaded, stages, frames, decoder_gate, voice=settings.get("voice"))
     failures += official.pop("failures")
     return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
             "streaming": streaming, "timing": timing, "official_utterance": official, "failures": failures}

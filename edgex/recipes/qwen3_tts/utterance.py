@@ -110,12 +110,30 @@ def _picks_eos(official, vocab, settings, ref_codes, hidden) -> bool:
     return int(np.argmax(scores)) == vocab.codec_eos
 
 
-def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None) -> dict:
+def voice_request(config: dict, seed: int, path) -> rn.Request:
+    """The default request of a Base checkpoint with the voice prompt read from `path` (`edgex voice-prompt`)."""
+    from ...errors import EdgexError
+
+    if (config.get("tts_model_type") or "custom_voice") != "base":
+        raise EdgexError(f"--voice: the checkpoint is a {config.get('tts_model_type') or 'custom_voice'} model; voice prompts clone with Base checkpoints")
+    try:
+        voice = rn.VoicePrompt.load(path)
+    except ValueError as exc:
+        raise EdgexError(f"--voice: {exc}") from None
+    hidden = config["talker_config"]["hidden_size"]
+    if voice.speaker_embedding.size != hidden:
+        raise EdgexError(f"--voice {path}: its speaker embedding has {voice.speaker_embedding.size} values, the talker's rows {hidden}")
+    return rn.Request(default_request(config, seed).text_ids, language="english", voice=voice)
+
+
+def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None, voice=None) -> dict:
     """The official-utterance block of the pipeline report, with its `failures`: at most `frames`
-    frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level."""
+    frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level.
+    `voice`: a voice-prompt file the request clones (Base)."""
     config = config_of(loaded)
     vocab = rn.Vocabulary.from_config(config)
-    request = request or default_request(config, int(loaded.options.get("seed", 0)))
+    seed = int(loaded.options.get("seed", 0))
+    request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
     official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
     settings = rn.Settings(max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False)
     ref_codes, hiddens = off.official_run(official, request, settings)
