@@ -47,7 +47,12 @@ def base(tmp_path_factory):
                    "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--set", f"reference_frames={REFERENCE_FRAMES}",
                    "--jobs", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"model": model, "checkpoint": checkpoint, "wav": wav, "folder": out / "qwen3-tts" / "cpu", "root": root}
+    npz = root / "voice.npz"
+    made = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(checkpoint), "--audio", str(wav), "--out", str(npz),
+                   "--ids", ",".join(map(str, TRANSCRIPT)), "--json")
+    assert made.returncode == 0, made.stderr[-2000:]
+    return {"model": model, "checkpoint": checkpoint, "wav": wav, "folder": out / "qwen3-tts" / "cpu", "voice": npz,
+            "written": json.loads(made.stdout)}
 
 
 def _official(model, audio):
@@ -80,12 +85,8 @@ def test_edgex_voice_prompt_writes_the_official_prompt(base, tmp_path):
     from edgex.parity.metrics import snr_db
     from edgex.recipes.qwen3_tts import runner as rn
 
-    npz = tmp_path / "voice.npz"
-    proc = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(base["checkpoint"]), "--audio", str(base["wav"]),
-                   "--out", str(npz), "--ids", ",".join(map(str, TRANSCRIPT)), "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["mode"] == "in-context"
-    prompt = rn.VoicePrompt.load(npz)
+    assert base["written"]["mode"] == "in-context" and base["written"]["ref_frames"] == REFERENCE_FRAMES
+    prompt = rn.VoicePrompt.load(base["voice"])
     embedding, codes = _official(base["model"], _read(base["wav"]))
     assert snr_db(embedding, prompt.speaker_embedding) > 100
     np.testing.assert_array_equal(prompt.ref_codes, codes)
@@ -95,7 +96,8 @@ def test_edgex_voice_prompt_writes_the_official_prompt(base, tmp_path):
 
     other = tmp_path / "44k.wav"
     wavfile.write(str(other), 44100, np.zeros(44100, np.int16))
-    bad = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(base["checkpoint"]), "--audio", str(other), "--out", str(npz))
+    bad = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(base["checkpoint"]), "--audio", str(other),
+                  "--out", str(tmp_path / "voice.npz"))
     assert bad.returncode == 2 and "24000 Hz" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -129,10 +131,7 @@ def test_the_pipeline_clones_a_voice_prompt_as_the_official_generate(base, tmp_p
     from edgex.errors import EdgexError
     from edgex.in_situ import run_pipeline
 
-    npz = tmp_path / "voice.npz"
-    proc = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(base["checkpoint"]), "--audio", str(base["wav"]),
-                   "--out", str(npz), "--ids", ",".join(map(str, TRANSCRIPT)))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    npz = base["voice"]
     places = [p for p in PLACE.split(",") if not p.startswith("voice=")]
     report = run_pipeline([base["folder"]], places, frames=FRAMES, stream_frames=FRAMES, voice=npz)
     official = report["official_utterance"]
@@ -144,3 +143,27 @@ def test_the_pipeline_clones_a_voice_prompt_as_the_official_generate(base, tmp_p
     np.savez(broken, speaker_embedding=np.zeros(3, np.float32))
     with pytest.raises(EdgexError, match="speaker embedding has 3 values"):
         run_pipeline([base["folder"]], places, frames=FRAMES, stream_frames=FRAMES, voice=broken)
+
+
+def test_broken_voice_graphs_fail_their_gates(monkeypatch, tmp_path):
+    """The tiny preset's voice graphs, each broken as a port might break it: the speaker encoder fed its
+    mel bins in reverse order, the speech encoder's second and third codebooks swapped."""
+    from typer.testing import CliRunner
+
+    from edgex.cli import app
+    from edgex.recipes.qwen3_tts import voice
+
+    speaker, speech = voice.SpeakerEncoder.forward, voice.SpeechEncoder.forward
+    monkeypatch.setattr(voice.SpeakerEncoder, "forward", lambda self, mels: speaker(self, mels.flip(-1)))
+
+    def swapped(self, wav):
+        codes, latent = speech(self, wav)
+        return codes[:, [0, 2, 1, *range(3, codes.shape[1])]], latent
+
+    monkeypatch.setattr(voice.SpeechEncoder, "forward", swapped)
+    result = CliRunner().invoke(app, ["export", "qwen3-tts", "--preset", "tiny", "-c", "speaker_encoder", "-c", "speech_encoder",
+                                      "-f", "onnx", "-p", "fp32", "--set", "reference_frames=8", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 1, result.output[-3000:]
+    entries = {e["component"]: e for e in json.loads(result.stdout)["artifacts"]}
+    assert entries["speaker_encoder"]["verdict"] == "fail"
+    assert entries["speech_encoder"]["verdict"] == "fail" and any("codes position" in f for f in entries["speech_encoder"]["parity"]["failures"])
