@@ -417,6 +417,21 @@ def _pipeline_table(report: dict) -> Table:
     return table
 
 
+def _request_spec(path: Optional[Path], text: Optional[str], voice: Optional[Path]) -> Optional[dict]:
+    """The official-utterance request of `edgex pipeline`: a JSON file, or --text (with --voice)."""
+    if path is None:
+        return None if text is None else {"text": text, **({"voice": str(voice.resolve())} if voice is not None else {})}
+    if text is not None or voice is not None:
+        raise EdgexError("--request holds the whole request: give text and voice inside it, not as --text / --voice")
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EdgexError(f"--request {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(spec, dict):
+        raise EdgexError(f"--request {path}: expected a JSON object")
+    return spec
+
+
 @app.command()
 def pipeline(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
@@ -426,6 +441,8 @@ def pipeline(
     stream_frames: Optional[int] = typer.Option(None, "--stream-frames", help="eager frames for the streaming-schedule comparison (default 122: past the 72-frame left context)"),
     threads: Optional[int] = _threads_option(),
     voice: Optional[Path] = typer.Option(None, "--voice", help="a voice-prompt .npz (edgex voice-prompt) the official-utterance check clones (Base checkpoints; default: a seeded x-vector)"),
+    text: Optional[str] = typer.Option(None, "--text", help="the official-utterance check speaks this text, tokenized with the checkpoint's tokenizer (default: seeded token ids)"),
+    request: Optional[Path] = typer.Option(None, "--request", help="the official-utterance request as JSON: text or text_ids, language, speaker, instruct or instruct_ids, voice (.npz), non_streaming (docs/runtime-contract.md)"),
     as_json: bool = typer.Option(False, "--json", help="print the pipeline report as JSON"),
     verbose: bool = _verbose_option(),
 ):
@@ -444,8 +461,11 @@ def pipeline(
                 if recorded != model:
                     raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
             lines = Console(file=stderr, width=err.width)
+            spec = _request_spec(request, text, voice)
             report = run_pipeline(directories, _split(placement), frames, threads,
-                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames, voice=voice)
+                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames,
+                                  voice=voice if spec is None else None, request=spec,
+                                  request_base=request.parent if request is not None else Path.cwd())
     except EdgexError as exc:
         _fail(exc)
     if as_json:

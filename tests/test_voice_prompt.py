@@ -36,6 +36,7 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("voice-prompt")
     model = official.build("base", seed=0)
     checkpoint = official.write_checkpoint(model, root / "checkpoint")
+    _write_tokenizer(checkpoint)
     codes = torch.from_numpy(np.random.default_rng(4).integers(0, 2048, (1, 16, REFERENCE_FRAMES)))
     with torch.no_grad():
         audio = model.decoder(codes).reshape(-1).numpy()  # exactly the graphs' reference length
@@ -53,6 +54,19 @@ def base(tmp_path_factory):
     assert made.returncode == 0, made.stderr[-2000:]
     return {"model": model, "checkpoint": checkpoint, "wav": wav, "folder": out / "qwen3-tts" / "cpu", "voice": npz,
             "written": json.loads(made.stdout)}
+
+
+WORDS = {"[UNK]": 0, "hello": 1, "world": 2, "again": 3}
+
+
+def _write_tokenizer(checkpoint: Path) -> None:
+    """A word-level tokenizer in the checkpoint folder (the published checkpoints ship Qwen2's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(WORDS, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(checkpoint / "tokenizer.json"))
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
 def _official(model, audio):
@@ -167,3 +181,23 @@ def test_broken_voice_graphs_fail_their_gates(monkeypatch, tmp_path):
     entries = {e["component"]: e for e in json.loads(result.stdout)["artifacts"]}
     assert entries["speaker_encoder"]["verdict"] == "fail"
     assert entries["speech_encoder"]["verdict"] == "fail" and any("codes position" in f for f in entries["speech_encoder"]["parity"]["failures"])
+
+
+def test_a_request_file_with_text_runs_against_the_official_generate(base, tmp_path):
+    """`edgex pipeline --request FILE`: text through the checkpoint's tokenizer, the voice prompt file,
+    non-streaming; a speaker a Base checkpoint lacks is a one-line error."""
+    from edgex.recipes.qwen3_tts import runner as rn
+
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"text": "hello world again", "voice": str(base["voice"]), "non_streaming": True}))
+    places = ",".join(p for p in PLACE.split(",") if not p.startswith("voice="))
+    proc = run_cli("pipeline", "qwen3-tts", str(base["folder"]), "--placement", places, "--frames", str(FRAMES),
+                   "--stream-frames", str(FRAMES), "--request", str(request), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    official = json.loads(proc.stdout)["official_utterance"]
+    assert official["text_ids"] == rn.chat_ids([1, 2, 3]).tolist()
+    assert official["non_streaming"] and official["voice_prompt"] == "in-context" and official["codes_equal"]
+
+    request.write_text(json.dumps({"text_ids": [1, 2], "speaker": "vivian"}))
+    bad = run_cli("pipeline", "qwen3-tts", str(base["folder"]), "--placement", places, "--frames", "2", "--request", str(request))
+    assert bad.returncode == 2 and "speaker 'vivian'" in bad.stderr and "Traceback" not in bad.stderr
