@@ -2,7 +2,7 @@
 
 Each bug is written into the exported file only: one layer's weight scales x2 (layer 0's
 down-projection), its zero points one step off (asymmetric schemes), one head of layer 0's q_proj
-zeroed. Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
+zeroed (ONNX, GGUF: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
 the independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
 
     PYTHONPATH=. python benchmarks/bench_planted_quantized.py
@@ -23,6 +23,9 @@ from edgex.export import run_parity
 from edgex.exporters import EXPORTERS
 from edgex.parity.quantized import quantized_parity
 from edgex.recipes import RECIPES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from planted_files import plant_mnn, plant_pte  # noqa: E402
 
 LAYER = "model.layers.0"
 
@@ -87,7 +90,12 @@ def _gguf_bug(path: Path, bug: str, precision: str) -> bool:
 def main() -> None:
     recipe = RECIPES.get("qwen3-tts")
     (component,) = recipe.components(recipe.load("tiny", None, 0), ["talker_decode"])
-    cases = [("onnx", "8da8w", _onnx_bug), ("onnx", "8da4w", _onnx_bug), ("gguf", "q8_0", _gguf_bug), ("gguf", "q4_0", _gguf_bug)]
+    pte = lambda path, bug, _precision: plant_pte(path, component, bug)  # noqa: E731
+    mnn = lambda path, bug, _precision: plant_mnn(path, component, bug)  # noqa: E731
+    cases = [("onnx", "8da8w", _onnx_bug), ("onnx", "8da4w", _onnx_bug), ("gguf", "q8_0", _gguf_bug), ("gguf", "q4_0", _gguf_bug),
+             ("executorch", "8da8w", pte), ("executorch", "8da4w", pte), ("mnn", "w8", mnn), ("mnn", "w4", mnn)]
+    only = sys.argv[1:]  # optional: format names to run
+    cases = [case for case in cases if not only or case[0] in only]
     print(f"{'format:precision':18s} {'bug':16s} {'stored tensors':14s} {'min agreement dB':>16s}  {'run alone':10s} named")
     with tempfile.TemporaryDirectory() as tmp:
         for name, precision, plant in cases:

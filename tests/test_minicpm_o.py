@@ -26,7 +26,6 @@ from edgex.recipes.minicpm_o.presets import get_preset
 from edgex.recipes.minicpm_o.pipeline import EncoderStream
 from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
 from edgex.recipes.minicpm_o.stream import DiTCaches, EncoderCaches, VocoderStream
-from edgex.targets import TARGETS
 from test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tiny model and its samples
@@ -265,13 +264,12 @@ def test_streaming_chain_against_the_official_streaming_path(minicpm):
     assert max(lost) < 40.0, lost
 
 
-# -- placement: where fp16 cannot hold a graph, the targets say so ----------------------------------
+# -- placement: where fp16 cannot hold a graph, the recipe says so --------------------------------
 @pytest.mark.parametrize("target", ["cpu", "mnn", "apple", "s25-htp"])
-def test_hift_is_placed_in_fp32_only_and_the_target_says_why(tmp_path, target):
+def test_hift_is_placed_in_fp32_only_and_the_recipe_says_why(tmp_path, target):
     jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=["hift"]).jobs
     assert jobs and {j.precision for j in jobs} == {"fp32"}
-    reason = TARGETS[target].facts.get("precision_limits", {}).get("hift", "")
-    assert "5.8 dB" in reason or target == "s25-htp"  # the HTP targets place every decoder in fp32 on the GPU
+    assert all("5.8 dB" in dict(j.placement)["recipe_precisions"] for j in jobs)  # recorded in each manifest entry
     if target != "s25-htp":  # fp16 still builds on request
         assert {j.precision for j in make_plan("minicpm-o", target, tmp_path, components=["hift"], precisions=["fp16"]).jobs} == {"fp16"}
 
@@ -316,8 +314,9 @@ def _yaml_flow(config: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_checkpoint(root, models, drop=None, skip_file=None, plain_head=False):
-    preset = get_preset("tiny")
+def _write_checkpoint(root, models, drop=None, skip_file=None, plain_head=False, preset=None):
+    """`models` written in the released layout (`preset`'s configuration files; default tiny)."""
+    preset = preset or get_preset("tiny")
     voc = root / "token2wav"
     voc.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps({"tts_config": preset.tts}))

@@ -2,6 +2,7 @@
 SoC, run in the QAIRT x86 HTP simulator for parity; calibrated quantized schemes; refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,19 +91,54 @@ def test_refusals_are_one_line(tmp_path, args, message):
     assert not any(tmp_path.rglob("*.onnx"))
 
 
-def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
+def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float_and_its_table_is_read_back(tmp_path):
+    """The w8a16 decode binary stores its embedding (the table the device gathers from, shared with
+    the output head) as the QDQ graph's uint16 codes in two column blocks of 32: read back from
+    there, every row scores far above the gate and the artifact passes. One row changed in the
+    written binary fails it, naming the row."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    import edgex.exporters.qnn as qnn
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.tensors import tensor_parity
+    from edgex.recipes import RECIPES
+
     proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
                    "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
-    # The w8a16 binary's embedding table is not found in the context binary, so its stored quantized
-    # tensors are not all read back: the artifact ran and passed, yet stays unverified (exit 3).
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "decode.w8a16.qnn-context (embedding not read back" in proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
     got = _artifacts(proc)
     fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
-    assert fp16["verdict"] == "pass" and w8["parity"]["verdict"] == "pass" and w8["verdict"] == "unverified"
+    assert fp16["verdict"] == "pass" and w8["verdict"] == "pass", w8.get("tensor_parity")
     assert fp16["parity"]["min_snr_db"] > w8["parity"]["min_snr_db"] > 10.0
     kept = w8["details"]["float_only"]
     assert kept["patterns"] == ["*.self_attn.g_proj"] and len(kept["nodes"]) == 4  # one per layer (tiny: 4)
+    table = w8["tensor_parity"]["tensors"]["embedding"]
+    assert table["type"] == "table, stored as 'model.embedding.weight_quantized'" and table["scored"] == "per row"
+    assert table["snr_db"] > 60.0 and table["rows_below_gate"] == 0  # uint16 codes at one scale: 82.3 dB worst row
+
+    out = tmp_path / "spark-x2.5" / "s25-htp"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    files = [Path(shutil.copy(out / f["path"], planted)) for f in w8["files"]]
+    binary_path = next(f for f in files if f.suffix == ".bin")
+    recipe = RECIPES.get("spark-x2.5")
+    (component,) = recipe.components(recipe.load("tiny", None, 0), ["decode"])
+    graph, _ = qnn._GRAPHS.get(component, "w8a16", None)
+    codes = next(numpy_helper.to_array(i) for i in onnx.load(str(graph)).graph.initializer
+                 if i.name == "model.embedding.weight_quantized")
+    binary = bytearray(binary_path.read_bytes())
+    row = 4242
+    at = binary.find(codes[row, :32].tobytes())
+    assert at >= 0 and binary.find(codes[row, 32:].tobytes()) > at  # the two column blocks, in order
+    binary[at:at + 64] = np.full(32, codes.max(), codes.dtype).tobytes()  # half of one row at the top code
+    binary_path.write_bytes(bytes(binary))
+    block = tensor_parity(EXPORTERS.get("qnn"), component, files, w8["parity"]["threshold_db"], "w8a16")
+    assert block["verdict"] == "fail" and block["tensors"]["embedding"]["worst_row"] == row, block
+    assert block["tensors"]["embedding"]["rows_below_gate"] == 1 and f"(row {row})" in block["failure"]
 
 
 def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):

@@ -36,7 +36,12 @@ def _tool_dequantized(key):
         layer[0].weight.data = torch.from_numpy(_W.copy())
         quantize_(layer, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8 if precision == "8da8w" else torch.int4,
                                                                weight_granularity=granularity))
-        return layer[0].weight.dequantize().float().numpy()
+        weight = layer[0].weight
+        if precision == "8da8w":
+            return weight.dequantize().float().numpy()
+        # ExecuTorch's XNNPACK serializer writes per-group scales in bfloat16 (node_visitor.get_quant_params)
+        scale = weight.scale.to(torch.bfloat16).float().repeat_interleave(32, dim=1)
+        return (weight.qdata.float() * scale).numpy()
     if exporter == "coreml":
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
         from coremltools.optimize._utils import compute_qparams
@@ -188,3 +193,26 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
     assert bad.verdict == "fail" and bad.lowering["verdict"] == "fail", bad.lowering["min_snr_db"]
     assert bad.scheme["float_graph"]["verdict"] == "fail"
     assert any(f.startswith("reference: the fp32 graph") for f in bad.failures)
+
+
+@pytest.mark.parametrize("name, precision", [("executorch", "8da4w"), ("mnn", "w4")])
+def test_a_file_with_one_layers_scales_doubled_fails_its_stored_tensor_check(talker_decode, tmp_path, name, precision):
+    """The `.pte`'s XNNPACK weights and the `.mnn`'s Convolution weights are read back from the file
+    and agree with the independent quantizer (ExecuTorch: exact codes and the bfloat16 group scales
+    XNNPACK stores, inf dB; MNN: exact codes, float rounding of its min arithmetic, ~144 dB); the same
+    file with layer 0's down-projection scales doubled in place fails, naming that weight. The
+    model-parity run alone passes such a file: its scheme reference reads the same weights."""
+    from planted_files import DOWN, plant_mnn, plant_pte
+
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.quantized import quantized_parity
+
+    exporter = EXPORTERS.get(name)
+    files = exporter.export(talker_decode, precision, tmp_path / f"t.{precision}{exporter.extension}").files
+    good = quantized_parity(exporter, talker_decode, files, precision)
+    assert good["verdict"] == "pass" and good["tensors_checked"] >= 15 and good["min_agreement_db"] > 120, good["failures"]
+    assert DOWN in good["tensors"]
+    (plant_pte if name == "executorch" else plant_mnn)(files[0], talker_decode, "scales x2")
+    bad = quantized_parity(exporter, talker_decode, files, precision)
+    assert bad["verdict"] == "fail" and [f.split(":")[0] for f in bad["failures"]] == [DOWN], bad["failures"]
+    assert bad["tensors"][DOWN]["agreement_db"] < 1

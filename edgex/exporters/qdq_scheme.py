@@ -146,7 +146,7 @@ def qdq_stored_scheme(component: "Component", model: "onnx.ModelProto", float_mo
             missing.append(layer)
     notes = ["activations fake-quantized at the scale and zero point the QDQ graph records on each linear layer's input; the "
              "graph's other activations (linear outputs, norms, attention) are float here: the HTP keeps values past their "
-             "calibrated range where a QuantizeLinear saturates (tiny talker_decode w8a16: quantizing the linear outputs "
+             "calibrated range where a QuantizeLinear saturates (a tiny talker decode graph at w8a16: quantizing the linear outputs "
              "too brought this reference to 16.6 dB of fp32 eager, the binary itself scores 23.3)"]
     if missing:
         notes.append(f"linear layers with no quantized input in the graph: {', '.join(sorted(missing))}")

@@ -131,8 +131,8 @@ def _own_biases(source: Path, dest: Path) -> Path:
 
     ONNX Runtime's quantizer gives each reader of a shared bias its own copy itself, named
     `<bias><n>` for the next free number among initializers only (`_dup_initializer`): with
-    torch.onnx's `val_<n>` names that can be an existing activation's name. Diffusion Policy's
-    unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
+    torch.onnx's `val_<n>` names that can be an existing activation's name. A diffusion
+    policy's unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
     nodes, the copy `val_1636` took the name of a Reshape output, and quantization stopped with
     "Quantization parameter shared mode is not supported for weight yet"; where no error follows,
     the node reads that activation as its bias (tests/test_qnn.py)."""
@@ -278,7 +278,7 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
 
 def _fp16_on_htp(source: Path) -> list[str]:
     """Nodes left in float (fp16 on the HTP) whatever the scheme: the HTP's 16-bit quantized
-    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on Spark-X2.5 tiny decode:
+    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on a tiny LLM decode graph:
     the same QDQ graph scores 13-16 dB on ONNX Runtime CPU and 0-4 dB in the HTP simulator, 13-17 dB
     with these nodes in float)."""
     import onnx
@@ -313,7 +313,7 @@ def _dequantize(q, *, scale, zero, axis: int):
 def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
     """(table, factor) for each float table a Gather reads whose rows are then multiplied by a
     scalar constant (a token embedding times sqrt(hidden)): the HTP's fp16 graph stores that table
-    already multiplied (measured: SmolVLA's and pi0's prefix, `embed_tokens` x 8 on the tiny
+    already multiplied (measured: two VLAs' prefix graphs, `embed_tokens` x 8 on the tiny
     preset, rows contiguous in fp16), so it is looked for that way too."""
     import numpy as np
     from onnx import numpy_helper
@@ -334,6 +334,39 @@ def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 
 
 def _located(data: bytes, raw) -> "np.ndarray | None":
+    """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
+    block of `_column_blocks` is located on its own (`_located_block`) and the table read back
+    from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode graph's
+    w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
+    each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
+    is not found (e.g. tiled)."""
+    import numpy as np
+
+    for blocks in _column_blocks(raw.shape[1]):
+        width = raw.shape[1] // blocks
+        parts = []
+        for b in range(blocks):
+            part = _located_block(data, np.ascontiguousarray(raw[:, b * width:(b + 1) * width]))
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            return np.concatenate(parts, axis=1) if blocks > 1 else parts[0]
+    return None
+
+
+def _column_blocks(width: int, least: int = 16) -> list[int]:
+    """How many equal column blocks a table of `width` columns is looked for in: 1, then 2, 4, ...
+    while a block keeps at least `least` values (16 bytes of 8-bit codes: a shorter probe matches
+    by chance)."""
+    counts, n = [], 1
+    while width % n == 0 and width // n >= least:
+        counts.append(n)
+        n *= 2
+    return counts or [1]
+
+
+def _located_block(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous: the rows' bytes are searched at up to 64
     places, and the start most found rows agree on (row i at start + i * row bytes) is read back.
     None where 8 probes spread over the rows find none (not stored so, e.g. tiled)."""
@@ -437,15 +470,19 @@ class QnnExporter(Exporter):
     def stored_constants(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                          **_target):
         """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
-        rows contiguous (measured: the predictor step's stacked table in fp16, row i at a fixed base +
-        i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
+        rows contiguous, whole or in column blocks (`_located`; measured: the predictor step's stacked
+        table in fp16, row i at a fixed base + i * 128 bytes; an LLM decode graph's w8a16 table in
+        uint16 codes, two blocks of 32 columns), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
         binary by its rows' bytes and read from there, decoded (a 3-D constant, a stack of tables,
-        by the rows of all of them). Constants not stored contiguously (tiled weights) are not listed."""
+        by the rows of all of them). Only constants that may hold one of the component's tables are
+        looked for (`may_hold_table`); those not stored so (tiled weights) are not listed."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
+
+        from ..parity.tensors import may_hold_table
 
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
@@ -466,6 +503,8 @@ class QnnExporter(Exporter):
         data = _context_binary(files[0]).read_bytes()
         found = {}
         for name, (raw, decode) in encoded.items():
+            if not may_hold_table(raw.shape, component.tables):
+                continue
             rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
             stored = _located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
             if stored is not None:
@@ -474,8 +513,8 @@ class QnnExporter(Exporter):
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
         """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
-        is unverified, not missing: the HTP may keep it another way (measured: Spark-X2.5's decode
-        table, which its output head shares, in w8a16), and its layout is not documented."""
+        (whole or in column blocks) is unverified, not missing: the HTP may keep some table another
+        way, and its layout is not documented."""
         tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
         for name, t in (tables or {}).items():
             if t.stored is None:
@@ -598,7 +637,7 @@ _FOLDED = ("unverified: read only by nodes whose inputs are all constants, which
 def _folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
     DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on ACT, whose first decoder layer starts from a constant zero query:
+    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
     its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
     nor the constants around it."""
     constant = {i.name for i in graph.initializer}

@@ -26,7 +26,9 @@ The schemes, each from the format's own documentation or reference implementatio
   round(qmin - min / scale); symmetric int8 [-127, 127] with zero point 0. Scales fp32.
 - torchao's affine weight quantization as ExecuTorch's 8da8w / 8da4w use it (symmetric
   `choose_qparams_affine`): scale = absmax / ((qmax - qmin) / 2), codes round-half-even in
-  [-128, 127] per channel (int8) or [-8, 7] per group of 32 (int4). Scales fp32.
+  [-128, 127] per channel (int8) or [-8, 7] per group of 32 (int4). The codes use the fp32 scale;
+  the `.pte`'s XNNPACK delegate keeps per-channel scales in fp32 and per-group scales in bfloat16
+  (ExecuTorch's XNNPACK serializer casts them).
 - Core ML `constexpr_blockwise_shift_scale`, linear symmetric (coremltools' documented mode):
   int8 [-127, 127] per output channel, int4 [-7, 7] in blocks of 32; scale = absmax / qmax,
   round half to even; the program is fp16, so weights and scales are fp16.
@@ -184,7 +186,8 @@ SCHEMES: dict[tuple[str, str], WeightScheme] = {
     ("onnx", "8da4w"): WeightScheme("MatMulNBits int4, blocks of 32 with zero points", 4, 0, 15, RANGE_WITH_ZERO, block=32,
                                     rounding=HALF_AWAY),
     ("executorch", "8da8w"): WeightScheme("torchao int8 symmetric per channel", 8, -128, 127, ABSMAX, divisor=127.5),
-    ("executorch", "8da4w"): WeightScheme("torchao int4 symmetric per group of 32", 4, -8, 7, ABSMAX, divisor=7.5, block=32),
+    ("executorch", "8da4w"): WeightScheme("torchao int4 symmetric per group of 32, bfloat16 scales", 4, -8, 7, ABSMAX, divisor=7.5,
+                                          block=32, scale_dtype="bfloat16", codes_from_stored_scale=False),
     ("coreml", "w8"): WeightScheme("Core ML linear symmetric int8 per channel", 8, -127, 127, ABSMAX,
                                    scale_dtype="float16", weight_dtype="float16"),
     ("coreml", "w4"): WeightScheme("Core ML linear symmetric int4 in blocks of 32", 4, -7, 7, ABSMAX, block=32,

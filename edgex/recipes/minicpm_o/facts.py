@@ -14,7 +14,7 @@ The model itself is built by `recipe.py`, which the registry imports only once w
 
 from __future__ import annotations
 
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 from .presets import PRESETS
 
 ROLES = {
@@ -42,6 +42,18 @@ FACTS = RecipeFacts(
     # HiFT's wav is synthesised from a sine source whose phase accumulates F0 to ~1e4 rad per second
     # (ISTFTNet's phase output is free as well): it is judged by its spectrogram, its SNR recorded.
     spectral_outputs={"hift": ("wav",)},
+    placed_precisions={
+        # Rounding HiFT's weights to fp16 alone moves the vocoder's F0 and so its sine source's phase.
+        "hift": ComponentPrecisions(
+            {"*": ("fp32",)},
+            "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source (tiny: fp16 scheme "
+            "5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB); -p fp16 builds the variant"),
+        # On the HTP the head keeps a calibrated w8a16 build beside fp16.
+        **dict.fromkeys(("tts_prefill", "tts_decode"), ComponentPrecisions(
+            {"qnn": ("fp16", "w8a16")},
+            "the TTS head in fp16 and in w8a16 calibrated on eager head states (tiny, HTP simulator: prefill 49.9 / "
+            "24.9 dB, decode 51.7 / 28.4 dB)")),
+    },
     options={
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
         "prompt": RecipeOption("prompt tokens the streaming encoder's caches hold (flow_encoder: prompt + 50 "

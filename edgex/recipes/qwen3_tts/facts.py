@@ -62,6 +62,9 @@ FACTS = RecipeFacts(
     components=ROLES,
     coarse=COARSE,
     on_request=ON_REQUEST,
+    # the voice-prompt encoders are conv stacks over audio, as the decoders are (a GPU or CPU graph
+    # beside the language-model roles on the NPU)
+    placed_like={"voice": "decoder"},
     fp32_components=FP32_COMPONENTS,
     options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)"),
              "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
