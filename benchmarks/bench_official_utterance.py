@@ -11,7 +11,9 @@ talker_prefill, talker_decode and code_predictor_step in every `--format`, the d
 fp32. Then for every request kind and format, `utterance.compare` (what `edgex pipeline` reports):
 frames compared, codes equal, the first difference (and whether it is a near-tie of the official
 scores at the in-situ tie level), the waveform's SNR over the agreed frames. Requests other than the
-default run until EOS or `--frames` (the EOS row is placed for the default request only).
+default run until EOS or `--frames` (the EOS row is placed for the default request only). The default
+request also runs sampled with the official defaults, both sides drawing from one seeded generator
+(`utterance.SharedDraws`).
 
 Base also clones voices made from reference audio (`REFERENCE_FRAMES` frames the eager decoder made
 from seeded codes): through the exported `speaker_encoder` and `speech_encoder` (ONNX fp32,
@@ -64,7 +66,7 @@ def requests(variant: str, config: dict) -> dict[str, rn.Request]:
     return out
 
 
-def voice_requests(model, folder: Path, text) -> dict[str, rn.Request]:
+def voice_requests(model, folder: Path, checkpoint: Path, text) -> dict[str, rn.Request]:
     """Base requests whose voice prompt is made from reference audio: by the exported encoders (the
     runner's on-device path) and by the official modules (what `edgex voice-prompt` writes)."""
     import onnxruntime as ort
@@ -85,7 +87,7 @@ def voice_requests(model, folder: Path, text) -> dict[str, rn.Request]:
 
     ref_ids = rn.reference_ids(np.random.default_rng(22).integers(0, rn.IM_START, 6))
     device = rn.voice_prompt(audio, graph("speaker_encoder"), graph("speech_encoder"), ref_ids)
-    official = official_voice_prompt(load_checkpoint(folder.parents[1] / "checkpoint"), audio, ref_ids)
+    official = official_voice_prompt(load_checkpoint(checkpoint), audio, ref_ids)
     return {"voice from audio, exported encoders, in-context": rn.Request(text, language="english", voice=device),
             "voice from audio, exported encoders, x-vector": rn.Request(text, language="english",
                                                                         voice=rn.VoicePrompt(device.speaker_embedding)),
@@ -150,7 +152,7 @@ def main() -> None:
             gate = max(stages["code2latent"].gate_db, stages["latent2wav"].gate_db)
             kinds = requests(variant, config)
             if variant == "base":
-                kinds |= voice_requests(model, folder, kinds["in-context (streaming)"].text_ids)
+                kinds |= voice_requests(model, folder, checkpoint, kinds["in-context (streaming)"].text_ids)
             for name, request in kinds.items():
                 report = utterance.compare(loaded, stages, args.frames, gate, request)
                 d = report["first_difference"]
@@ -160,6 +162,11 @@ def main() -> None:
                 print(f"| {variant} | {name} | {fmt} | {report['frames_compared']} | {report['official_frames']}"
                       f"{' EOS' if report['official_stopped'] else ''} | {'yes' if report['codes_equal'] else 'no'} | {diff} | {wav} |",
                       flush=True)
+            sampled = utterance.sampled_compare(loaded, stages, args.frames, seed=5)
+            rows.append({"variant": variant, "request": "default, sampled, shared draws (seed 5)", "format": fmt, **sampled})
+            print(f"| {variant} | default, sampled (official defaults), shared draws seed 5 | {fmt} | {sampled['frames_compared']} | "
+                  f"{sampled['official_frames']} | {'yes' if sampled['codes_equal'] else 'no'} | {sampled['first_difference'] or '-'} | - |",
+                  flush=True)
     (args.out / "official_utterance.json").write_text(json.dumps(rows, indent=1, default=float))
 
 
