@@ -2,10 +2,11 @@
 
 Each bug is written into the exported file only: one layer's weight scales x2 (layer 0's
 down-projection), its zero points one step off (asymmetric schemes), one head of layer 0's q_proj
-zeroed (ONNX, GGUF: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with
-the independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
+zeroed (ONNX, GGUF: here; ExecuTorch, MNN: `tests/planted_files.py`, shared with their tests).
+Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with the
+independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
 
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py
+    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT ...]   (default: every format)
 """
 
 from __future__ import annotations

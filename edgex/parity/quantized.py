@@ -153,11 +153,11 @@ def paired_by_content(stored: dict[str, np.ndarray], candidates: dict[str, np.nd
         mine = array.reshape(-1)[pick]
         best, best_score = None, (-2.0, 0.0)
         for name, candidate in flat.get(array.size, []):
-            layouts = [(False, candidate.reshape(array.shape))]
+            layouts = [(False, candidate.reshape(-1)[pick])]
             if array.ndim == 2 and candidate.ndim == 2 and candidate.shape[::-1] == array.shape:
-                layouts.append((True, candidate.T))
-            for transposed, laid in layouts:
-                theirs = np.ascontiguousarray(laid).reshape(-1)[pick]
+                rows, columns = np.divmod(pick, array.shape[1])
+                layouts.append((True, candidate[columns, rows]))  # the same positions of the transpose, not copied whole
+            for transposed, theirs in layouts:
                 norm = float(np.linalg.norm(mine) * np.linalg.norm(theirs))
                 cosine = float(mine @ theirs) / norm if norm > 0 else float(np.array_equal(mine, theirs))
                 # candidates pointing the same way (constant columns, a norm's ones): the closest in value

@@ -86,6 +86,7 @@ class _ComponentBuilder:
         self.decoder = loaded.models.decoder
         self.models = loaded.models
         self.reference_frames = loaded.options.get("reference_frames", REFERENCE_FRAMES)
+        self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self.prefill_len = loaded.options["prefill_len"]
         self.slots = loaded.options["max_context"]
         seed = loaded.options["seed"]
@@ -141,7 +142,7 @@ class _ComponentBuilder:
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
             self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
-            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED)},
+            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED, self.checkpoint)},
             prefill_len=self.prefill_len,
         )
 
@@ -181,7 +182,7 @@ class _ComponentBuilder:
             # every position up to the last slot: a static quantizer calibrated on early positions only
             # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
             self._calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
-            layouts={"gguf": talker_layout(self.talker, DECODE_FEED)},
+            layouts={"gguf": talker_layout(self.talker, DECODE_FEED, self.checkpoint)},
             max_context=self.slots,
         )
 
