@@ -11,7 +11,13 @@ talker_prefill, talker_decode and code_predictor_step in every `--format`, the d
 fp32. Then for every request kind and format, `utterance.compare` (what `edgex pipeline` reports):
 frames compared, codes equal, the first difference (and whether it is a near-tie of the official
 scores at the in-situ tie level), the waveform's SNR over the agreed frames. Requests other than the
-default run until EOS or `--frames` (the EOS row is placed for the default request only).
+default run until EOS or `--frames` (the EOS row is placed for the default request only). The default
+request also runs sampled with the official defaults, both sides drawing from one seeded generator
+(`utterance.SharedDraws`).
+
+Base also clones voices made from reference audio (`REFERENCE_FRAMES` frames the eager decoder made
+from seeded codes): through the exported `speaker_encoder` and `speech_encoder` (ONNX fp32,
+`runner.voice_prompt`, as a device clones) and through the official modules (`edgex voice-prompt`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from edgex.recipes.qwen3_tts import utterance
 
 FORMATS = ("onnx:fp32", "onnx:fp16", "executorch:fp32", "executorch:fp16")
 GRAPHS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav")
+VOICE_GRAPHS = ("speaker_encoder", "speech_encoder")
+REFERENCE_FRAMES = 20
 
 
 def requests(variant: str, config: dict) -> dict[str, rn.Request]:
@@ -58,11 +66,42 @@ def requests(variant: str, config: dict) -> dict[str, rn.Request]:
     return out
 
 
-def export(checkpoint: Path, out: Path, formats: list[str]) -> Path:
+def voice_requests(model, folder: Path, checkpoint: Path, text) -> dict[str, rn.Request]:
+    """Base requests whose voice prompt is made from reference audio: by the exported encoders (the
+    runner's on-device path) and by the official modules (what `edgex voice-prompt` writes)."""
+    import onnxruntime as ort
+    import torch
+
+    from edgex.recipes.qwen3_tts.models import load_checkpoint
+    from edgex.recipes.qwen3_tts.voice_prompt import official_voice_prompt
+    from edgex.verify import find_manifest, load_manifest
+
+    codes = torch.from_numpy(np.random.default_rng(21).integers(0, rn.AUDIO_CODES, (1, rn.GROUPS, REFERENCE_FRAMES)))
+    with torch.no_grad():
+        audio = model.decoder(codes).reshape(-1).numpy()
+    entries = {e["component"]: e for e in load_manifest(find_manifest(folder))["artifacts"] if e["format"] == "onnx"}
+
+    def graph(name):
+        session = ort.InferenceSession(str(folder / entries[name]["files"][0]["path"]))
+        return lambda inputs: session.run(None, {i.name: x for i, x in zip(session.get_inputs(), inputs)})
+
+    ref_ids = rn.reference_ids(np.random.default_rng(22).integers(0, rn.IM_START, 6))
+    device = rn.voice_prompt(audio, graph("speaker_encoder"), graph("speech_encoder"), ref_ids)
+    official = official_voice_prompt(load_checkpoint(checkpoint), audio, ref_ids)
+    return {"voice from audio, exported encoders, in-context": rn.Request(text, language="english", voice=device),
+            "voice from audio, exported encoders, x-vector": rn.Request(text, language="english",
+                                                                        voice=rn.VoicePrompt(device.speaker_embedding)),
+            "voice from audio, official modules (edgex voice-prompt), in-context": rn.Request(text, language="english", voice=official)}
+
+
+def export(checkpoint: Path, out: Path, formats: list[str], voice: bool = False) -> Path:
     places = [f"{role}={fmt}" for fmt in formats for role in ("talker", "code_predictor_step")] + ["decoder=onnx:fp32"]
-    components = [a for c in GRAPHS for a in ("--component", c)]
+    graphs = GRAPHS + (VOICE_GRAPHS if voice else ())
+    components = [a for c in graphs for a in ("--component", c)]
+    places += ["voice=onnx:fp32"] if voice else []
     cmd = [sys.executable, "-m", "edgex", "export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu",
-           "--out", str(out), *components, "--placement", ",".join(places), "--jobs", "2", "--json"]
+           "--out", str(out), *components, "--placement", ",".join(places), "--jobs", "2", "--json",
+           *(["--set", f"reference_frames={REFERENCE_FRAMES}"] if voice else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"export failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -104,14 +143,17 @@ def main() -> None:
         config = model.model.config.to_dict()
         off.stop_at(model, utterance.default_request(config, 0), args.stop)
         checkpoint = off.write_checkpoint(model, args.out / variant / "checkpoint")
-        folder = export(checkpoint, args.out / variant / "out", formats)
+        folder = export(checkpoint, args.out / variant / "out", formats, voice=variant == "base")
         loaded = recipe.load(None, checkpoint, 0)
         print(f"{variant}: built and exported in {time.perf_counter() - started:.0f} s", flush=True)
         for fmt in formats:
             stages = stages_for(folder, fmt)
             stages["code_predictor"] = _predictor(stages, loaded.models.talker)
             gate = max(stages["code2latent"].gate_db, stages["latent2wav"].gate_db)
-            for name, request in requests(variant, config).items():
+            kinds = requests(variant, config)
+            if variant == "base":
+                kinds |= voice_requests(model, folder, checkpoint, kinds["in-context (streaming)"].text_ids)
+            for name, request in kinds.items():
                 report = utterance.compare(loaded, stages, args.frames, gate, request)
                 d = report["first_difference"]
                 rows.append({"variant": variant, "request": name, "format": fmt, **report})
@@ -120,6 +162,11 @@ def main() -> None:
                 print(f"| {variant} | {name} | {fmt} | {report['frames_compared']} | {report['official_frames']}"
                       f"{' EOS' if report['official_stopped'] else ''} | {'yes' if report['codes_equal'] else 'no'} | {diff} | {wav} |",
                       flush=True)
+            sampled = utterance.sampled_compare(loaded, stages, args.frames, seed=5)
+            rows.append({"variant": variant, "request": "default, sampled, shared draws (seed 5)", "format": fmt, **sampled})
+            print(f"| {variant} | default, sampled (official defaults), shared draws seed 5 | {fmt} | {sampled['frames_compared']} | "
+                  f"{sampled['official_frames']} | {'yes' if sampled['codes_equal'] else 'no'} | {sampled['first_difference'] or '-'} | - |",
+                  flush=True)
     (args.out / "official_utterance.json").write_text(json.dumps(rows, indent=1, default=float))
 
 

@@ -425,6 +425,21 @@ def _pipeline_table(report: dict) -> Table:
     return table
 
 
+def _request_spec(path: Optional[Path], text: Optional[str], voice: Optional[Path]) -> Optional[dict]:
+    """The official-utterance request of `edgex pipeline`: a JSON file, or --text (with --voice)."""
+    if path is None:
+        return None if text is None else {"text": text, **({"voice": str(voice.resolve())} if voice is not None else {})}
+    if text is not None or voice is not None:
+        raise EdgexError("--request holds the whole request: give text and voice inside it, not as --text / --voice")
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EdgexError(f"--request {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(spec, dict):
+        raise EdgexError(f"--request {path}: expected a JSON object")
+    return spec
+
+
 @app.command()
 def pipeline(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
@@ -433,6 +448,9 @@ def pipeline(
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (TTS) or decode steps (LLM) to generate (default: as many as the tiny graphs hold, at most 40 / 48)"),
     stream_frames: Optional[int] = typer.Option(None, "--stream-frames", help="eager frames for the streaming-schedule comparison (default 122: past the 72-frame left context)"),
     threads: Optional[int] = _threads_option(),
+    voice: Optional[Path] = typer.Option(None, "--voice", help="a voice-prompt .npz (edgex voice-prompt) the official-utterance check clones (Base checkpoints; default: a seeded x-vector)"),
+    text: Optional[str] = typer.Option(None, "--text", help="the official-utterance check speaks this text, tokenized with the checkpoint's tokenizer (default: seeded token ids)"),
+    request: Optional[Path] = typer.Option(None, "--request", help="the official-utterance request as JSON: text or text_ids, language, speaker, instruct or instruct_ids, voice (.npz), non_streaming (docs/runtime-contract.md)"),
     as_json: bool = typer.Option(False, "--json", help="print the pipeline report as JSON"),
     verbose: bool = _verbose_option(),
 ):
@@ -451,8 +469,11 @@ def pipeline(
                 if recorded != model:
                     raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
             lines = Console(file=stderr, width=err.width)
+            spec = _request_spec(request, text, voice)
             report = run_pipeline(directories, _split(placement), frames, threads,
-                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames)
+                                  progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames,
+                                  voice=voice if spec is None else None, request=spec,
+                                  request_base=request.parent if request is not None else Path.cwd())
     except EdgexError as exc:
         _fail(exc)
     if as_json:
@@ -585,6 +606,44 @@ def build_merge(
     except EdgexError as exc:
         _fail(exc)
     _build_result(data, out_dir, as_json)
+
+
+@app.command("voice-prompt")
+def voice_prompt(
+    model: str = typer.Argument(..., help="model recipe: qwen3-tts"),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="a Base checkpoint folder (its speaker_encoder and speech tokenizer encoder)"),
+    audio: Path = typer.Option(..., "--audio", help="reference speech, a 24 kHz WAV file"),
+    out_path: Path = typer.Option(..., "--out", help="the voice-prompt .npz to write"),
+    text: Optional[str] = typer.Option(None, "--text", help="the reference audio's transcript, tokenized with the checkpoint's tokenizer: an in-context prompt"),
+    ids: Optional[str] = typer.Option(None, "--ids", help="the transcript as comma-separated token ids (instead of --text): an in-context prompt"),
+    as_json: bool = typer.Option(False, "--json", help="print what was written as JSON"),
+    verbose: bool = _verbose_option(),
+):
+    """Write a voice prompt (speaker embedding; with a transcript also the reference codes) from reference
+    audio with the checkpoint's own encoders, as the official create_voice_clone_prompt does. Without a
+    transcript the prompt is x-vector only. Exit 0 written, 2 bad input."""
+    set_verbose(verbose or is_verbose())
+    try:
+        if model != "qwen3-tts":
+            raise EdgexError(f"voice prompts are made for qwen3-tts only, not {model!r}")
+        if text is not None and ids is not None:
+            raise EdgexError("give the transcript as --text or as --ids, not both")
+        try:
+            id_list = None if ids is None else [int(i) for i in ids.split(",") if i.strip()]
+        except ValueError:
+            raise EdgexError(f"--ids {ids!r}: expected comma-separated integers") from None
+        with native_output_quiet():
+            quiet_libraries()
+            from .recipes.qwen3_tts.voice_prompt import write
+
+            written = write(checkpoint, audio, out_path, text, id_list)
+    except EdgexError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(written, indent=2) + "\n")
+    else:
+        out.print(f"voice prompt ({written['mode']}): {escape(written['voice_prompt'])}; speaker embedding "
+                  f"{written['speaker_embedding']}, reference frames {written['ref_frames']}", highlight=False)
 
 
 @app.command("list")

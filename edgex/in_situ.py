@@ -144,7 +144,8 @@ def _stage(name: str, entry: dict, root: Path, threads: int | None, overrides: d
 
 
 def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int | None = None,
-                 progress=None, stream_frames: int | None = None) -> dict:
+                 progress=None, stream_frames: int | None = None, voice: Path | None = None,
+                 request: dict | None = None, request_base: Path | None = None) -> dict:
     """Compose, run, score and gate; writes pipeline.json and the `pipeline` block into the first
     folder's manifest. Several folders (of one model source) compose a placement across targets,
     e.g. a talker GGUF from llama-cpp with the predictor and decoder from another folder."""
@@ -173,7 +174,12 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     loaded = recipe.load(source.get("preset"), checkpoint, int(source.get("seed", 0)), recipe.parse_options(manifest.get("settings")))
     progress("running the eager and the artifact pipelines")
     started = time.perf_counter()
-    report = recipe.in_situ(loaded, stages, {"frames": frames, "stream_frames": stream_frames}, progress)
+    settings = {"frames": frames, "stream_frames": stream_frames}
+    if voice is not None:
+        settings["voice"] = Path(voice)
+    if request is not None:  # the official-utterance request (JSON form; paths in it relative to request_base)
+        settings["request"], settings["request_base"] = request, request_base
+    report = recipe.in_situ(loaded, stages, settings, progress)
     failures = report.pop("failures")
     simulated = [n for n, s in stages.items() if (s.entry.get("parity") or {}).get("method") == "simulated"]
     if simulated and "timing" in report:  # a simulator's milliseconds are no device's

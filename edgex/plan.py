@@ -73,7 +73,7 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     recipe.check_components(components)
     roles = recipe.components
     jobs = []
-    for name in components or list(roles):
+    for name in components or recipe.default_components():
         for placement in recipe.placements_on(target, name):
             if formats and placement.exporter not in formats:
                 continue

@@ -102,8 +102,11 @@ CPU_EXPORT_PLACEMENTS = ("code_predictor=onnx:fp32", "decoder=onnx:fp32", "decod
 
 
 def cpu_export_artifacts(roles: dict[str, str]) -> set[tuple[str, str, str]]:
-    """(component, format, precision) of every artifact the suite's CPU export writes."""
-    full = {(c, f, p) for c in roles for f in ("pte", "onnx") for p in ("fp32", "fp16")}
+    """(component, format, precision) of every artifact the suite's CPU export writes (the
+    components an export builds unless named: not qwen3-tts's on-request voice-prompt graphs)."""
+    from edgex.recipes.qwen3_tts.facts import ON_REQUEST
+
+    full = {(c, f, p) for c in roles if c not in ON_REQUEST for f in ("pte", "onnx") for p in ("fp32", "fp16")}
     left_out = {("code_predictor", "pte", "fp32"), ("code_predictor", "pte", "fp16"), ("code_predictor", "onnx", "fp16")}
     left_out |= {(c, "pte", "fp16") for c, role in roles.items() if role == "decoder"}
     return full - left_out

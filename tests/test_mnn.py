@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_cli
 from edgex.errors import EdgexError
-from edgex.recipes.qwen3_tts.facts import ROLES
+from edgex.recipes.qwen3_tts.facts import FACTS
 
 
 # A KV-cache decode graph, a sampling frame graph and a convolutional decoder: each MNN lowering path
@@ -21,7 +21,7 @@ SUITE_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
 
 
 @pytest.mark.parametrize("components", [pytest.param(SUITE_COMPONENTS, id="suite"),
-                                        pytest.param(ROLES, id="every-component", marks=pytest.mark.benchmark)])
+                                        pytest.param(FACTS.default_components(), id="every-component", marks=pytest.mark.benchmark)])
 def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components):
     proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2",
                    "-c", ",".join(components))

@@ -90,3 +90,32 @@ def test_a_decoder_that_adds_noise_fails_the_official_waveform(custom_voice, tmp
     official = report["official_utterance"]
     assert official["codes_equal"] and 15 < official["wav_db"] < 25
     assert any(f.startswith("official utterance: the waveform") for f in report["failures"])
+
+
+def _stages(folder):
+    """The pipeline's stages over the fixture's artifacts, as `edgex pipeline` composes them."""
+    from edgex.in_situ import _choose, _stage
+    from edgex.recipes import RECIPES
+    from edgex.recipes.qwen3_tts.in_situ import COMPONENTS, _predictor
+    from edgex.verify import find_manifest, load_manifest
+
+    recipe = RECIPES.get("qwen3-tts")
+    manifest = load_manifest(find_manifest(folder))
+    chosen = _choose([(folder, manifest)], recipe.facts, list(COMPONENTS), PLACE.split(","))
+    stages = {n: _stage(n, e, root, 2, {}) for n, (root, e) in chosen.items()}
+    loaded = recipe.load(None, Path(manifest["source"]["checkpoint"]), 0)
+    stages["code_predictor"] = _predictor(stages, loaded.models.talker)
+    return loaded, stages
+
+
+def test_sampled_utterances_drawing_the_same_noise_are_equal(custom_voice, monkeypatch):
+    """Sampled (the official defaults), both sides drawing from one seeded generator: the runner over
+    the artifacts makes the official codes; official draws from other noise do not."""
+    from edgex.recipes.qwen3_tts import utterance
+
+    loaded, stages = _stages(custom_voice)
+    same = utterance.sampled_compare(loaded, stages, FRAMES, seed=5)
+    assert same["codes_equal"] and same["frames_compared"] == same["official_frames"] > 4, same
+    monkeypatch.setattr(utterance.SharedDraws, "__init__", lambda self, seed: setattr(self, "rng", np.random.default_rng(seed + 1)))
+    other = utterance.sampled_compare(loaded, stages, FRAMES, seed=5)
+    assert not other["codes_equal"] and other["first_difference"] is not None

@@ -97,6 +97,14 @@ class RecipeFacts:
     # (`metrics.spectral_db`) is gated in place of their waveform SNR, which is recorded beside it.
     spectral_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    # component -> why it is built only when named (`--component`): a graph only some checkpoints
+    # of the family hold, or one that only some apps need (Qwen3-TTS's voice-prompt encoders).
+    on_request: dict[str, str] = field(default_factory=dict)
+
+    def default_components(self) -> list[str]:
+        """The components an export builds when none is named: all but the `on_request` ones."""
+        return [n for n in self.components if n not in self.on_request]
+
     # Distributions (pip names) whose code or data the eager model and its reference run, beyond
     # torch and numpy (`edgex.artifacts.keys.BASE_PACKAGES`): their versions are in the key of this
     # recipe's artifacts only, so upgrading one re-exports this recipe's artifacts and no other's.

@@ -8,6 +8,8 @@ Components (role):
   code2wav (decoder)             72 context + 25 new frames -> wav of the new frames
   code2latent (decoder)          exact streaming, part 1: codes -> latents, rolling KV
   latent2wav (decoder)           exact streaming, part 2: latents + 12 frames context -> wav
+  speaker_encoder (voice)        reference audio's log-mel -> speaker embedding (Base; on request)
+  speech_encoder (voice)         reference audio -> its 16 codebooks' codes (on request)
 
 The model itself is built by `recipe.py`, which the registry imports only once work starts.
 """
@@ -25,7 +27,13 @@ ROLES = {
     "code2wav": "decoder",
     "code2latent": "decoder",
     "latent2wav": "decoder",
+    "speaker_encoder": "voice",
+    "speech_encoder": "voice",
 }
+_VOICE = ("a voice-prompt graph, for apps that clone a voice on the device: built when named (--component), "
+          "from a checkpoint that holds it ({what}); apps that ship a fixed voice use `edgex voice-prompt` instead")
+ON_REQUEST = {"speaker_encoder": _VOICE.format(what="a Base checkpoint's speaker_encoder"),
+              "speech_encoder": _VOICE.format(what="the speech tokenizer's encoder")}
 
 # Schemes whose own error flips the component's tokens beyond the tie margin (0.063 x rms(logits),
 # `edgex.parity.gates.TIE_DB`): measured on the tiny preset, seed 0, by `scripts/scheme_table.py`
@@ -33,7 +41,14 @@ ROLES = {
 # PyTorch) flips them, the lowering none.
 _PREFILL_4BIT = ("int4 weights alone flip the prefill's top-1 token beyond the tie margin (tiny: {figure}); "
                  "talker_decode keeps every top-1 at the same scheme")
+# The speech encoder's codes are nearest-codebook choices, compared exactly: fp16 rounding moves the
+# latent enough to pick other entries (tiny, 40 frames x 16 codebooks: ONNX fp16 codes agreement 0.99,
+# ExecuTorch fp16 0.96, latent 63.3 / 59.7 dB; fp32 1.00 at 121.8 / 120.7 dB).
+_CODES_FP16 = ("fp16 flips the reference codes (nearest-codebook choices, compared exactly; tiny: ONNX fp16 "
+               "agreement 0.99, ExecuTorch fp16 0.96; fp32 1.00)")
+FP32_COMPONENTS = {"speech_encoder": _CODES_FP16}
 COARSE = {
+    "speech_encoder": {"fp16": _CODES_FP16},
     "talker_prefill": {
         "q4_0": _PREFILL_4BIT.format(figure="scheme 15.7 dB, 13 of 15 flips not ties, top-1 0.44; lowering 41.8 dB"),
         "w4": _PREFILL_4BIT.format(figure="scheme 16.7 dB, 9 of 12 flips not ties, top-1 0.62; lowering 61.8 dB"),
@@ -46,6 +61,12 @@ FACTS = RecipeFacts(
     presets={name: p.description for name, p in PRESETS.items()},
     components=ROLES,
     coarse=COARSE,
-    options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)")},
+    on_request=ON_REQUEST,
+    # the voice-prompt encoders are conv stacks over audio, as the decoders are (a GPU or CPU graph
+    # beside the language-model roles on the NPU)
+    placed_like={"voice": "decoder"},
+    fp32_components=FP32_COMPONENTS,
+    options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)"),
+             "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
     reference_packages=("transformers", "qwen-tts", "safetensors"),
 )

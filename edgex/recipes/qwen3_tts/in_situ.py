@@ -188,6 +188,10 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
     models, options = loaded.models, loaded.options
     slots, prefill_len = options["max_context"], options["prefill_len"]
+    request = settings.get("request")  # the official utterance's, checked before anything runs
+    request = None if request is None else utterance.request_from(loaded, request, settings.get("request_base"))
+    if settings.get("voice") is not None:
+        utterance.voice_request(utterance.config_of(loaded), 0, settings["voice"])
     frames = settings.get("frames") or default_frames(slots, prefill_len)
     # The schedules need more frames than the left context to show what it truncates: the eager
     # utterance goes on past the artifacts' frames (it is generated lazily, frame by frame, so its
@@ -333,7 +337,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                          "that chunk), playback from the first chunk on")
     # (d) the official utterance: the runner over the artifacts against the official generate()
     progress("official utterance: the runner against the official generate()")
-    official = utterance.compare(loaded, stages, frames, decoder_gate)
+    official = utterance.compare(loaded, stages, frames, decoder_gate, request, voice=settings.get("voice"))
     failures += official.pop("failures")
     return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
             "streaming": streaming, "timing": timing, "official_utterance": official, "failures": failures}

@@ -27,6 +27,8 @@ class Qwen3TTSModels:
     talker: nn.Module  # Qwen3TTSTalkerForConditionalGeneration (holds .code_predictor)
     decoder: nn.Module  # Qwen3TTSTokenizerV2Decoder
     source: dict  # what the weights are: preset + seed, or checkpoint path
+    speaker_encoder: nn.Module | None = None  # Qwen3TTSSpeakerEncoder (Base checkpoints)
+    speech_encoder: nn.Module | None = None  # Qwen3TTSTokenizerV2Encoder (where the speech tokenizer holds it)
 
 
 def _configs(talker: dict, decoder: dict):
@@ -71,12 +73,54 @@ def _speech_scale_init(talker: nn.Module, decoder: nn.Module, seed: int) -> None
     decoder.decoder[-1].conv.weight.mul_(0.05)
 
 
+def speaker_encoder_module(config: dict) -> nn.Module:
+    mods = qwen_tts_modules()
+    return mods.modeling.Qwen3TTSSpeakerEncoder(mods.config.Qwen3TTSSpeakerEncoderConfig(**config)).eval()
+
+
+def speech_encoder_module(config: dict) -> nn.Module:
+    from transformers import MimiConfig
+
+    cfg = MimiConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    cfg._attn_implementation = "eager"
+    return qwen_tts_modules().tokenizer_modeling.Qwen3TTSTokenizerV2Encoder(cfg).eval()
+
+
+@torch.no_grad()
+def voice_scale_init(speaker_encoder: nn.Module | None, speech_encoder: nn.Module | None, seed: int) -> None:
+    """Random voice modules whose outputs depend on the audio: fan-in scaled convs and linears, and
+    codebooks at the scale of the latent they quantize (the library's zero codebooks give code 0 for
+    every frame)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    for module in (speaker_encoder, speech_encoder):
+        for layer in module.modules() if module is not None else ():
+            if isinstance(layer, (nn.Linear, nn.Conv1d)):
+                layer.weight.normal_(0.0, 1.0 / math.sqrt(layer.weight[0].numel()), generator=gen)
+                if layer.bias is not None:
+                    layer.bias.normal_(0.0, 0.02, generator=gen)
+    if speech_encoder is None:
+        return
+    wav = 0.1 * torch.randn(1, 1, 8 * 1920, generator=gen)
+    latent = speech_encoder.downsample(speech_encoder.encoder_transformer(speech_encoder.encoder(wav).transpose(1, 2))[0].transpose(1, 2))
+    quantizer = speech_encoder.quantizer
+    for book in (quantizer.semantic_residual_vector_quantizer, quantizer.acoustic_residual_vector_quantizer):
+        projected = book.input_proj(latent) if book.input_proj is not None else latent
+        scale = float(projected.std())
+        for k, layer in enumerate(book.layers):
+            codebook = layer.codebook
+            codebook.embed_sum.normal_(0.0, scale / (1 + k) ** 0.5, generator=gen)
+            codebook._embed = None
+
+
 def build_from_preset(preset: Qwen3TTSPreset, seed: int) -> Qwen3TTSModels:
     talker_cfg, decoder_cfg = _configs(preset.talker, preset.decoder)
     torch.manual_seed(seed)
     talker, decoder = _instantiate(talker_cfg, decoder_cfg)
     _speech_scale_init(talker, decoder, seed)
-    return Qwen3TTSModels(talker, decoder, {"preset": preset.name, "seed": seed})
+    speaker = speaker_encoder_module(preset.speaker_encoder) if preset.speaker_encoder else None
+    speech = speech_encoder_module(preset.speech_encoder) if preset.speech_encoder else None
+    voice_scale_init(speaker, speech, seed)
+    return Qwen3TTSModels(talker, decoder, {"preset": preset.name, "seed": seed}, speaker, speech)
 
 
 def _load_into(module: nn.Module, state: dict, prefix: str, what: str) -> None:
@@ -112,4 +156,17 @@ def load_checkpoint(path: Path) -> Qwen3TTSModels:
         raise EdgexError(f"checkpoint config in {path} is incomplete or invalid: {type(exc).__name__}: {exc}") from None
     _load_into(talker, talker_state, "talker.", "talker")
     _load_into(decoder, decoder_state, "decoder.", "speech tokenizer decoder")
-    return Qwen3TTSModels(talker, decoder, {"checkpoint": str(path.resolve())})
+    speaker = speech = None
+    try:
+        if any(k.startswith("speaker_encoder.") for k in talker_state):
+            speaker = speaker_encoder_module({k: v for k, v in (config.get("speaker_encoder_config") or {}).items()
+                                              if k != "model_type"})
+        if tok_config.get("encoder_config") and any(k.startswith("encoder.") for k in decoder_state):
+            speech = speech_encoder_module(tok_config["encoder_config"])
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise EdgexError(f"voice-prompt config in {path} is invalid: {type(exc).__name__}: {exc}") from None
+    if speaker is not None:
+        _load_into(speaker, talker_state, "speaker_encoder.", "speaker encoder")
+    if speech is not None:
+        _load_into(speech, decoder_state, "encoder.", "speech tokenizer encoder")
+    return Qwen3TTSModels(talker, decoder, {"checkpoint": str(path.resolve())}, speaker, speech)

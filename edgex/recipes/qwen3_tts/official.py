@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ...errors import EdgexError
-from .models import _speech_scale_init
+from .models import _speech_scale_init, speech_encoder_module, voice_scale_init
 from .presets import Qwen3TTSPreset, get_preset
 from .qwen_tts_import import qwen_tts_modules
 from .runner import Request, Settings, VoicePrompt
@@ -43,6 +43,7 @@ class OfficialModel:
     model: torch.nn.Module  # Qwen3TTSForConditionalGeneration
     decoder: torch.nn.Module  # Qwen3TTSTokenizerV2Decoder
     variant: str
+    speech_encoder: torch.nn.Module | None = None  # Qwen3TTSTokenizerV2Encoder (the speech tokenizer's encoder)
 
 
 def build(variant: str, preset: str = "tiny", seed: int = 0) -> OfficialModel:
@@ -52,7 +53,7 @@ def build(variant: str, preset: str = "tiny", seed: int = 0) -> OfficialModel:
     mods = qwen_tts_modules()
     hidden = spec.talker["hidden_size"]
     talker = {**spec.talker, **VARIANTS[variant], "codec_language_id": LANGUAGES}
-    encoder = dict(enc_dim=hidden, enc_channels=[64, 64, 64, 64, 192], enc_attention_channels=32, enc_se_channels=32)
+    encoder = {**(spec.speaker_encoder or {}), "enc_dim": hidden}
     config = mods.config.Qwen3TTSConfig(talker_config=talker, speaker_encoder_config=encoder, tts_model_type=variant,
                                         tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz")
     decoder_config = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**spec.decoder)
@@ -63,7 +64,9 @@ def build(variant: str, preset: str = "tiny", seed: int = 0) -> OfficialModel:
     model = mods.modeling.Qwen3TTSForConditionalGeneration(config).eval()
     decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_config).eval()
     _speech_scale_init(model.talker, decoder, seed)
-    return OfficialModel(model, decoder, variant)
+    speech = speech_encoder_module(spec.speech_encoder) if spec.speech_encoder else None
+    voice_scale_init(model.speaker_encoder, speech, seed)
+    return OfficialModel(model, decoder, variant, speech)
 
 
 def wrap(talker: torch.nn.Module, decoder: torch.nn.Module, config: dict) -> OfficialModel:
@@ -174,7 +177,8 @@ def stop_at(official: OfficialModel, request: Request, frame: int, margin: float
 
 def write_checkpoint(official: OfficialModel, path: Path) -> Path:
     """The model in the published layout: config.json + model.safetensors (`talker.`, `speaker_encoder.`)
-    and speech_tokenizer/config.json + model.safetensors (`decoder.`)."""
+    and speech_tokenizer/config.json + model.safetensors (`decoder.`, and `encoder.` with its
+    `encoder_config` where the model has the speech tokenizer's encoder)."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -182,7 +186,10 @@ def write_checkpoint(official: OfficialModel, path: Path) -> Path:
     (path / "config.json").write_text(json.dumps(official.model.config.to_dict(), indent=1))
     save_file({k: v.detach().contiguous().clone() for k, v in official.model.state_dict().items()}, str(path / "model.safetensors"))
     tokenizer = {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": official.decoder.config.to_dict()}
+    tensors = {f"decoder.{k}": v.detach().contiguous().clone() for k, v in official.decoder.state_dict().items()}
+    if official.speech_encoder is not None:
+        tokenizer["encoder_config"] = official.speech_encoder.config.to_dict()
+        tensors |= {f"encoder.{k}": v.detach().contiguous().clone() for k, v in official.speech_encoder.state_dict().items()}
     (path / "speech_tokenizer" / "config.json").write_text(json.dumps(tokenizer, indent=1))
-    save_file({f"decoder.{k}": v.detach().contiguous().clone() for k, v in official.decoder.state_dict().items()},
-              str(path / "speech_tokenizer" / "model.safetensors"))
+    save_file(tensors, str(path / "speech_tokenizer" / "model.safetensors"))
     return path

@@ -32,6 +32,11 @@ class Qwen3TTSPreset:
     talker: dict
     decoder: dict
     description: str
+    # The voice-prompt modules of a Base checkpoint (`voice.py`): the speaker encoder's config
+    # (`Qwen3TTSSpeakerEncoderConfig`, its `enc_dim` the talker's hidden size) and the speech
+    # tokenizer encoder's (`MimiConfig`); None where the preset does not declare them.
+    speaker_encoder: dict | None = None
+    speech_encoder: dict | None = None
 
 
 def _talker(hidden, layers, heads, kv, head_dim, mlp, text_hidden, predictor, mrope):
@@ -99,6 +104,12 @@ PRESETS: dict[str, Qwen3TTSPreset] = {
             _talker(64, 2, 4, 2, 16, 128, 32, _predictor(64, 2, 4, 2, 16, 128), [4, 2, 2]),
             _decoder(codebook_dim=32, hidden=64, latent=64, layers=2, heads=4, mlp=128, decoder_dim=96),
             "real vocabularies and interfaces, 2-layer talker/predictor/decoder; seconds to export",
+            dict(enc_dim=64, enc_channels=[64, 64, 64, 64, 192], enc_attention_channels=32, enc_se_channels=32),
+            # Mimi at the published frame rate (24 kHz, strides 4 x 5 x 6 x 8 then 2: 1920 samples a
+            # frame), 16 codebooks of 2048, widths and depths shrunk.
+            dict(hidden_size=32, num_filters=8, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=16, codebook_size=2048, codebook_dim=16,
+                 vector_quantization_hidden_dimension=16, num_quantizers=16, upsample_groups=32),
         ),
         Qwen3TTSPreset(
             "0.6b",

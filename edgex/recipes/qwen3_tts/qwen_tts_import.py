@@ -2,9 +2,9 @@
 
 ``qwen-tts==0.1.1`` is installed with ``--no-deps``: its package ``__init__`` pulls gradio, librosa and
 soundfile, but the three model files need only torch + transformers. We load those files under a
-private package name so relative imports resolve, give the two imports edgex never exercises
-(the speaker-encoder mel filter and the tokenizer front-end) placeholders that fail loudly if
-called, and leave any real ``qwen_tts`` import of the user untouched.
+private package name so relative imports resolve, give librosa's mel filter (the speaker encoder's
+mel spectrogram) transformers' equivalent where librosa is absent, give the tokenizer front-end a
+placeholder that fails loudly if called, and leave any real ``qwen_tts`` import of the user untouched.
 """
 
 from __future__ import annotations
@@ -26,6 +26,17 @@ def _not_available(name: str):
         raise EdgexError(f"{name} is not available in edgex's qwen-tts import (install librosa/qwen-tts fully)")
 
     return fail
+
+
+def slaney_mel(*, sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None):
+    """`librosa.filters.mel(sr=, n_fft=, n_mels=, fmin=, fmax=)` with its defaults (Slaney mel scale and
+    area normalisation) from transformers' `mel_filter_bank`: [n_mels, n_fft // 2 + 1] float32."""
+    from transformers.audio_utils import mel_filter_bank
+
+    bank = mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=n_mels, min_frequency=fmin,
+                           max_frequency=sr / 2 if fmax is None else fmax, sampling_rate=sr, norm="slaney",
+                           mel_scale="slaney")
+    return bank.T.astype("float32")
 
 
 def _package(name: str, path: Path) -> None:
@@ -51,7 +62,7 @@ def qwen_tts_modules() -> types.SimpleNamespace:
     placeholders = {}
     if importlib.util.find_spec("librosa") is None:
         filters = types.ModuleType("librosa.filters")
-        filters.mel = _not_available("librosa.filters.mel (speaker-encoder mel spectrogram)")
+        filters.mel = slaney_mel
         placeholders = {"librosa": types.ModuleType("librosa"), "librosa.filters": filters}
         placeholders["librosa"].filters = filters
     sys.modules.update(placeholders)

@@ -16,7 +16,7 @@ from ...errors import EdgexError
 from .. import RECIPES
 from ..base import LoadedModel, Recipe
 from .facts import FACTS, ROLES
-from . import code2wav, predictor, talker
+from . import code2wav, predictor, talker, voice
 from . import in_situ as situ
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
 from .models import build_from_preset, load_checkpoint
@@ -31,6 +31,7 @@ STREAM_CHUNK = 25  # frames per code2latent / latent2wav call
 PREDICTOR_SLOTS = 15  # past positions a predictor step can see (16 per frame, last never cached)
 PREDICTOR_STEPS = PREDICTOR_SLOTS + 1  # step graph calls per frame (codebook 0 position, then 15 codebooks)
 UTTERANCE_FRAMES = WINDOW_CONTEXT + WINDOW_NEW + 3
+REFERENCE_FRAMES = 40  # 80 ms frames of reference audio the voice-prompt graphs take unless told
 LAST_SAMPLED_FRAME = 30  # the talker decode's fixed samples: frames 10 and 30
 
 
@@ -58,10 +59,15 @@ class Qwen3TTSRecipe(Recipe):
         if slots <= sizes[0] + LAST_SAMPLED_FRAME:
             raise EdgexError(f"--set max_context={slots}: at least {sizes[0] + LAST_SAMPLED_FRAME + 1} (the {sizes[0]}-position "
                              f"prompt and the {LAST_SAMPLED_FRAME + 1} frames the talker decode samples reach)")
-        return LoadedModel(self.name, models, models.source, {"prefill_len": sizes[0], "max_context": slots, "seed": seed})
+        reference = (options or {}).get("reference_frames", REFERENCE_FRAMES)
+        if reference > UTTERANCE_FRAMES:
+            raise EdgexError(f"--set reference_frames={reference}: at most {UTTERANCE_FRAMES} (the eager utterances the "
+                             "voice-prompt samples are decoded from)")
+        return LoadedModel(self.name, models, models.source, {"prefill_len": sizes[0], "max_context": slots, "seed": seed,
+                                                              "reference_frames": reference})
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
-        names = list(ROLES) if not names else names
+        names = self.facts.default_components() if not names else names
         for n in names:
             if n not in ROLES:
                 raise EdgexError(f"no such component {n!r} in qwen3-tts (known: {', '.join(ROLES)})")
@@ -78,6 +84,8 @@ class _ComponentBuilder:
     def __init__(self, loaded: LoadedModel):
         self.talker = loaded.models.talker
         self.decoder = loaded.models.decoder
+        self.models = loaded.models
+        self.reference_frames = loaded.options.get("reference_frames", REFERENCE_FRAMES)
         self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self.prefill_len = loaded.options["prefill_len"]
         self.slots = loaded.options["max_context"]
@@ -358,6 +366,51 @@ class _ComponentBuilder:
             self._calibration(lambda u, k: self._wav_sample(u, k, context), UTTERANCE_FRAMES // STREAM_CHUNK),
             context_frames=context,
             chunk_frames=STREAM_CHUNK,
+        )
+
+
+    # -- voice prompts ----------------------------------------------------------------------
+    @torch.no_grad()
+    def _reference_audio(self, which: str) -> torch.Tensor:
+        """Reference audio [1, 1, reference_frames x 1920]: the eager decoder's waveform of an eager
+        utterance's first frames (speech-like: the sound the model makes, at the encoders' rate)."""
+        return self.decoder(self.utt(which).codes[..., : self.reference_frames])
+
+    def _voice_module(self, name: str, attribute: str):
+        module = getattr(self.models, attribute)
+        if module is None:
+            source = self.models.source
+            where = f"checkpoint {source['checkpoint']}" if "checkpoint" in source else f"preset {source.get('preset')}"
+            raise EdgexError(f"qwen3-tts component {name}: the {where} holds no {attribute.replace('_', ' ')} "
+                             f"({'a Base checkpoint has one' if attribute == 'speaker_encoder' else 'its speech_tokenizer holds no encoder weights'})")
+        return module
+
+    def speaker_encoder(self) -> Component:
+        encoder = self._voice_module("speaker_encoder", "speaker_encoder")
+        mels = lambda which: (voice.official_mels(self._reference_audio(which)),)  # noqa: E731
+        return self._component(
+            "speaker_encoder",
+            voice.SpeakerEncoder(encoder),
+            ["mels"],
+            [("speaker_embedding", SIGNAL)],
+            partial(voice.speaker_reference, encoder),
+            {"utterance_a_reference": mels("a"), "utterance_b_reference": mels("b")},
+            self._calibration(lambda u, _k: mels(u), 1),
+            reference_frames=self.reference_frames,
+        )
+
+    def speech_encoder(self) -> Component:
+        encoder = self._voice_module("speech_encoder", "speech_encoder")
+        samples = self.reference_frames * voice.SAMPLES_PER_FRAME
+        return self._component(
+            "speech_encoder",
+            voice.SpeechEncoder(encoder, samples),
+            ["wav"],
+            [("codes", TOKENS), ("latent", SIGNAL)],
+            partial(voice.speech_reference, encoder),
+            {"utterance_a_reference": (self._reference_audio("a"),), "utterance_b_reference": (self._reference_audio("b"),)},
+            self._calibration(lambda u, _k: (self._reference_audio(u),), 1),
+            reference_frames=self.reference_frames,
         )
 
 

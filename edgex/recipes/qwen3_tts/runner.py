@@ -139,7 +139,11 @@ class Tables:
 @dataclass
 class VoicePrompt:
     """A Base checkpoint's voice: the speaker encoder's embedding of reference audio [H] and, for
-    in-context cloning, the reference audio's codes [T, 16] and its transcript (`reference_ids`)."""
+    in-context cloning, the reference audio's codes [T, 16] and its transcript (`reference_ids`).
+
+    As a file (`save` / `load`, what `edgex voice-prompt` writes): a numpy .npz holding
+    `speaker_embedding` float32 [H], and for in-context cloning `ref_codes` int64 [T, 16] and
+    `ref_ids` int64 (the chat-formatted transcript)."""
 
     speaker_embedding: np.ndarray
     ref_codes: np.ndarray | None = None
@@ -148,6 +152,95 @@ class VoicePrompt:
     @property
     def in_context(self) -> bool:
         return self.ref_codes is not None
+
+    def arrays(self) -> dict:
+        out = {"speaker_embedding": np.asarray(self.speaker_embedding, np.float32).reshape(-1)}
+        if self.in_context:
+            out["ref_codes"] = np.asarray(self.ref_codes, np.int64).reshape(-1, GROUPS)
+            out["ref_ids"] = np.asarray(self.ref_ids, np.int64).reshape(-1)
+        return out
+
+    def save(self, path) -> None:
+        with open(path, "wb") as f:
+            np.savez(f, **self.arrays())
+
+    @classmethod
+    def load(cls, path) -> "VoicePrompt":
+        """A voice-prompt .npz; ValueError names what is missing or malformed."""
+        try:
+            data = np.load(path, allow_pickle=False)
+            arrays = {k: data[k] for k in data.files}
+        except (OSError, ValueError, EOFError) as exc:
+            raise ValueError(f"{path} is not a voice-prompt .npz ({exc})") from None
+        if "speaker_embedding" not in arrays:
+            raise ValueError(f"{path} holds no speaker_embedding (has: {', '.join(arrays) or 'nothing'})")
+        codes, ids = arrays.get("ref_codes"), arrays.get("ref_ids")
+        if (codes is None) != (ids is None):
+            raise ValueError(f"{path}: an in-context voice prompt needs both ref_codes and ref_ids")
+        if codes is not None and (codes.ndim != 2 or codes.shape[1] != GROUPS or codes.min() < 0 or codes.max() >= AUDIO_CODES):
+            raise ValueError(f"{path}: ref_codes must be [frames, {GROUPS}] codes below {AUDIO_CODES}, got {codes.shape}")
+        return cls(arrays["speaker_embedding"].astype(np.float32).reshape(-1),
+                   None if codes is None else codes.astype(np.int64), None if ids is None else ids.astype(np.int64).reshape(-1))
+
+
+# The speaker encoder's input: the official log-mel spectrogram of 24 kHz audio.
+MEL_RATE, MEL_FFT, MEL_HOP, MEL_BINS, MEL_FMIN, MEL_FMAX = 24000, 1024, 256, 128, 0.0, 12000.0
+
+
+def _hz_to_mel(hz):
+    """The Slaney mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
+    hz = np.asarray(hz, np.float64)
+    log = 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) / (np.log(6.4) / 27.0)
+    return np.where(hz >= 1000.0, log, hz / (200.0 / 3))
+
+
+def _mel_to_hz(mel):
+    mel = np.asarray(mel, np.float64)
+    return np.where(mel >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (mel - 15.0)), mel * (200.0 / 3))
+
+
+def mel_filters() -> np.ndarray:
+    """The speaker encoder's mel filter bank [128, 513]: triangles on the Slaney mel scale from 0 to
+    12 kHz, each scaled to unit area (2 / its width in Hz)."""
+    freqs = np.arange(MEL_FFT // 2 + 1) * MEL_RATE / MEL_FFT
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(MEL_FMIN), _hz_to_mel(MEL_FMAX), MEL_BINS + 2))
+    widths = np.diff(edges)
+    ramps = edges[:, None] - freqs[None]
+    lower, upper = -ramps[:-2] / widths[:-1, None], ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    return (weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]).astype(np.float32)
+
+
+def log_mel(audio) -> np.ndarray:
+    """The speaker encoder's input [1, frames, 128] from 24 kHz audio [samples]: reflect padding of
+    384 samples each side, 1024-sample periodic Hann frames every 256 samples, magnitude
+    sqrt(re^2 + im^2 + 1e-9), the mel filter bank, log of at least 1e-5."""
+    wav = np.asarray(audio, np.float32).reshape(-1)
+    pad = (MEL_FFT - MEL_HOP) // 2
+    wav = np.pad(wav, pad, mode="reflect")
+    count = (wav.size - MEL_FFT) // MEL_HOP + 1
+    frames = wav[np.arange(MEL_FFT)[None] + MEL_HOP * np.arange(count)[:, None]]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(MEL_FFT) / MEL_FFT)
+    spectrum = np.fft.rfft(frames * window, axis=-1)
+    magnitude = np.sqrt(spectrum.real**2 + spectrum.imag**2 + 1e-9)
+    mel = magnitude @ mel_filters().T.astype(np.float64)
+    return np.log(np.maximum(mel, 1e-5)).astype(np.float32)[None]
+
+
+def voice_prompt(audio, speaker_encoder: Graph, speech_encoder: Graph | None = None, ref_ids=None) -> VoicePrompt:
+    """A voice prompt from 24 kHz reference audio through the exported graphs, as a device clones a
+    voice: `speaker_encoder` on its log-mel spectrogram; with `ref_ids` (the transcript,
+    `reference_ids`) also `speech_encoder` on the samples. Both graphs take the reference length
+    they were exported for (`--set reference_frames`, 80 ms frames): the speaker encoder pools over
+    every mel frame, so padding would change the embedding; record or crop to that length."""
+    wav = np.asarray(audio, np.float32).reshape(-1)
+    embedding = np.asarray(speaker_encoder([log_mel(wav)])[0], np.float32).reshape(-1)
+    if ref_ids is None:
+        return VoicePrompt(embedding)
+    if speech_encoder is None:
+        raise ValueError("an in-context voice prompt needs the speech_encoder graph")
+    codes = np.asarray(speech_encoder([wav[None, None]])[0], np.int64)[0]  # [16, frames]
+    return VoicePrompt(embedding, codes.T.copy(), np.asarray(ref_ids, np.int64))
 
 
 @dataclass

@@ -110,12 +110,81 @@ def _picks_eos(official, vocab, settings, ref_codes, hidden) -> bool:
     return int(np.argmax(scores)) == vocab.codec_eos
 
 
-def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None) -> dict:
+def voice_request(config: dict, seed: int, path) -> rn.Request:
+    """The default request of a Base checkpoint with the voice prompt read from `path` (`edgex voice-prompt`)."""
+    from ...errors import EdgexError
+
+    if (config.get("tts_model_type") or "custom_voice") != "base":
+        raise EdgexError(f"--voice: the checkpoint is a {config.get('tts_model_type') or 'custom_voice'} model; voice prompts clone with Base checkpoints")
+    try:
+        voice = rn.VoicePrompt.load(path)
+    except ValueError as exc:
+        raise EdgexError(f"--voice: {exc}") from None
+    hidden = config["talker_config"]["hidden_size"]
+    if voice.speaker_embedding.size != hidden:
+        raise EdgexError(f"--voice {path}: its speaker embedding has {voice.speaker_embedding.size} values, the talker's rows {hidden}")
+    return rn.Request(default_request(config, seed).text_ids, language="english", voice=voice)
+
+
+REQUEST_KEYS = ("text", "text_ids", "language", "speaker", "instruct", "instruct_ids", "voice", "non_streaming")
+
+
+def request_from(loaded, spec: dict, base: Path | None = None) -> rn.Request:
+    """A request from its JSON form (`edgex pipeline --request FILE`, `--text`): `text` (tokenized
+    with the checkpoint's tokenizer) or `text_ids`, `language` (default english), `speaker`
+    (CustomVoice), `instruct` or `instruct_ids`, `voice` (a voice-prompt .npz, relative to `base`),
+    `non_streaming`. Unknown keys and values the checkpoint does not know are one-line errors."""
+    from ...errors import EdgexError
+    from .voice_prompt import tokenize
+
+    unknown = sorted(set(spec) - set(REQUEST_KEYS))
+    if unknown:
+        raise EdgexError(f"request: unknown key(s) {', '.join(unknown)} (known: {', '.join(REQUEST_KEYS)})")
+    if ("text" in spec) == ("text_ids" in spec):
+        raise EdgexError("request: give exactly one of text and text_ids")
+    config = config_of(loaded)
+    checkpoint = loaded.source.get("checkpoint")
+
+    def ids(key_text: str, key_ids: str):
+        if key_ids in spec:
+            try:
+                return [int(i) for i in spec[key_ids]]
+            except (TypeError, ValueError):
+                raise EdgexError(f"request: {key_ids} must be a list of integers") from None
+        if key_text in spec:
+            if checkpoint is None:
+                raise EdgexError(f"request: {key_text} needs a checkpoint's tokenizer (a preset has none): give {key_ids}")
+            return tokenize(Path(checkpoint), str(spec[key_text]))
+        return None
+
+    text, instruct = ids("text", "text_ids"), ids("instruct", "instruct_ids")
+    if not text or any(not 0 <= i < config["talker_config"].get("text_vocab_size", 151936) for i in text + (instruct or [])):
+        raise EdgexError("request: text ids must be non-empty and within the text vocabulary")
+    voice = None
+    if spec.get("voice") is not None:
+        path = Path(spec["voice"])
+        voice = voice_request(config, 0, path if path.is_absolute() or base is None else base / path).voice
+    request = rn.Request(rn.chat_ids(text), language=str(spec.get("language", "english")), speaker=spec.get("speaker"),
+                         instruct=None if instruct is None else rn.instruct_ids(instruct), voice=voice,
+                         non_streaming=bool(spec.get("non_streaming", False)))
+    vocab = rn.Vocabulary.from_config(config)
+    try:
+        rn.codec_prefix(request, vocab)
+        if request.speaker and request.speaker.lower() not in vocab.speakers:
+            raise ValueError(f"speaker {request.speaker!r} is not in the checkpoint's spk_id (known: {', '.join(vocab.speakers) or 'none'})")
+    except ValueError as exc:
+        raise EdgexError(f"request: {exc}") from None
+    return request
+
+
+def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None, voice=None) -> dict:
     """The official-utterance block of the pipeline report, with its `failures`: at most `frames`
-    frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level."""
+    frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level.
+    `voice`: a voice-prompt file the default request clones (Base)."""
     config = config_of(loaded)
     vocab = rn.Vocabulary.from_config(config)
-    request = request or default_request(config, int(loaded.options.get("seed", 0)))
+    seed = int(loaded.options.get("seed", 0))
+    request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
     official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
     settings = rn.Settings(max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False)
     ref_codes, hiddens = off.official_run(official, request, settings)
@@ -155,7 +224,7 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
                         f"{d['tie_margin']:.4g}")
     elif difference is None and len(want) != len(got):
         failures.append(f"official utterance: the official generate() made {len(ref_codes)} frames, the runner {len(utt.codes)}")
-    return {"variant": official.variant, "language": request.language, "speaker": request.speaker,
+    return {"variant": official.variant, "text_ids": [int(i) for i in request.text_ids], "language": request.language, "speaker": request.speaker,
             "instruct": request.instruct is not None, "voice_prompt": None if request.voice is None else
             ("in-context" if request.voice.in_context else "x-vector"), "non_streaming": request.non_streaming,
             "codec_prefix": rn.codec_prefix(request, vocab), "prompt_rows": utt.prompt_rows,
@@ -163,3 +232,52 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
             "runner_stopped": utt.stopped, "frames_compared": agreed if difference else min(len(ref_codes), len(utt.codes)),
             "codes_equal": difference is None and len(want) == len(got), "first_difference": difference,
             "wav_db": wav_db, "failures": failures}
+
+
+class SharedDraws:
+    """Sampling noise both sides share: the runner picks with `numpy.random.Generator.choice(n, p=...)`
+    (one uniform draw, inverse CDF), and while this context is open the official `generate()` draws
+    through the same call on a generator seeded the same, in place of `torch.multinomial` (transformers'
+    sampler). The talker and the code predictor draw in the same order on both sides (codebook 0,
+    then codebooks 1-15, frame after frame), so equal distributions give equal codes; the official
+    arithmetic is untouched."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def _draw(self, probs, num_samples, *args, **kwargs):
+        rows = probs.detach().double().reshape(-1, probs.shape[-1]).numpy()
+        picks = [self.rng.choice(row.size, p=row / row.sum()) for row in rows for _ in range(num_samples)]
+        return torch.tensor(picks, dtype=torch.long).reshape(*probs.shape[:-1], num_samples)
+
+    def __enter__(self):
+        self._original = torch.multinomial
+        torch.multinomial = self._draw
+        return self
+
+    def __exit__(self, *exc):
+        torch.multinomial = self._original
+
+
+def sampled_compare(loaded, stages: dict, frames: int, seed: int, request: rn.Request | None = None) -> dict:
+    """The official sampled utterance (the official defaults: temperature 0.9, top-k 50, both the
+    talker and the code predictor sampling) against the runner's over the artifacts, both drawing
+    from `SharedDraws(seed)`: frames compared, codes equal, the first difference."""
+    config = config_of(loaded)
+    request = request or default_request(config, int(loaded.options.get("seed", 0)))
+    official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
+    settings = rn.Settings(max_new_tokens=frames + 1)
+    with SharedDraws(seed):
+        ref_codes, _ = off.official_run(official, request, settings)
+    utt = rn.Runner(graphs(stages), tables(loaded.models.talker), rn.Vocabulary.from_config(config)).generate(
+        request, settings, np.random.default_rng(seed))
+    compared = min(len(ref_codes), len(utt.codes))
+    difference = None
+    for f in range(compared):
+        k = next((i for i in range(rn.GROUPS) if ref_codes[f, i] != utt.codes[f, i]), None)
+        if k is not None:
+            difference = {"frame": f, "codebook": k, "official": int(ref_codes[f, k]), "runner": int(utt.codes[f, k])}
+            compared = f
+            break
+    return {"seed": seed, "official_frames": len(ref_codes), "runner_frames": len(utt.codes), "frames_compared": compared,
+            "codes_equal": difference is None and len(ref_codes) == len(utt.codes), "first_difference": difference}
