@@ -40,8 +40,9 @@ FACTS = RecipeFacts(
               "lowering 57.6 / 55.3 dB), and tts_decode's top-1 token agrees on none of its 3 samples",
     }),
     # HiFT's wav is synthesised from a sine source whose phase accumulates F0 to ~1e4 rad per second
-    # (ISTFTNet's phase output is free as well): it is judged by its spectrogram, its SNR recorded.
-    spectral_outputs={"hift": ("wav",)},
+    # (ISTFTNet's phase output is free as well), and `source` is that sine source itself, the state
+    # the next call's STFT reads: both are judged by their spectrograms, their SNRs recorded.
+    spectral_outputs={"hift": ("wav", "source")},
     options={
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
         "prompt": RecipeOption("prompt tokens the streaming encoder's caches hold (flow_encoder: prompt + 50 "
