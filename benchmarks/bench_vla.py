@@ -3,7 +3,7 @@ policy, in the same process, at a fixed thread count.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_vla.py --preset 450m --threads 2 --runs 10 --out out-bench-vla
 
-A control step is what a robot runs per action chunk: the vision encoder once per camera, the
+A control step is what a robot runs per action chunk: the vision encoder once (every camera in one call), the
 prefix, and the whole Euler loop (`action_loop`), here as ONNX fp32 on ONNX Runtime CPU. The eager
 side is LeRobot's `select_action` from a reset policy (its preprocessed observation, the same noise).
 Reports p50 / p95 and jitter ((p95 - p50) / p50) of both, the ratio eager / artifacts, and the

@@ -73,10 +73,18 @@ def _summary(manifest: dict) -> Table:
 
 def _end_to_end(parity: dict) -> str:
     """The deciding figure; where spectral figures gate waveform outputs, their waveform SNR beside
-    it (recorded, not deciding)."""
+    it (recorded, not deciding); where action outputs are gated by their action error too, that
+    error (the worst dimension's, in units of its spread)."""
     waveform = parity.get("min_waveform_snr_db")
     figure = _db(parity.get("min_snr_db"))
-    return figure if waveform is None else f"{figure} (waveform SNR {_db(waveform)})"
+    if waveform is not None:
+        figure = f"{figure} (waveform SNR {_db(waveform)})"
+    action = parity.get("max_action_error")
+    return figure if action is None else f"{figure} (action error {_action(action)})"
+
+
+def _action(value) -> str:
+    return value if isinstance(value, str) else f"{value:.3f}"
 
 
 def _gate(parity: dict) -> str:

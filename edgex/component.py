@@ -77,6 +77,9 @@ class Component:
     file and scores them row by row at export and in `edgex verify` (`edgex.parity.tensors`).
     `spectral` names the waveform outputs gated by their phase-insensitive spectral figure instead
     of their SNR (the recipe's `RecipeFacts.spectral_outputs`).
+    `actions` maps an output holding actions in the policy's own units (unnormalized) to each
+    action dimension's spread in the policy's data (its standard deviation): parity scores it by
+    its action error too (`metrics.action_error`, gated at `gates.ACTION_ERROR`).
     """
 
     name: str
@@ -96,6 +99,7 @@ class Component:
     written: dict[str, WrittenIndex] = field(default_factory=dict)
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     spectral: tuple[str, ...] = ()
+    actions: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     _reference_outputs: dict = field(default_factory=dict, repr=False)
     _reads: dict = field(default_factory=dict, repr=False)

@@ -193,7 +193,7 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
     except EdgexError:
         raise
     except Exception as exc:
-        entries = _error_entries(job, exc)
+        entries = error_entries(job, exc)
     entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
     # A lowered program is a web of graph objects in reference cycles that hold the weights they
     # were made from: freed now, before the next artifact is lowered, not whenever the collector runs,
@@ -203,7 +203,7 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
     return entries
 
 
-def _error_entries(job: Job, exc: BaseException) -> list[dict]:
+def error_entries(job: Job, exc: BaseException) -> list[dict]:
     exporter = EXPORTERS.get(job.exporter)
     message = str(exc).splitlines()[0] if str(exc) else ""
     return [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
@@ -240,7 +240,7 @@ def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
     try:
         return _forked_for(component, "the job's process", _export_guarded, job, component, *args)
     except ChildDied as exc:
-        entries = _error_entries(job, exc)
+        entries = error_entries(job, exc)
         entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
         return entries
 

@@ -93,14 +93,14 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
         last[key] = text
     overrides = placement_overrides(recipe, list(last.values())) if placements else {}
     if overrides:
-        target = target.with_overrides(overrides, recipe.components)
+        target = target.with_overrides(overrides, recipe.placement_roles)
     chosen = {}
     for stage in stages:
         options = (stage,) if isinstance(stage, str) else tuple(stage)
         options = sorted(options, key=lambda n: -named[n] if n in named else 1)  # stable: the others in order
         missing = []
         for name in options:
-            placed = target.placements_for(recipe.components[name], name, name in recipe.fp32_components)
+            placed = recipe.placements_on(target, name)
             if not placed:
                 missing.append(f"target {target.name} places no {name}")
                 continue

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .gguf_vocab import GgufVocab
 
 # What a component input or output is to llama.cpp (`LlamaFeed`).
 # "Full layers" are those in llama.cpp's non-sliding KV cache (all layers of a model without a
@@ -48,8 +52,8 @@ class LlamaFeed:
 
 def llm_metadata(arch: str, *, name: str, layers: int, context: int, hidden: int, ffn: int, heads: int,
                  kv_heads: int, head_dim: int, rms_eps: float, vocab: int) -> dict:
-    """The hyperparameter keys every llama.cpp transformer architecture reads, under `arch`, plus
-    llama.cpp's `none` vocabulary (edgex ships no tokenizer); a layout adds its own keys."""
+    """The hyperparameter keys every llama.cpp transformer architecture reads, under `arch`; a layout
+    adds its own keys, and its `vocab` the tokenizer (llama.cpp's `none` vocabulary without one)."""
     return {
         "general.name": name,
         f"{arch}.block_count": layers,
@@ -62,7 +66,6 @@ def llm_metadata(arch: str, *, name: str, layers: int, context: int, hidden: int
         f"{arch}.attention.value_length": head_dim,
         f"{arch}.attention.layer_norm_rms_epsilon": float(rms_eps),
         f"{arch}.vocab_size": vocab,
-        "tokenizer.ggml.model": "none",
     }
 
 
@@ -82,3 +85,6 @@ class GgufLayout:
     # Tensors kept at F32 whatever the precision (besides 1-D tensors, which always are): e.g.
     # weights whose products overflow half precision.
     keep_f32: tuple[str, ...] = ()
+    # The checkpoint's tokenizer and sampling defaults (`edgex.gguf_vocab`); None: llama.cpp's `none`
+    # vocabulary, the file runs from token ids or embeddings.
+    vocab: GgufVocab | None = None

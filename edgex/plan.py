@@ -74,7 +74,7 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     roles = recipe.components
     jobs = []
     for name in components or list(roles):
-        for placement in target.placements_for(roles[name], name, name in recipe.fp32_components):
+        for placement in recipe.placements_on(target, name):
             if formats and placement.exporter not in formats:
                 continue
             exporter = EXPORTERS.get(placement.exporter)
@@ -83,17 +83,17 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
                 coarse = recipe.coarse_reason(name, p)
                 if p in exporter.precisions and (requested or coarse is None):
                     jobs.append(_job(name, roles[name], target, placement, p, calibration_size, coarse))
-    placed = sorted({pl.exporter for n, r in roles.items() for pl in target.placements_for(r, n, n in recipe.fp32_components)})
+    placed = sorted({pl.exporter for n in roles for pl in recipe.placements_on(target, n)})
     if formats and not set(formats) & set(placed):
         raise EdgexError(f"target {target.name} places none of {', '.join(formats)} (it places: {', '.join(placed)})")
     for p in precisions or []:
         if not any(j.precision == p for j in jobs):
-            offered = sorted({pl.exporter for n, r in roles.items() for pl in target.placements_for(r, n, n in recipe.fp32_components)
+            offered = sorted({pl.exporter for n in roles for pl in recipe.placements_on(target, n)
                               if not formats or pl.exporter in formats})
             raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
     if not jobs:
         reasons = target.facts.get("not_placed", {})
-        why = sorted({reasons[r] for r in (roles[n] for n in components or roles) if r in reasons})
+        why = sorted({reasons[r] for r in (recipe.placement_role(n) for n in components or roles) if r in reasons})
         if why and not formats:
             raise EdgexError(f"target {target.name} places none of {recipe.name}'s components: {'; '.join(why)}")
         raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
@@ -195,7 +195,7 @@ def make_plan(
     tgt = get_target(target)
     placements = read_placements(placements)
     if placements:
-        tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.components)
+        tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.placement_roles)
     if preset and checkpoint:
         raise EdgexError("give either --preset or --checkpoint, not both")
     recipe.check_preset(preset)

@@ -24,29 +24,47 @@ class Placement:
     # The processor it runs on there ("npu", "gpu", "cpu"): what `--hub` compiles and runs it for on
     # the AI Hub device (`edgex.hub.artifacts`). None: what the exporter's runtime runs it on here.
     compute_unit: str | None = None
+    # Why these precisions and not the role's: the recipe's declaration for the component
+    # (`RecipeFacts.placed_precisions`), with its measured figures.
+    recipe_precisions: str | None = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration),
-                                  ("compute_unit", self.compute_unit)) if v}
+                                  ("compute_unit", self.compute_unit), ("recipe_precisions", self.recipe_precisions)) if v}
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
-    placements: dict[str, tuple[Placement, ...]]  # role -> placements; "*" for any other role
+    # role -> placements (every role of ROLES, or its reason in facts["not_placed"]); "fp32": where a
+    # component its recipe declares fp32-only goes when its role's placement builds no fp32
+    placements: dict[str, tuple[Placement, ...]]
     facts: dict = field(default_factory=dict)
     # exporter name -> keyword options the target passes to that exporter (e.g. the SoC to build for)
     exporter_options: dict[str, dict] = field(default_factory=dict)
     overridden: frozenset = frozenset()  # keys placed by the user (`with_overrides`)
 
-    def placements_for(self, role: str, component: str | None = None, fp32: bool = False) -> tuple[Placement, ...]:
-        """A component's own placement (`--placement talker_decode=...`), else its role's, else "*".
+    def placements_for(self, role: str, component: str | None = None, fp32: bool = False, own=None) -> tuple[Placement, ...]:
+        """A component's own placement (`--placement COMPONENT=...`), else its role's. A role the
+        target neither places nor declines (`not_placed`) is a one-line error: a recipe that brings a
+        new role declares the known role it is placed like (`RecipeFacts.placed_like`).
+        `own`: the precisions the recipe declares for the component (`RecipeFacts.placed_precisions`),
+        applied unless the user placed the component or its role.
         `fp32`: the recipe declares the component fp32-only (`RecipeFacts.fp32_components`); where
         that placement builds no fp32, the target's "fp32" placement serves (reason in its facts'
         `fp32_placement`), unless the user placed the component or role."""
         key = component if component is not None and component in self.placements else role
-        placed = self.placements.get(key, self.placements.get("*", ()))
+        if key not in self.placements:
+            if key in self.facts.get("not_placed", {}):
+                return ()
+            raise EdgexError(f"target {self.name} does not place role {key!r} (roles it places: "
+                             f"{', '.join(r for r in self.placements if r != 'fp32')}): a recipe that introduces a role "
+                             "declares the known role it is placed like (RecipeFacts.placed_like)")
+        placed = self.placements[key]
+        if own is not None and key not in self.overridden:
+            placed = tuple(replace(p, precisions=own.on(p.exporter), recipe_precisions=own.reason)
+                           if own.on(p.exporter) is not None else p for p in placed)
         if fp32 and key not in self.overridden and "fp32" in self.placements and not any("fp32" in p.precisions for p in placed):
             return self.placements["fp32"]
         return placed
@@ -63,25 +81,24 @@ class Target:
         return replace(self, placements={**self.placements, **placed}, overridden=self.overridden | set(placed))
 
     def _keeping_facts(self, role: str, new: Placement) -> Placement:
-        same = next((p for p in self.placements_for(role) if p.exporter == new.exporter), None)
+        same = next((p for p in self.placements.get(role, ()) if p.exporter == new.exporter), None)
         return replace(same, precisions=new.precisions, calibration=new.calibration) if same else new
 
 
-# Roles of the VLA policy recipes (act, diffusion-policy, smolvla): camera image -> tokens or
-# features (`vision`), image + language + state tokens -> per-layer K/V (`prefix`), and everything
-# that produces actions (`action`: ACT's one-pass policy, a denoise / velocity step, the whole loop).
-# Each target places them by name or says in `not_placed` why not.
+# The roles every target places or declines with a reason (`not_placed`): a language model's
+# prompt / per-token graphs (`llm`), a speech model's token generator (`talker`) and its per-frame
+# code generator (`predictor`), any waveform decoder (`decoder`); and a robot policy's camera image
+# -> tokens or features (`vision`), image + language + state tokens -> per-layer K/V (`prefix`), and
+# everything that produces actions (`action`: a one-pass policy, a denoise / velocity step, a loop).
+LM_ROLES = ("talker", "predictor", "llm")
 VLA_ROLES = ("vision", "prefix", "action")
+ROLES = (*LM_ROLES, "decoder", *VLA_ROLES)
 _CPU = (Placement("executorch", ("fp32", "fp16")), Placement("onnx", ("fp32", "fp16")))
 _MNN = (Placement("mnn", ("fp32", "fp16")),)
-# MiniCPM-o's HiFT (component `hift`, role decoder) is placed by name in fp32 only: rounding its
-# weights to fp16 alone scores 5.8 dB (tiny; ONNX fp16 4.8 dB, MNN -2.4 dB) against a 30 dB gate,
-# while its fp32 graph holds 73.7 dB. `-p fp16` still builds the fp16 variant on request.
-HIFT_FP32 = {"hift": "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source "
-                     "(tiny: fp16 scheme 5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB)"}
+
 
 def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
-    """A Snapdragon phone: LM roles on the Hexagon NPU, Code2Wav on the Adreno GPU (measured best on the S25)."""
+    """A Snapdragon phone: LM roles on the Hexagon NPU, decoders on the Adreno GPU (measured best there)."""
     htp = f"Hexagon v{arch} HTP"
     npu = (Placement("qnn", ("fp16",), device=htp, compute_unit="npu"),)
     gpu = (Placement(
@@ -90,36 +107,21 @@ def _htp(name: str, phone: str, soc: str, soc_model: int, arch: int) -> Target:
                    "(--hub runs it on the device's GPU)",
         compute_unit="gpu",
     ),)
-    # VLA policies (docs/models.md): every graph on the NPU in fp16 and in w8a16 calibrated on
-    # observations from the eager policy; the Euler / DDIM loop too (the HTP has no fp32 path).
+    # Robot policies: every graph on the NPU in fp16 and in w8a16 calibrated on observations from
+    # the eager policy; the Euler / DDIM loop too (the HTP has no fp32 path).
     vla = (Placement("qnn", ("fp16", "w8a16"), device=htp, compute_unit="npu"),)
-    # A flow step's own time embedding (sin / cos of 2 pi t / period, periods from 4e-3) is lost in
-    # fp16 arithmetic (`action_step_placement`): that component alone defaults to w8a16.
-    step = (Placement("qnn", ("w8a16",), device=htp, compute_unit="npu"),)
     # Components a recipe declares fp32-only: the HTP has no fp32 path, the phone's CPU has.
     cpu = (Placement("onnx", ("fp32",), device="Kryo CPU (ONNX Runtime)", compute_unit="cpu"),)
-    # MiniCPM-o's TTS head in fp16 and in w8a16 calibrated on eager head states (tiny: prefill 49.9 / 24.9 dB,
-    # decode 51.7 / 28.4 dB in the HTP simulator).
-    head = (Placement("qnn", ("fp16", "w8a16"), device=htp, compute_unit="npu"),)
     return Target(
         name,
-        f"{phone} ({soc}, Hexagon v{arch}): talker + predictor as HTP context binaries, Code2Wav ONNX for the GPU",
-        {"talker": npu, "predictor": npu, "llm": npu, "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "action_step": step,
-         **dict.fromkeys(("tts_prefill", "tts_decode"), head), "fp32": cpu, "*": npu},
+        f"{phone} ({soc}, Hexagon v{arch}): language-model roles as HTP context binaries, decoders as ONNX for the GPU",
+        {**dict.fromkeys(LM_ROLES, npu), "decoder": gpu, **dict.fromkeys(VLA_ROLES, vla), "fp32": cpu},
         {"device": phone, "soc": soc, "soc_model": soc_model, "htp_arch": f"v{arch}", "hub_device": f"{phone} (Family)",
-         # MiniCPM-o's Token2wav (flow DiT + HiFT) has role decoder too and follows Code2Wav to the GPU.
-         "decoder_placement": "Code2Wav (qwen3-tts) measured best on the Adreno GPU; Token2wav (minicpm-o) is placed "
-                              "with it unmeasured: its DiT is 91 % of its CPU cost and HTP fp16 vs GPU timing on a "
-                              "device is still to be done (--placement decoder=qnn:fp16 builds the HTP variant)",
-         "action_step_placement": "a flow VLA's action_step (SmolVLA) computes the sin / cos embedding of its time input "
-                                  "t (periods 4e-3 .. 4, phases up to 1571 t rad): in the HTP's fp16 the phase is off "
-                                  "by up to ~0.8 rad and the embedding alone scores 19-34 dB, the velocity 29.6 dB "
-                                  "(tiny, below the 30 dB fp16 lowering gate). It is built in w8a16 (16-bit "
-                                  "activations resolve t); action_loop, whose times are fixed, bakes the embeddings "
-                                  "and runs fp16 (--placement action_step=qnn:fp16 builds the fp16 variant)",
-         "fp32_placement": "a component its recipe declares fp32-only (pi0's action_step and action_loop: its "
-                           "recipe's fp32_components) runs as ONNX fp32 on the CPU, as the HTP computes in fp16 or "
-                           "quantized only (--placement action_loop=qnn:fp16 builds the HTP variant)"},
+         "decoder_placement": "a streaming vocoder measured fastest on the Adreno GPU; every decoder is placed there "
+                              "(--placement decoder=qnn:fp16 builds the HTP variant)",
+         "fp32_placement": "a component its recipe declares fp32-only (its recipe's fp32_components) runs as ONNX fp32 on "
+                           "the CPU, as the HTP computes in fp16 or quantized only (--placement COMPONENT=qnn:fp16 "
+                           "builds the HTP variant)"},
         {"qnn": {"soc_model": soc_model, "htp_arch": arch}},
     )
 
@@ -130,20 +132,14 @@ TARGETS: dict[str, Target] = {
         Target(
             "cpu",
             "x86/ARM CPU: ExecuTorch XNNPACK .pte and ONNX Runtime .onnx for every component",
-            {**dict.fromkeys(VLA_ROLES, _CPU), "*": _CPU,
-             "hift": (Placement("executorch", ("fp32",)), Placement("onnx", ("fp32",)))},
-            {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"], "precision_limits": HIFT_FP32},
+            dict.fromkeys(ROLES, _CPU),
+            {"cpu": "any", "runtimes": ["executorch (xnnpack)", "onnxruntime (cpu)"]},
         ),
         Target(
             "mnn",
             "Android/ARM CPU through MNN: every component as .mnn",
-            {**dict.fromkeys(VLA_ROLES, _MNN), "action_step": (Placement("mnn", ("fp32",)),),
-             "hift": (Placement("mnn", ("fp32",)),), "*": _MNN},
-            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"], "precision_limits": HIFT_FP32,
-             "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 18.2 dB in MNN fp16 (lowering; torch "
-                                      "fp16 61.6, the same graph's loop with baked time embeddings 65.3): its time "
-                                      "frequencies (up to 2 pi / 0.004 = 1571 rad) stored in fp16 are the likely cause, "
-                                      "not isolated further. Built in fp32 (--placement action_step=mnn:fp16 builds fp16)"},
+            dict.fromkeys(ROLES, _MNN),
+            {"cpu": "arm64 (MNN CPU backend)", "runtimes": ["mnn (cpu)"]},
         ),
         # SoC model numbers and HTP architectures as QAIRT names them.
         _htp("s25-htp", "Samsung Galaxy S25", "SM8750 Snapdragon 8 Elite for Galaxy", 69, 79),
@@ -152,23 +148,21 @@ TARGETS: dict[str, Target] = {
         Target(
             "llama-cpp",
             "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
-            # Spark-X2.5's q4_0 scores 7-9 dB on the tiny preset (below its 8 dB gate; docs/models.md: 4-bit
-            # weights without calibration break it on device too): on request only (`-p q4_0`). Schemes
-            # too coarse for one component are its recipe's declaration (`RecipeFacts.coarse`).
+            # Schemes too coarse for one component are its recipe's declaration (`RecipeFacts.coarse`).
             {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),)},
             {
                 "runtimes": ["llama.cpp (libllama, cpu)"],
                 "not_placed": {
-                    "predictor": "llama.cpp runs the code predictor only inside libmtmd, from an mmproj GGUF that must "
-                                 "also hold a speaker encoder (mtmd refuses a file without an input encoder); "
+                    "predictor": "llama.cpp runs a speech model's code predictor only inside libmtmd, from an mmproj GGUF "
+                                 "that must also hold a speaker encoder (mtmd refuses a file without an input encoder); "
                                  "edgex's components have no speaker encoder, and libmtmd exposes no predictor "
                                  "logits to measure",
-                    "decoder": "llama.cpp's code2wav (libmtmd) hard-codes the real decoder's sizes (8 layers, "
+                    "decoder": "llama.cpp's speech decoder (libmtmd) hard-codes one decoder's sizes (8 layers, "
                                "16 heads) and is not exposed as a graph with the component's inputs; it has no "
-                               "flow-matching DiT or HiFT graph for MiniCPM-o's Token2wav",
+                               "flow-matching or neural-vocoder decoder graph",
                     **dict.fromkeys(VLA_ROLES, "llama.cpp has no robot-policy architecture: no vision encoder "
                                     "outside libmtmd's LLM projectors, no cross-attending action expert, no "
-                                    "denoising loop; export VLA policies to cpu, mnn, s25-htp or apple"),
+                                    "denoising loop; export robot policies to cpu, mnn, s25-htp or apple"),
                 },
             },
         ),
@@ -176,15 +170,14 @@ TARGETS: dict[str, Target] = {
             "apple",
             "iPhone / Mac (Apple Neural Engine) through Core ML: every component as an .mlpackage ML program",
             {
-                "*": (Placement("coreml", ("fp16", "w8", "w4")),),
+                **dict.fromkeys(LM_ROLES, (Placement("coreml", ("fp16", "w8", "w4")),)),
                 "decoder": (Placement("coreml", ("fp32", "fp16", "w8", "w4")),),
-                # VLA: vision and prefix fp16 / w8 on the Neural Engine; the action graphs keep an
-                # fp32 build beside fp16 (docs/models.md: an fp16 pi0 denoise loop scored cosine -0.55).
+                # Robot policies: vision and prefix fp16 / w8 on the Neural Engine; the action graphs
+                # keep an fp32 build beside fp16 (docs/models.md: an fp16 flow-matching denoise loop
+                # scored cosine -0.55).
                 "vision": (Placement("coreml", ("fp16", "w8")),),
                 "prefix": (Placement("coreml", ("fp16", "w8")),),
                 "action": (Placement("coreml", ("fp32", "fp16")),),
-                "action_step": (Placement("coreml", ("fp32",)),),
-                "hift": (Placement("coreml", ("fp32",)),),
             },
             {
                 "soc": "Apple A17 Pro / M-series (Neural Engine, GPU, CPU)",
@@ -192,14 +185,10 @@ TARGETS: dict[str, Target] = {
                 # The LM graphs run fp16 on the Neural Engine. The decoder's conv stack is the least
                 # fp16-tolerant graph (lowest fp16 dB on every format): it keeps an fp32 build for
                 # the GPU beside the fp16 one, until on-device timing picks between them.
-                "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "decoder": "CPU_AND_GPU",
-                                  "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE", "action": "CPU_AND_GPU"},
+                "compute_units": {"talker": "CPU_AND_NE", "predictor": "CPU_AND_NE", "llm": "CPU_AND_NE",
+                                  "decoder": "CPU_AND_GPU", "vision": "CPU_AND_NE", "prefix": "CPU_AND_NE",
+                                  "action": "CPU_AND_GPU"},
                 "runtimes": ["coreml (macOS prediction)", "edgex-mil-interpreter (elsewhere)"],
-                "action_step_placement": "a flow VLA's action_step (SmolVLA) scored 29.2 dB in Core ML fp16 (lowering 29.3, "
-                                         "scheme 61.6; tiny, MIL interpreter) against the 30 dB gate: its sin / cos time "
-                                         "embedding of t in fp16, as on the HTP and MNN. Built in fp32 (103.5 dB); "
-                                         "--placement action_step=coreml:fp16 builds fp16",
-                "precision_limits": HIFT_FP32,
             },
         ),
     )
@@ -223,5 +212,5 @@ def parse_placement(text: str) -> tuple[str, Placement]:
         calibration = int(parts.pop())
     if not (sep and key and len(parts) == 2 and all(parts)):
         raise EdgexError(f"bad --placement {text!r}: expected ROLE=EXPORTER:PRECISION[:CALIBRATION] (ROLE may be a "
-                         "component), e.g. decoder=qnn:fp16 or talker_decode=qnn:w8a16:16")
+                         "component), e.g. decoder=qnn:fp16 or talker=qnn:w8a16:16")
     return key.strip(), Placement(parts[0].strip(), (parts[1].strip(),), calibration=calibration)

@@ -139,6 +139,8 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
     if report.min_waveform_snr_db is not None:  # spectral outputs: their SNR, recorded beside the gated figure
         row["min_waveform_snr_db"] = report.min_waveform_snr_db
     figures = report.to_json()  # strict JSON: inf as a string
+    if figures["max_action_error"] is not None:  # action outputs: the worst dimension's error, gated too
+        row["max_action_error"] = figures["max_action_error"]
     for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
         if figures[figure]:
             row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}

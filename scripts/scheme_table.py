@@ -44,13 +44,16 @@ def _flips(divergences: list) -> dict:
             "worst_margin_over_tie": max(ratios) if ratios else None}
 
 
-def measure(component, exporter_name: str, precision: str, tmp: Path) -> dict:
+def measure(component, exporter_name: str, precision: str, tmp: Path, edit=None) -> dict:
+    """One row; `edit(files)` changes the written files before they are gated (a planted bug)."""
     exporter = EXPORTERS.get(exporter_name)
     dest = tmp / f"{component.name}.{precision}{exporter.extension}"
     options = OPTIONS.get(exporter_name, {})
     start = time.perf_counter()
     result = exporter.export(component, precision, dest, **options)
     exported = time.perf_counter() - start
+    if edit is not None:
+        edit(result.files)
     report = run_parity(component, exporter, result.files, result.io_float_dtype, precision, {}, None, options)
     if report.method == "none":
         return {"error": f"parity none: {report.reason}"}
@@ -63,6 +66,8 @@ def measure(component, exporter_name: str, precision: str, tmp: Path) -> dict:
             "scheme_flips": _flips(scheme.get("divergences", [])),
             "lowering": lowering.get("min_snr_db"), "lowering_gate": lowering.get("threshold_db"),
             "lowering_verdict": lowering.get("verdict"), "lowering_flips": _flips(lowering.get("divergences", [])),
+            "e2e_action_error": figures["max_action_error"], "scheme_action_error": scheme.get("max_action_error"),
+            "lowering_action_error": lowering.get("max_action_error"),
             "reference": scheme.get("reference", "fp32 eager"), "failures": figures["failures"][:3],
             "export_s": round(exported, 1), "seconds": round(time.perf_counter() - start, 1)}
 

@@ -26,7 +26,6 @@ from edgex.recipes.minicpm_o.presets import get_preset
 from edgex.recipes.minicpm_o.pipeline import EncoderStream
 from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
 from edgex.recipes.minicpm_o.stream import DiTCaches, EncoderCaches, VocoderStream
-from edgex.targets import TARGETS
 from test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tiny model and its samples
@@ -34,7 +33,7 @@ pytestmark = pytest.mark.xdist_group("minicpm_o")  # one module fixture: the tin
 # fp32 graph vs reference. HiFT's sine source accumulates phase to ~1e4 rad within a second in
 # float32 (as the official code does): one ulp there is ~1e-3 rad, so two float32 evaluations of
 # the same formula agree to ~78 dB, not 100 (unvoiced frames, without the sine, reach 101 dB).
-FLOOR_DB = {"hift": 70.0}
+FLOOR_DB = dict.fromkeys(("hift", "hift_stream"), 70.0)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +246,7 @@ def test_streaming_chain_against_the_official_streaming_path(minicpm):
     flow_encoder -> flow_chunk -> hift composed by the runner vs Token2wav's streaming path."""
     loaded, comps = minicpm
     o = loaded.options
-    stream = EncoderStream(loaded.models.flow, o["prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3)
+    stream = EncoderStream(loaded.models.flow, o["max_prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3)
     mels, official, ours = _stream_chain(loaded, comps, stream)
     mel_db = [snr_db(ref.numpy(), got.numpy()) for ref, got in mels]
     wav_db = snr_db(official.numpy(), ours.numpy())
@@ -265,15 +264,15 @@ def test_streaming_chain_against_the_official_streaming_path(minicpm):
     assert max(lost) < 40.0, lost
 
 
-# -- placement: where fp16 cannot hold a graph, the targets say so ----------------------------------
+# -- placement: where fp16 cannot hold a graph, the recipe says so --------------------------------
+@pytest.mark.parametrize("component", ["hift", "hift_stream"])
 @pytest.mark.parametrize("target", ["cpu", "mnn", "apple", "s25-htp"])
-def test_hift_is_placed_in_fp32_only_and_the_target_says_why(tmp_path, target):
-    jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=["hift"]).jobs
+def test_hift_is_placed_in_fp32_only_and_the_recipe_says_why(tmp_path, target, component):
+    jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny", components=[component]).jobs
     assert jobs and {j.precision for j in jobs} == {"fp32"}
-    reason = TARGETS[target].facts.get("precision_limits", {}).get("hift", "")
-    assert "5.8 dB" in reason or target == "s25-htp"  # the HTP targets place every decoder in fp32 on the GPU
+    assert all("5.8 dB" in dict(j.placement)["recipe_precisions"] for j in jobs)  # recorded in each manifest entry
     if target != "s25-htp":  # fp16 still builds on request
-        assert {j.precision for j in make_plan("minicpm-o", target, tmp_path, components=["hift"], precisions=["fp16"]).jobs} == {"fp16"}
+        assert {j.precision for j in make_plan("minicpm-o", target, tmp_path, components=[component], precisions=["fp16"]).jobs} == {"fp16"}
 
 
 @pytest.mark.parametrize("target, kept, dropped, measured", [("llama-cpp", ("f16", "q8_0"), "q4_0", "lowering 37.2"),

@@ -109,11 +109,13 @@ def test_missing_mnn_names_the_extra(monkeypatch):
 def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, precision):
     """MNN's converter quantizes a ConvTranspose's weight in its ONNX layout [in, out, k], cut into
     `out` equal runs (and 32-input blocks for w4), not per output channel. One layer, converted and
-    run by MNN: the scheme reference's weights (`converter_quantized`) reproduce the .mnn's output
-    far beyond any gate, while quantizing per true output channel is no closer than fp32."""
+    run by MNN: the scheme reference's weights (`converter_quantized`, and the file's own weights as
+    `mnn_weights` decodes them) reproduce the .mnn's output far beyond any gate, while quantizing per
+    true output channel is no closer than fp32."""
     import torch
 
     from edgex.exporters.mnn import _FLAGS, convert, converter_quantized, minmax_asymmetric
+    from edgex.exporters.mnn_weights import quantized_weights
     from edgex.parity.metrics import snr_db
     from edgex.parity.runtimes.mnn import MnnRuntime
 
@@ -131,4 +133,7 @@ def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_pa
     got = MnnRuntime().load([tmp_path / "t.mnn"]).run([x.numpy()])[0].reshape(output(layer.weight).shape)
     per_output_channel = minmax_asymmetric(layer.weight.transpose(0, 1), bits, block).transpose(0, 1)
     assert snr_db(output(converter_quantized(layer, bits, block)), got) > 100
+    # the weights read back from the file (`mnn_weights`, MNN's loader's decoding) are what MNN runs
+    (stored,) = quantized_weights(tmp_path / "t.mnn").values()
+    assert snr_db(output(torch.from_numpy(stored.weight.reshape(layer.weight.shape))), got) > 100
     assert snr_db(output(per_output_channel), got) < snr_db(output(layer.weight), got) + 3 < 60

@@ -176,3 +176,165 @@ def test_diffusion_checkpoint_configs_reproduce_select_action(tmp_path, cameras,
                                 formats=("executorch",), components=["vision_encoder"])
         (features_pte,) = _pte_runs(pte_folder, "vision_encoder", _images(policy, observations[-1]))
         assert snr_db(feats[-1], np.asarray(features_pte)) >= 100.0
+
+
+# -- SmolVLA and pi0 (flow VLAs: every camera resized with padding to the model's resolution) ----------
+FLOW_CAMERAS = {
+    "1cam": {"observation.images.front": (3, 40, 56)},
+    "2cams-1shape": {"observation.images.top": (3, 48, 64), "observation.images.wrist": (3, 48, 64)},  # own statistics
+    "2cams-2shapes": {"observation.images.top": (3, 48, 64), "observation.images.wrist": (3, 60, 40)},
+    "3cams-2shapes": {"observation.images.left": (3, 40, 48), "observation.images.right": (3, 40, 48),
+                      "observation.images.wrist": (3, 36, 30)},
+}
+
+
+def _bf16_checkpoint(policy, folder):
+    """The published precision: the policy's weights rounded to bf16 (the eager policy keeps the rounded
+    values in fp32) and `model.safetensors` rewritten with bf16 tensors."""
+    from safetensors.torch import load_file, save_file
+
+    with torch.no_grad():
+        for p in policy.policy.parameters():
+            p.copy_(p.bfloat16().float())
+    _save(policy, folder)
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    save_file({k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}, str(path), metadata={"format": "pt"})
+
+
+def _task(vocab: int, length: int, seed: int):
+    """A tokenized task, right-padded as LeRobot's tokenizer pads it: the same for every chunk."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (1, length), generator=gen)
+    mask = (torch.arange(length) < length - 2)[None]
+    return tokens, mask
+
+
+def _flow_chunks(folder, policy, observations, steps, tokens, mask, noises, state_in_loop):
+    """vision_encoder -> prefix -> action_loop from the .onnx files, once per chunk, the first
+    `steps` actions of each: [chunks * steps, action_dim]."""
+    vision, prefix, loop = (_session(folder, n) for n in ("vision_encoder", "prefix", "action_loop"))
+    chunks = []
+    for obs, noise in zip(observations[::steps], noises):
+        image_tokens = vision.run_named(_images(policy, obs))
+        state = obs["observation.state"].numpy()
+        feed = {f"image_tokens_{n}": t for n, t in zip(policy.camera_names, image_tokens)}
+        feed |= {"lang_tokens": tokens.numpy(), "lang_mask": mask.float().numpy()}
+        if not state_in_loop:
+            feed["state"] = state
+        keys, values, valid = prefix.run_named(feed)
+        loop_feed = {"noise": noise.numpy(), **({"state": state} if state_in_loop else {}),
+                     "prefix_key": keys, "prefix_value": values, "prefix_mask": valid}
+        chunks.append(loop.run_named(loop_feed)[0][0, :steps])
+    return np.concatenate(chunks)
+
+
+# the suite runs two configs per family; the others are benchmarks (-m benchmark,
+# benchmarks/bench_policy_configs.py prints every config's figure)
+FLOW_CONFIGS = [pytest.param("1cam", 9, 2, False, id="1cam", marks=pytest.mark.benchmark),
+                pytest.param("2cams-1shape", 4, 6, False, id="2cams-own-stats", marks=pytest.mark.benchmark),
+                pytest.param("2cams-2shapes", 5, 7, True, id="2cams-2shapes"),
+                pytest.param("3cams-2shapes", 11, 3, False, id="3cams-2shapes")]
+# The chained files against select_action: fp32 rounding of three graphs and the Euler steps lands at
+# 100-140 dB (pi0's lowest 99.6); a camera normalized with another's statistics scores ~9 dB.
+FLOW_BAR_DB = 90.0
+FLOW_COMPONENTS = ["vision_encoder", "prefix", "action_loop"]
+SMOLVLA_SMALL = {"chunk_size": 6, "n_action_steps": 3, "max_state_dim": 12, "max_action_dim": 12,
+                 "resize_imgs_with_padding": (64, 64), "tokenizer_max_length": 5, "num_vlm_layers": 2, "num_steps": 3}
+
+
+@pytest.mark.parametrize("camera_set,state_dim,action_dim,pte", FLOW_CONFIGS)
+def test_smolvla_checkpoint_configs_reproduce_select_action(tmp_path, record_property, camera_set, state_dim, action_dim, pte):
+    """bf16 SmolVLA checkpoints: cameras of different shapes were refused ("edgex builds one vision
+    graph per shape"); each camera now runs at its own shape with its own statistics."""
+    from edgex.recipes.smolvla.facts import PRESETS
+    from edgex.recipes.smolvla.recipe import _policy, vlm_config
+
+    cameras = FLOW_CAMERAS[camera_set]
+    m = lerobot_modules()
+    spec = PRESETS["tiny"]["vlm"]
+    vlm_config(spec).save_pretrained(tmp_path / "vlm")  # the checkpoint's vlm_model_name: a local folder
+    inputs, outputs = features(state_dim, action_dim, cameras)
+    config = m.smolvla_config.SmolVLAConfig(input_features=inputs, output_features=outputs, device="cpu",
+                                            vlm_model_name=str(tmp_path / "vlm"), normalization_mapping=_mean_std_everywhere(),
+                                            **SMOLVLA_SMALL)
+    policy = _policy(config, vlm_config(spec), random_stats(config, 13), {})
+    seeded_weights(policy.policy, 13)
+    policy.policy.eval()
+    _bf16_checkpoint(policy, tmp_path / "ckpt")
+    folder, _ = _export("smolvla", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
+
+    steps = config.n_action_steps
+    observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
+    tokens, mask = _task(spec["text"]["vocab_size"], config.tokenizer_max_length, 3)
+    gen = torch.Generator().manual_seed(8)
+    noises = [torch.randn(1, config.chunk_size, config.max_action_dim, generator=gen) for _ in range(CHUNKS)]
+    policy.policy.reset()
+    eager = []
+    with torch.no_grad():
+        for i, obs in enumerate(observations):
+            batch = policy.preprocess(dict(obs)) | {"observation.language.tokens": tokens,
+                                                    "observation.language.attention_mask": mask}
+            eager.append(policy.postprocess(policy.policy.select_action(batch, noise=noises[i // steps])))
+    eager = torch.cat(eager).numpy()
+    figure = snr_db(eager, _flow_chunks(folder, policy, observations, steps, tokens, mask, noises, False))
+    record_property("select_action_snr_db", figure)
+    assert figure >= FLOW_BAR_DB
+    if pte:
+        _pte_matches_onnx("smolvla", tmp_path, folder, policy, observations[-1], record_property)
+
+
+def _pte_matches_onnx(model, tmp_path, folder, policy, obs, record_property):
+    """The camera graph as a .pte (its own export, gated against LeRobot's code): every camera's
+    tokens as the ONNX file gives them."""
+    pte_folder, _ = _export(model, tmp_path / "ckpt", tmp_path / "pte", formats=("executorch",), components=["vision_encoder"])
+    feed = _images(policy, obs)
+    onnx = _session(folder, "vision_encoder").run_named(feed)
+    pte = _pte_runs(pte_folder, "vision_encoder", feed)
+    figure = min(snr_db(a, np.asarray(b)) for a, b in zip(onnx, pte))
+    record_property("pte_vs_onnx_snr_db", figure)
+    assert figure >= 100.0
+
+
+PI0_SMALL = {"chunk_size": 6, "n_action_steps": 3, "max_state_dim": 12, "max_action_dim": 12, "image_resolution": (56, 56),
+             "tokenizer_max_length": 5, "num_inference_steps": 3}
+
+
+@pytest.mark.parametrize("camera_set,state_dim,action_dim,pte", FLOW_CONFIGS)
+def test_pi0_checkpoint_configs_reproduce_select_action(tmp_path, monkeypatch, record_property, camera_set, state_dim, action_dim, pte):
+    """bf16 pi0 checkpoints (the Gemma / SigLIP variant tables shrunk to tiny sizes, since a LeRobot
+    config names only the published variants): cameras of different shapes were refused; each camera
+    now runs at its own shape with its own statistics."""
+    from edgex.recipes.pi0 import facts
+    from edgex.recipes.pi0.recipe import _build, pi0_config_class
+    from edgex.recipes._lerobot.policy import Policy, processors
+
+    tiny = facts.PRESETS["tiny"]
+    monkeypatch.setattr(facts, "GEMMA_VARIANTS", {"gemma_2b": tiny["vlm"], "gemma_300m": tiny["expert"]})
+    monkeypatch.setattr(facts, "SIGLIP_SO400M", tiny["siglip"])
+    monkeypatch.setattr(facts, "PALIGEMMA_VOCAB", tiny["vocab_size"])
+    cameras = FLOW_CAMERAS[camera_set]
+    inputs, outputs = features(state_dim, action_dim, cameras)
+    config = pi0_config_class()(input_features=inputs, output_features=outputs, device="cpu",
+                                normalization_mapping=_mean_std_everywhere(), **PI0_SMALL)
+    stats = random_stats(config, 14)
+    model = _build(config, tiny)
+    seeded_weights(model, 14)
+    policy = Policy(model, stats, *processors(config, stats), {}, list(config.image_features))
+    _bf16_checkpoint(policy, tmp_path / "ckpt")
+    folder, _ = _export("pi0", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
+
+    steps = config.n_action_steps
+    observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
+    tokens, mask = _task(tiny["vocab_size"], config.tokenizer_max_length, 3)
+    gen = torch.Generator().manual_seed(8)
+    noises = [torch.randn(1, config.chunk_size, config.max_action_dim, generator=gen) for _ in range(CHUNKS)]
+    queued = iter(noises)  # LeRobot's pi0 `select_action` takes no noise: its sampler hands out these
+    monkeypatch.setattr(model.model, "sample_noise", lambda *_a, **_k: next(queued))
+    eager = _select_actions(policy, observations, {"observation.language.tokens": tokens,
+                                                   "observation.language.attention_mask": mask})
+    figure = snr_db(eager, _flow_chunks(folder, policy, observations, steps, tokens, mask, noises, True))
+    record_property("select_action_snr_db", figure)
+    assert figure >= FLOW_BAR_DB
+    if pte:
+        _pte_matches_onnx("pi0", tmp_path, folder, policy, observations[-1], record_property)

@@ -2,6 +2,8 @@
 SoC, run in the QAIRT x86 HTP simulator for parity; calibrated quantized schemes; refusals."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +17,19 @@ def _artifacts(proc, sidecars: bool = False) -> dict:
 
 
 def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
+    # The talker's step on s25-htp (fp16 context binary and .dlc) is exported, checked and corrupted
+    # in test_fault_injection.py; the predictor step stands for the LM roles here.
     proc = run_cli("export", "qwen3-tts", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "talker_decode,code_predictor_step,code2latent")
+                   "-c", "code_predictor_step,code2latent")
     data = json.loads(proc.stdout)
     # the .dlc entries are unverified here: status "incomplete", exit 3, the reason on stderr
     assert proc.returncode == 3 and data["status"] == "incomplete", proc.stderr[-3000:]
     assert "unverified" in proc.stderr and "--allow-unverified" in proc.stderr
     assert data["target_facts"]["htp_arch"] == "v79" and data["target_facts"]["soc_model"] == 69
     got = _artifacts(proc)
-    assert set(got) == {("talker_decode", "fp16"), ("code_predictor_step", "fp16"), ("code2latent", "fp32")}
+    assert set(got) == {("code_predictor_step", "fp16"), ("code2latent", "fp32")}
     out = tmp_path / "qwen3-tts" / "s25-htp"
-    for name in ("talker_decode", "code_predictor_step"):
+    for name in ("code_predictor_step",):
         a = got[(name, "fp16")]
         assert a["format"] == "qnn-context" and a["verdict"] == "pass", a["parity"]
         assert a["parity"]["method"] == "simulated" and a["parity"]["runtime"] == "qnn-htp-simulator"
@@ -46,9 +50,20 @@ def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
     assert "Adreno" in gpu["placement"]["device"] and "not the GPU" in gpu["placement"]["unverified"]
 
 
-def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--target", "s24-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "talker_decode", "-p", "fp16,w8a16,w4a16", "--calibration", "6")
+@pytest.fixture(scope="module")
+def s24(tmp_path_factory):
+    """Tiny talker_decode for s24-htp in fp16, w8a16 and w4a16 (6 calibration sets), exported on one
+    thread (torch's and ONNX Runtime's)."""
+    out = tmp_path_factory.mktemp("s24")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        proc = run_cli("export", "qwen3-tts", "--target", "s24-htp", "--preset", "tiny", "--out", str(out), "--json",
+                       "-c", "talker_decode", "-p", "fp16,w8a16,w4a16", "--calibration", "6", "--threads", "1")
+    return out, proc
+
+
+def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(s24):
+    _, proc = s24
     got = _artifacts(proc)
     fp16, w8, w4 = (got[("talker_decode", p)] for p in ("fp16", "w8a16", "w4a16"))
     for a in (fp16, w8, w4):
@@ -59,6 +74,38 @@ def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(tmp_path):
     # 4-bit weights without a better scheme break this graph: the gate says so and the run exits 1.
     assert w4["verdict"] == "fail" and w4["files"][0]["path"].startswith("failed/")
     assert proc.returncode == 1
+
+
+def test_a_w8a16_binary_exported_on_one_thread_verifies_on_two_and_another_qdq_graph_is_refused(s24, tiny, tmp_path, monkeypatch):
+    """`edgex verify` makes the QDQ graph again in its own process, at its own thread count, and
+    refuses a context binary whose recorded digest is not that graph's. The w8a16 binary exported on
+    one thread verifies with torch, OpenMP and the runtime on two; a QDQ graph made from other
+    calibration data (5 sets, not the 6 it was compiled from) is refused by the scheme reference and
+    by the stored-tensor check alike."""
+    from edgex.exporters import EXPORTERS
+
+    out, _ = s24
+    folder = tmp_path / "w8a16"
+    shutil.copytree(out / "qwen3-tts" / "s24-htp", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["precision"] == "w8a16"]  # the binary and its .dlc
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    proc = run_cli("verify", str(folder), "--threads", "2", "--allow-unverified", "sidecar", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {a["format"]: a for a in json.loads(proc.stdout)["artifacts"]}
+    binary = rows["qnn-context"]
+    assert binary["verdict"] == "pass" and binary["method"] == "simulated" and binary["problem"] == "", binary
+    assert binary["scheme"]["verdict"] == "pass" and binary["quantized_min_agreement_db"] > 40, binary
+    assert rows["qnn-dlc"]["verdict"] == "unverified", "the .dlc never runs here"
+
+    _, components = tiny
+    context = next(a for a in manifest["artifacts"] if a["format"] == "qnn-context")
+    qnn, files = EXPORTERS.get("qnn"), [folder / f["path"] for f in context["files"]]
+    with pytest.raises(RuntimeError, match="is not the one the context binary was compiled from"):
+        qnn.scheme_reference(components["talker_decode"], "w8a16", files, calibration_size=5)
+    refused = qnn.stored_quantized(components["talker_decode"], files, "w8a16", calibration_size=5)
+    assert list(refused) == ["QDQ graph"], refused
 
 
 def test_calibration_never_uses_the_parity_samples(tiny):
@@ -90,19 +137,54 @@ def test_refusals_are_one_line(tmp_path, args, message):
     assert not any(tmp_path.rglob("*.onnx"))
 
 
-def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float(tmp_path):
+def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float_and_its_table_is_read_back(tmp_path):
+    """The w8a16 decode binary stores its embedding (the table the device gathers from, shared with
+    the output head) as the QDQ graph's uint16 codes in two column blocks of 32: read back from
+    there, every row scores far above the gate and the artifact passes. One row changed in the
+    written binary fails it, naming the row."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    import edgex.exporters.qnn as qnn
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.tensors import tensor_parity
+    from edgex.recipes import RECIPES
+
     proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
                    "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
-    # The w8a16 binary's embedding table is not found in the context binary, so its stored quantized
-    # tensors are not all read back: the artifact ran and passed, yet stays unverified (exit 3).
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "decode.w8a16.qnn-context (embedding not read back" in proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
     got = _artifacts(proc)
     fp16, w8 = got[("decode", "fp16")], got[("decode", "w8a16")]
-    assert fp16["verdict"] == "pass" and w8["parity"]["verdict"] == "pass" and w8["verdict"] == "unverified"
+    assert fp16["verdict"] == "pass" and w8["verdict"] == "pass", w8.get("tensor_parity")
     assert fp16["parity"]["min_snr_db"] > w8["parity"]["min_snr_db"] > 10.0
     kept = w8["details"]["float_only"]
     assert kept["patterns"] == ["*.self_attn.g_proj"] and len(kept["nodes"]) == 4  # one per layer (tiny: 4)
+    table = w8["tensor_parity"]["tensors"]["embedding"]
+    assert table["type"] == "table, stored as 'model.embedding.weight_quantized'" and table["scored"] == "per row"
+    assert table["snr_db"] > 60.0 and table["rows_below_gate"] == 0  # uint16 codes at one scale: 82.3 dB worst row
+
+    out = tmp_path / "spark-x2.5" / "s25-htp"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    files = [Path(shutil.copy(out / f["path"], planted)) for f in w8["files"]]
+    binary_path = next(f for f in files if f.suffix == ".bin")
+    recipe = RECIPES.get("spark-x2.5")
+    (component,) = recipe.components(recipe.load("tiny", None, 0), ["decode"])
+    graph, _ = qnn._GRAPHS.get(component, "w8a16", None)
+    codes = next(numpy_helper.to_array(i) for i in onnx.load(str(graph)).graph.initializer
+                 if i.name == "model.embedding.weight_quantized")
+    binary = bytearray(binary_path.read_bytes())
+    row = 4242
+    at = binary.find(codes[row, :32].tobytes())
+    assert at >= 0 and binary.find(codes[row, 32:].tobytes()) > at  # the two column blocks, in order
+    binary[at:at + 64] = np.full(32, codes.max(), codes.dtype).tobytes()  # half of one row at the top code
+    binary_path.write_bytes(bytes(binary))
+    block = tensor_parity(EXPORTERS.get("qnn"), component, files, w8["parity"]["threshold_db"], "w8a16")
+    assert block["verdict"] == "fail" and block["tensors"]["embedding"]["worst_row"] == row, block
+    assert block["tensors"]["embedding"]["rows_below_gate"] == 1 and f"(row {row})" in block["failure"]
 
 
 def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):

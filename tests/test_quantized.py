@@ -36,7 +36,12 @@ def _tool_dequantized(key):
         layer[0].weight.data = torch.from_numpy(_W.copy())
         quantize_(layer, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8 if precision == "8da8w" else torch.int4,
                                                                weight_granularity=granularity))
-        return layer[0].weight.dequantize().float().numpy()
+        weight = layer[0].weight
+        if precision == "8da8w":
+            return weight.dequantize().float().numpy()
+        # ExecuTorch's XNNPACK serializer writes per-group scales in bfloat16 (node_visitor.get_quant_params)
+        scale = weight.scale.to(torch.bfloat16).float().repeat_interleave(32, dim=1)
+        return (weight.qdata.float() * scale).numpy()
     if exporter == "coreml":
         from coremltools.converters.mil.mil.ops.defs.iOS18 import compression
         from coremltools.optimize._utils import compute_qparams
@@ -64,6 +69,22 @@ def test_the_independent_quantizer_reproduces_each_formats_codes(key):
     ours = fake_quantize(_W, scheme)
     assert np.array_equal(ours, _tool_dequantized(key)), key
     assert snr_db(_W, ours) > (38 if scheme.bits == 8 else 17)
+
+
+@pytest.mark.parametrize("qtype", ["uint8", "int4"])
+def test_qdq_constants_of_tiny_range_take_the_htp_minimum_range(qtype):
+    """The QNN quantizer config widens every range to at least 1e-4 (`MinimumRealRange`): an
+    RMSNorm's eps of 1e-6 is stored as uint8 code 3 at scale 1e-4 / 255 (1.18e-6). The independent
+    quantizer reproduces ONNX Runtime's codes on such constants and on a Gaussian row alike."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType, quantize_nparray
+
+    onnx_type = {"uint8": TensorProto.UINT8, "int4": TensorProto.INT4}[qtype]
+    qmin, qmax = get_qmin_qmax_for_qType(onnx_type)
+    for weight in (np.full((1, 1), 1e-6, np.float32), np.array([[3e-5, -2e-5, 1e-5, 0.0]], np.float32), _W[:1]):
+        zero, scale = compute_scale_zp(np.array(weight.min()), np.array(weight.max()), qmin, qmax, False, min_real_range=1e-4)
+        tool = (quantize_nparray(onnx_type, weight, scale, zero).astype(np.float32) - float(zero)) * scale
+        assert np.array_equal(fake_quantize(weight, QDQ_SCHEMES[qtype]), tool), (qtype, weight)
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +186,7 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
     for files in (good_result.files, good_result.sidecars[0].files):
         block = quantized_parity(exporter, talker_decode, files, "w8a16")
         assert block["verdict"] == "pass" and block["tensors_checked"] >= 15, block["failures"]
+    _dlc_zero_point_off_by_one_fails(exporter, talker_decode, good_result.sidecars[0].files[0], tmp_path)
 
     graph = qnn.OnnxExporter.graph
 
@@ -188,3 +210,52 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
     assert bad.verdict == "fail" and bad.lowering["verdict"] == "fail", bad.lowering["min_snr_db"]
     assert bad.scheme["float_graph"]["verdict"] == "fail"
     assert any(f.startswith("reference: the fp32 graph") for f in bad.failures)
+
+
+def _dlc_zero_point_off_by_one_fails(exporter, component, dlc, tmp_path):
+    """The `.dlc` stores each per-tensor scale with its zero point as QNN's scale-offset pair
+    (float32 scale, int32 -zero point): one weight's zero point one step off in the written file
+    fails that tensor, though its integers and scale are untouched."""
+    import shutil
+
+    import edgex.exporters.qnn as qnn
+    from edgex.exporters.qdq_scheme import dequantized_constants
+    from edgex.parity.quantized import quantized_parity
+
+    graph, _ = qnn._GRAPHS.get(component, "w8a16", None)
+    name, (_, _q, scale, zero, _axis) = next((n, c) for n, c in dequantized_constants(onnx.load(str(graph))).items()
+                                             if c[1].dtype == np.uint8 and c[1].ndim == 2 and c[2].size == 1 and int(c[3]) != 0)
+    pair = np.float32(scale.reshape(-1)[0]).tobytes() + np.int32(-int(zero)).tobytes()
+    planted = tmp_path / "planted" / dlc.name
+    planted.parent.mkdir()
+    shutil.copy(dlc, planted)
+    data = planted.read_bytes()
+    at = data.find(pair)
+    assert at >= 0
+    planted.write_bytes(data[:at + 4] + np.int32(-int(zero) - 1).tobytes() + data[at + 8:])
+    block = quantized_parity(exporter, component, [planted], "w8a16")
+    assert block["verdict"] == "fail" and [f.split(":")[0] for f in block["failures"]] == [name], block["failures"]
+    assert "scales / zero points not found in the .dlc" in block["failures"][0]
+
+
+@pytest.mark.parametrize("name, precision", [("executorch", "8da4w"), ("mnn", "w4")])
+def test_a_file_with_one_layers_scales_doubled_fails_its_stored_tensor_check(talker_decode, tmp_path, name, precision):
+    """The `.pte`'s XNNPACK weights and the `.mnn`'s Convolution weights are read back from the file
+    and agree with the independent quantizer (ExecuTorch: exact codes and the bfloat16 group scales
+    XNNPACK stores, inf dB; MNN: exact codes, float rounding of its min arithmetic, ~144 dB); the same
+    file with layer 0's down-projection scales doubled in place fails, naming that weight. The
+    model-parity run alone passes such a file: its scheme reference reads the same weights."""
+    from planted_files import DOWN, plant_mnn, plant_pte
+
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.quantized import quantized_parity
+
+    exporter = EXPORTERS.get(name)
+    files = exporter.export(talker_decode, precision, tmp_path / f"t.{precision}{exporter.extension}").files
+    good = quantized_parity(exporter, talker_decode, files, precision)
+    assert good["verdict"] == "pass" and good["tensors_checked"] >= 15 and good["min_agreement_db"] > 120, good["failures"]
+    assert DOWN in good["tensors"]
+    (plant_pte if name == "executorch" else plant_mnn)(files[0], talker_decode, "scales x2")
+    bad = quantized_parity(exporter, talker_decode, files, precision)
+    assert bad["verdict"] == "fail" and [f.split(":")[0] for f in bad["failures"]] == [DOWN], bad["failures"]
+    assert bad["tensors"][DOWN]["agreement_db"] < 1

@@ -135,6 +135,7 @@ def test_calibration_draws_held_out_eager_activations(spark):
         assert any(float(b[2].abs().sum()) > 0 for b in batches), "real cache state, not zeros"
 
 
+@pytest.mark.benchmark  # in the suite: edgex pipeline over the CLI's ONNX fp32 graphs (tests/test_sweep.py), same runner
 def test_greedy_tokens_from_the_exported_graphs_match_the_reference(spark, tmp_path):
     loaded, components = spark
     model, opts = loaded.models, loaded.options

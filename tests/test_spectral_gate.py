@@ -151,7 +151,7 @@ def _artifact(component, module, path):
 
 def test_b_recipe_declares_hift_wav_and_source_spectral():
     facts = RECIPES.facts("minicpm-o")
-    assert facts.spectral_outputs == {"hift": ("wav", "source")} and facts.components["hift"] == "decoder"
+    assert facts.spectral_outputs == {"hift": ("wav", "source"), "hift_stream": ("wav",)} and facts.components["hift"] == "decoder"
 
 
 def test_b_faithful_hift_passes_on_the_spectral_figure_with_identical_verdicts(vocoder, tmp_path):

@@ -1,8 +1,10 @@
 """`edgex sweep`: points planned through the build planner, run through the build cache (reused
 after a re-hash), one table / JSON / CSV / PNG, and a recommendation that `edgex export` accepts.
 
-One small sweep (Spark-X2.5's decode step, ONNX fp32 + fp16, the fp16 gate set out of reach on
-purpose so a failed point must show) is run once through the CLI and once more from the cache."""
+One small sweep of the components Spark-X2.5's pipeline needs (prefill and decode, ONNX fp32 + fp16,
+the fp16 gate set out of reach on purpose so a failed point must show) is run once through the CLI,
+its recommendation tried in situ and then fed to `edgex pipeline --placement @FILE`, and once more
+from the cache."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from edgex.sweep.run import run_sweep
 
 pytestmark = pytest.mark.xdist_group("sweep")
 
-ARGS = ("spark-x2.5", "--target", "cpu", "-c", "decode", "-f", "onnx", "-p", "fp32,fp16", "--min-db", "fp16=200")
+ARGS = ("spark-x2.5", "--target", "cpu", "-c", "prefill,decode", "-f", "onnx", "-p", "fp32,fp16", "--min-db", "fp16=200")
 
 
 @pytest.fixture(scope="module")
@@ -34,33 +36,52 @@ def test_sweep_writes_table_json_csv_png_and_keeps_failed_points(swept):
     out, proc = swept
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
-    rows = {r["precision"]: r for r in summary["rows"]}
-    assert set(rows) == {"fp32", "fp16"}
-    assert rows["fp32"]["verdict"] == "pass" and float(rows["fp32"]["min_snr_db"]) > 60
-    assert rows["fp16"]["verdict"] == "fail", "a 200 dB gate cannot be met: the point stays, marked failed"
-    assert float(rows["fp16"]["scheme_db"]) > 30 and float(rows["fp16"]["lowering_db"]) > 30, "split figures as the gate reports them"
+    rows = {(r["component"], r["precision"]): r for r in summary["rows"]}
+    assert set(rows) == {(c, p) for c in ("prefill", "decode") for p in ("fp32", "fp16")}
+    for component in ("prefill", "decode"):
+        fp32, fp16 = rows[component, "fp32"], rows[component, "fp16"]
+        assert fp32["verdict"] == "pass" and float(fp32["min_snr_db"]) > 60
+        assert fp16["verdict"] == "fail", "a 200 dB gate cannot be met: the point stays, marked failed"
+        assert float(fp16["scheme_db"]) > 30 and float(fp16["lowering_db"]) > 30, "split figures as the gate reports them"
+        assert summary["pareto"][component] == [summary["rows"].index(fp32)], "only passing points are on the front"
     assert all(r["bytes"] > 0 and r["export_s"] > 0 and r["latency_ms"] > 0 for r in rows.values())
     with open(out / "sweep.csv") as f:
         table = list(csv.DictReader(f))
-    assert [r["verdict"] for r in table] == ["pass", "fail"]
+    assert sorted(r["verdict"] for r in table) == ["fail", "fail", "pass", "pass"]
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| onnx fp16 |" in (out / "sweep.md").read_text()
-    assert summary["pareto"]["decode"] == [summary["rows"].index(rows["fp32"])], "only passing points are on the front"
-    assert summary["recommendation"] == {"decode": "decode=onnx:fp32"}, "the best *passing* artifact"
-    assert summary["objective"] == {"decode": "latency_ms"}, "measured here for every passing point"
-    assert summary["in_situ"]["verdict"] == "not run" and "prefill" in summary["in_situ"]["reason"], "a stage was not swept"
+    assert summary["recommendation"] == {"prefill": "prefill=onnx:fp32", "decode": "decode=onnx:fp32"}, "the best *passing* artifacts"
+    assert summary["objective"] == {"prefill": "latency_ms", "decode": "latency_ms"}, "measured here for every passing point"
+    situ = summary["in_situ"]
+    assert situ["verdict"] == "pass" and situ["placement"] == ["prefill=onnx:fp32", "decode=onnx:fp32"], situ
+    assert [t["placement"] for t in situ["tried"]] == [situ["placement"]], "the failed fp16 points are never tried"
+    assert "# in situ: pass (edgex pipeline), placement 1 of at most 3" in (out / "recommended.placement").read_text()
     assert (out / "spark-x2.5" / "cpu" / "manifest.json").is_file(), "published as a build: verify and pipeline read it"
+
+
+def test_the_recommended_placement_passes_edgex_pipeline(swept):
+    """The README's second line: the sweep's recommendation file picks the stages of `edgex pipeline`."""
+    out, proc = swept
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ran = run_cli("pipeline", "spark-x2.5", str(out / "spark-x2.5" / "cpu"), "--placement", f"@{out / 'recommended.placement'}",
+                  "--frames", "8", "--json")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    report = json.loads(ran.stdout)
+    assert report["verdict"] == "pass" and report["failures"] == []
+    assert report["free_running"]["token_agreement"] == 1.0 and report["free_running"]["agreed_steps"] == 8, report["free_running"]
+    assert sorted((a["component"], a["format"], a["precision"]) for a in report["artifacts"]) == [
+        ("decode", "onnx", "fp32"), ("prefill", "onnx", "fp32")], "the stages the recommendation names, not the target's default"
 
 
 def test_a_second_sweep_reuses_every_point_after_rehashing(swept):
     out, proc = swept
     assert proc.returncode == 0, proc.stderr[-2000:]
-    jobs = sweep_jobs("spark-x2.5", "cpu", components=["decode"], formats=["onnx"], precisions=["fp32", "fp16"],
+    jobs = sweep_jobs("spark-x2.5", "cpu", components=["prefill", "decode"], formats=["onnx"], precisions=["fp32", "fp16"],
                       min_db={"fp16": 200.0})
     again = run_sweep(jobs, out)
-    assert [r["reused"] for r in again["rows"]] == [True, True]
+    assert [r["reused"] for r in again["rows"]] == [True] * 4
     cache = Cache(out / ".edgex-cache")
-    key = again["artifacts"][0]["build"]["key"]
+    key = next(a for a in again["artifacts"] if a["component"] == "decode" and a["precision"] == "fp32")["build"]["key"]
     artifact = next((cache.path(key)).glob("*/*/decode.fp32.onnx*"))
     with open(artifact, "r+b") as f:  # same size, other bytes: only the hash sees it
         f.seek(100)
@@ -75,9 +96,7 @@ def test_the_recommended_placement_is_accepted_by_export(swept):
                      "--dry-run", "--json", "--out", str(out / "follow"))
     assert placed.returncode == 0, placed.stderr
     jobs = json.loads(placed.stdout)["jobs"]
-    assert {(j["component"], j["format"], j["precision"]) for j in jobs if j["component"] == "decode"} == {("decode", "onnx", "fp32")}
-    assert {(j["format"], j["precision"]) for j in jobs if j["component"] == "prefill"} == {
-        ("executorch", "fp32"), ("executorch", "fp16"), ("onnx", "fp32"), ("onnx", "fp16")}, "other components keep the target's placement"
+    assert sorted((j["component"], j["format"], j["precision"]) for j in jobs) == [("decode", "onnx", "fp32"), ("prefill", "onnx", "fp32")]
 
 
 def test_calibration_sizes_are_points_of_the_calibrated_schemes_only():
@@ -157,6 +176,11 @@ def test_the_recommendation_is_tried_in_situ_in_objective_order_up_to_its_bound(
     none = recommend(rows, ("prefill", "decode"), placement_line, lambda p: tried.append(p) or {"verdict": "fail", "failures": ["x"]}, bound=2)
     assert len(tried) == 2 and none["in_situ"]["verdict"] == "fail" and none["chosen"] == {"prefill": None, "decode": None}
     assert "none of the first 2 placement(s) in objective order passed in situ" in placement_text("m", "t", none)
+
+    tried.clear()
+    partial = recommend(rows[3:], ("prefill", "decode"), placement_line, lambda p: tried.append(p) or {"verdict": "pass", "failures": []})
+    assert tried == [] and partial["in_situ"]["verdict"] == "not run" and "prefill" in partial["in_situ"]["reason"], "a stage was not swept"
+    assert partial["chosen"]["decode"]["precision"] == "w8a8", "the objective's best, stated as not tried in situ"
 
     timed = [_row("decode", "fp16", 650, latency=1.0), _row("decode", "w8a8", 440, latency=3.0)]
     fast = recommend(timed, (), placement_line, None)

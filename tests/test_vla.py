@@ -232,6 +232,8 @@ def test_smolvla_vlm_config_never_downloads(tmp_path, monkeypatch):
 
 
 def test_every_target_places_or_declines_each_vla_role():
+    from edgex.recipes.smolvla.facts import FACTS as SMOLVLA
+
     for target in TARGETS.values():
         for role in VLA_ROLES:
             placed = role in target.placements
@@ -239,12 +241,14 @@ def test_every_target_places_or_declines_each_vla_role():
             assert placed != declined, (target.name, role)
     for name in ("s25-htp", "s24-htp", "s23-htp"):
         assert all(p.precisions == ("fp16", "w8a16") for r in VLA_ROLES for p in TARGETS[name].placements[r])
-        # a flow step's fp16 time embedding loses its phases on the HTP: w8a16 by default, the reason in the facts
-        assert [p.precisions for p in TARGETS[name].placements_for("action", "action_step")] == [("w8a16",)]
-        assert "action_step" in TARGETS[name].facts["action_step_placement"]
-    for name in ("mnn", "apple"):  # fp16 step below the gate there too (18.2 / 29.2 dB): fp32, the reason in the facts
-        assert [p.precisions for p in TARGETS[name].placements_for("action", "action_step")] == [("fp32",)]
-        assert "action_step" in TARGETS[name].facts["action_step_placement"]
+        # a flow step's fp16 time embedding loses its phases on the HTP: w8a16 by default, the recipe says why
+        placed = SMOLVLA.placements_on(TARGETS[name], "action_step")
+        assert [p.precisions for p in placed] == [("w8a16",)] and "29.6 dB" in placed[0].recipe_precisions
+        assert [p.precisions for p in SMOLVLA.placements_on(TARGETS[name], "action_loop")] == [("fp16", "w8a16")]
+    for name in ("mnn", "apple"):  # fp16 step below the gate there too (18.2 / 29.2 dB): fp32
+        placed = SMOLVLA.placements_on(TARGETS[name], "action_step")
+        assert [p.precisions for p in placed] == [("fp32",)] and "18.2 dB" in placed[0].recipe_precisions
+        assert placed[0].to_json()["recipe_precisions"] == placed[0].recipe_precisions  # recorded in the manifest
 
 
 def test_fp32_components_get_each_targets_fp32_placement():
@@ -265,7 +269,7 @@ def test_fp32_components_get_each_targets_fp32_placement():
     for name in ("s25-htp", "s24-htp", "s23-htp"):
         target = TARGETS[name]
         assert jobs(PI0, target) == {("action_step", "onnx", "fp32"), ("action_loop", "onnx", "fp32")}
-        assert "pi0" in target.facts["fp32_placement"] and "CPU" in target.placements["fp32"][0].device
+        assert "fp32_components" in target.facts["fp32_placement"] and "CPU" in target.placements["fp32"][0].device
         assert {e for _, e, _ in jobs(SMOLVLA, target)} == {"qnn"}
         key, placed = parse_placement("action_loop=qnn:fp16")
         user = target.with_overrides({key: (placed,)}, PI0.components)

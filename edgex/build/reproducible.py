@@ -10,8 +10,8 @@ a rebuild's new sha256 is expected and `edgex verify` (parity re-run) is the che
 
 from __future__ import annotations
 
-# exporter -> (same sha256 on a rebuild?, what was measured / why not). Measured on qwen3-tts tiny
-# `talker_decode` (fp16; gguf f16), exported twice in separate `edgex build` runs with separate caches.
+# exporter -> (same sha256 on a rebuild?, what was measured / why not). Measured on a tiny speech
+# model's talker decode graph (fp16; gguf f16), exported twice in separate `edgex build` runs with separate caches.
 MEASURED: dict[str, tuple[bool, str]] = {
     "executorch": (True, "same .pte bytes on a rebuild"),
     "onnx": (True, "same .onnx and .onnx.data bytes on a rebuild"),

@@ -4,8 +4,9 @@ publish one output tree with per-folder manifests, a merged `build.json` and the
 Each job is one `export_model` call restricted to one component, format and precision, written
 into a temporary cache folder. Why one call per artifact and not one per
 group of artifacts: an artifact must be a function of its cache key alone, and a recipe's samples
-are not always independent of the other components derived with it (measured: Spark-X2.5's `decode`
-samples differ when `prefill` is derived in the same call; Qwen3-TTS's `talker_decode` do not). A
+are not always independent of the other components derived with it (measured: one language model's decode
+graph's samples differ when its prefill graph is derived in the same call; a speech model's talker decode
+graph's do not). A
 grouped call would make an artifact's parity samples, and a quantized artifact's calibration, depend
 on its neighbours in the build. And `export_model` is the public contract of what an export
 produces (files, manifest entries and their folders, verdicts, sidecars), so calling it inherits
@@ -17,7 +18,6 @@ What is published and how: `publish.py`.
 
 from __future__ import annotations
 
-import builtins
 import json
 import shutil
 import time
@@ -28,8 +28,8 @@ from .. import __version__
 from ..artifacts.keys import tree_sha256, weights_inputs
 from ..artifacts.lock import output_lock
 from ..errors import EdgexError
-from ..export import export_model
 from .cache import Cache, files_root
+from .commit import job_key_inputs
 from .executors import LocalExecutor, Pending
 from .publish import DISK_ERRNOS, PER_CALL, Outcome, disk_error, publish, sweep
 from .reproducible import reproducibility
@@ -37,15 +37,6 @@ from .shard import partition, recorded_costs
 from .spec import BuildJob, load_plan
 
 DEFAULT_CACHE = ".edgex-cache"
-
-
-def _io_failure(error: str) -> bool:
-    """An export recorded as verdict "error" by an OSError (its text starts with the type's name):
-    the machine failed to read or write (a full disk, a quota, a read-only or vanished folder; numpy
-    reports a full disk as "OSError: problem writing element N to file", without errno), which says
-    nothing about the artifact and would fail every later job the same way: the build stops."""
-    cls = getattr(builtins, error.partition(":")[0], None)
-    return isinstance(cls, type) and issubclass(cls, OSError)
 
 
 def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
@@ -119,42 +110,6 @@ def run_jobs(jobs: list[BuildJob], cache: Cache, progress, executor=None) -> lis
             verdicts = ", ".join(e["verdict"] for e in entries)
             progress(f"{tag}: {'reused' if reused else 'exported'} ({verdicts}, {seconds:.1f} s)")
     return outcomes
-
-
-def job_key_inputs(cache: Cache, job: BuildJob, weights: dict) -> dict:
-    """What the job's cache key is the digest of. A Ray worker computes it again before exporting:
-    the same key there means the same edgex, toolchain and weights as here."""
-    return cache.key_inputs(job, weights)
-
-
-def export_job(job: BuildJob, dest: Path, progress) -> dict:
-    """The job's one `export_model` call into `dest` (files under `<dest>/<model>/<target>/`); its manifest."""
-    manifest = export_model(
-        job.model, job.target, dest, preset=job.preset, checkpoint=Path(job.checkpoint) if job.checkpoint else None,
-        seed=job.seed, components=[job.component], formats=[job.exporter], precisions=[job.precision],
-        min_db=dict(job.min_db), placements=list(job.placements), calibration_size=job.calibration,
-        threads=job.threads, settings=dict(job.settings), progress=lambda message, _job: progress(message),
-    )
-    manifest.pop("manifest_path", None)
-    manifest.pop("reused", None)
-    return manifest
-
-
-def settle(job: BuildJob, cache: Cache, key: str, inputs: dict, staged: Path, manifest: dict,
-           export_seconds: float) -> Path | None:
-    """A finished export in `staged` (a cache staging folder) committed under its key; the entry's
-    files root, or None when it errored (an error may be transient: it is reported, never cached).
-    A write failure stops the build."""
-    errors = [a.get("error", "") for a in manifest["artifacts"] if a["verdict"] == "error"]
-    failure = next((e for e in errors if _io_failure(e)), None)
-    if failure:
-        free = shutil.disk_usage(cache.root).free
-        raise EdgexError(f"{job.id}: writing the export failed ({failure}; {free / 1e6:.1f} MB free under {cache.root}); "
-                         "the build stopped and removed its temporary files (published files are unchanged)")
-    if errors:
-        shutil.rmtree(staged, ignore_errors=True)
-        return None
-    return files_root(cache.commit(staged, key, inputs, {"id": job.id, "export_seconds": export_seconds}))
 
 
 def _check_unchanged(checkpoint: str, before: str, cache: Cache, fresh_keys: list[str]) -> None:

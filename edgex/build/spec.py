@@ -6,17 +6,17 @@ seed = 0
 threads = 1                      # runtime threads for parity runs
 
 [[entry]]
-model = "qwen3-tts"
+model = "MODEL"                  # a registered model (`edgex list`)
 preset = "tiny"                  # or checkpoint = "path" (relative to the build file)
 targets = ["cpu", "s25-htp"]
-components = ["talker_decode"]   # optional filters, as `edgex export -c/-f/-p`
+components = ["COMPONENT"]       # optional filters, as `edgex export -c/-f/-p`
 formats = ["onnx", "qnn"]
 precisions = ["fp16"]
 min_db = { "*" = 30, decoder = 40 }   # gate overrides: "*", ROLE, PRECISION or ROLE:PRECISION
 placements = ["decoder=qnn:fp16"]
 set = { context = 256 }          # recipe build options
 calibration = 8
-name = "qwen3-tts-tiny"          # output folder instead of the model name
+name = "MODEL-tiny"              # output folder instead of the model name
 ```
 
 Every name is checked here, through the same planner `edgex export` uses, before anything is built.
@@ -217,7 +217,7 @@ def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) 
     for target in _strings(entry["targets"], "targets", where):
         tgt = get_target(target)
         if placements:
-            tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.components)
+            tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.placement_roles)
         for job in plan(recipe, tgt, components, formats, precisions, calibration):
             jobs.append(BuildJob(
                 index, name, recipe.name, preset, str(checkpoint) if checkpoint else None, seed,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EdgexError
+from ..parity.stored import StoredTensor
 
 if TYPE_CHECKING:
     from ..parity.scheme import Reference, StoredScheme
@@ -45,20 +46,6 @@ class ExportResult:
     io_float_dtype: str  # dtype of the artifact's float inputs/outputs ("float32" / "float16")
     details: dict = field(default_factory=dict)
     sidecars: list[Sidecar] = field(default_factory=list)
-
-
-@dataclass
-class StoredTensor:
-    """One tensor as a written file stores it, dequantized to float32, and the eager weight it
-    stands for (None where the file holds a tensor the component does not declare, or lacks one).
-    `rows`: a gather table, scored row by row. `readable` False: the format cannot be read back
-    here, so the tensor is unverified (`type` says why)."""
-
-    type: str
-    stored: np.ndarray | None
-    original: np.ndarray | None
-    rows: bool = False
-    readable: bool = True
 
 
 class Exporter(ABC):

@@ -7,7 +7,7 @@
 A component's fp16 program is converted once and kept (the last component only): `w8` and `w4`
 compress that program with the compression pass alone. A conversion runs ~90 MIL passes, each
 followed by a validation of the whole program, which costs minutes on an unrolled loop graph
-(minicpm-o's 10-step `flow_chunk`); compressing per precision costs one pass.
+(a 10-step flow-matching chunk graph); compressing per precision costs one pass.
 
 Two graph rewrites work around coremltools 9.0's torch frontend (tested with torch 2.7, not 2.13):
 an integer `clamp(x, min)` becomes `clamp_min` (its `clamp` converter promotes ints to float and
@@ -54,7 +54,7 @@ def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
             node.target = logical[node.target]
         elif node.target == torch.ops.aten.reciprocal.default and node.args[0].meta["val"].is_floating_point():
             # coremltools converts reciprocal to MIL `inverse`, whose default epsilon computes
-            # 1 / (x + 1e-4): pi0's RoPE frequencies 1 / theta^(2i/d) came out 1e-4 off and its
+            # 1 / (x + 1e-4): a VLA's RoPE frequencies 1 / theta^(2i/d) came out 1e-4 off and its
             # fp32 action step scored 53.7 dB. x^-1 is the exact reciprocal.
             node.target, node.args = torch.ops.aten.pow.Tensor_Scalar, (node.args[0], -1.0)
     program.graph_module.recompile()

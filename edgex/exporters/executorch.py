@@ -37,10 +37,15 @@ def _quantize(module: nn.Module, precision: str, float_only: tuple[str, ...]) ->
         "8da4w": lambda: Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
         "w8": Int8WeightOnlyConfig,
     }
-    def quantizable(m: nn.Module, fqn: str) -> bool:
-        return isinstance(m, nn.Linear) and m.in_features % 32 == 0 and not any(fnmatch(fqn, p) for p in float_only)
+    quantize_(module, configs[precision](), filter_fn=lambda m, fqn: quantizable(m, fqn, float_only))
 
-    quantize_(module, configs[precision](), filter_fn=quantizable)
+
+def quantizable(module: nn.Module, fqn: str, float_only: tuple[str, ...]) -> bool:
+    """Whether torchao quantizes this layer here: a linear layer whose input divides into groups of
+    32 and that no `float_only` pattern keeps in float."""
+    from torch import nn
+
+    return isinstance(module, nn.Linear) and module.in_features % 32 == 0 and not any(fnmatch(fqn, p) for p in float_only)
 
 
 def _xnnpack_ready(program, precision: str):
@@ -51,7 +56,7 @@ def _xnnpack_ready(program, precision: str):
     partitioner must refuse. Quantized programs skip it: it would fold each weight's dequantize
     into a float constant and undo the scheme. Propagation runs on the functionalized program: in
     torch.export's graph an in-place op may still write to a tensor that only looks constant
-    (pi0's loop: "constant ... is mutated in the forward method")."""
+    (a VLA's Euler loop: "constant ... is mutated in the forward method")."""
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
@@ -65,7 +70,7 @@ def _compact_view_constants(program) -> None:
     """Constant propagation folds a slice of a weight (`in_proj_weight[d:2 * d]`, the key rows of a
     packed attention projection) into a constant that is a view into the weight's storage; XNNPACK's
     serializer writes such a constant from the start of its storage, so the key and value projections
-    of ACT's attention ran with the query rows (a .pte at -0.8 dB against its own module). Every
+    of a one-pass action policy's attention ran with the query rows (a .pte at -0.8 dB against its own module). Every
     constant that is a view becomes a compact copy of its own."""
     import torch
 
@@ -159,22 +164,15 @@ def _constant_data(path: Path):
     three copies of a 1.7b model's weights to find one embedding table. Constants live either in
     the flatbuffer (`constant_buffer`) or, as the serializer writes them by default, in the
     constant segment at `constant_segment.offsets`, as `_restore_constant_segment` reads them."""
-    import mmap
+    from .xnnpack_weights import program_segments
 
-    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    from executorch.exir._serialize._program import _get_extended_header
-
-    with open(path, "rb") as f:
-        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    header = _get_extended_header(bytes(view[:64]))
-    program = _flatbuffer_to_program(bytes(view[: header.program_size if header else len(view)]))
-    segment = program.constant_segment
-    if header is None or segment is None or not segment.offsets:
+    program, segment = program_segments(path)
+    constants = program.constant_segment
+    if segment is None or constants is None or not constants.offsets:
         return program, lambda index: program.constant_buffer[index].storage
-    located = program.segments[segment.segment_index]
-    start = header.segment_base_offset + located.offset
-    ends = [*segment.offsets[1:], located.size]
-    return program, lambda index: view[start + segment.offsets[index] : start + ends[index]]
+    data = segment(constants.segment_index)
+    ends = [*constants.offsets[1:], len(data)]
+    return program, lambda index: data[constants.offsets[index] : ends[index]]
 
 
 @EXPORTERS.register("executorch")
@@ -195,29 +193,103 @@ class ExecuTorchExporter(Exporter):
     requires = ("executorch", "torchao")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
-        """torchao (same config): a `.pte` keeps its weights inside XNNPACK's delegate blob, not
-        readable here, but they are exactly what `prepare` makes, which is deterministic: quantize
-        again with the very same function and read the dequantized weights back from torchao.
-        The 8da schemes quantize each quantized layer's input per token to int8 (asymmetric) at
-        run time; that is applied as fake quantization."""
+        """Read from the file: every quantized weight of the XNNPACK delegates (`xnnpack_weights`),
+        dequantized as XNNPACK reads it (codes x the scales the file stores: float32 per channel,
+        bfloat16 per group of 32), swapped in for the linear layer's weight it holds (paired by
+        content, `_file_weights`). torchao is not run. The 8da schemes quantize each quantized
+        layer's input per token to int8 (asymmetric) at run time; that is applied as fake
+        quantization."""
         import torch
-        from torchao.utils import TorchAOBaseTensor
 
-        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight
 
         if precision in ("fp32", "fp16"):
             return super().stored_scheme(component, precision, files)
-        quantized, _ = prepare(component, precision)
-        graph_linears = called_modules(component)  # torchao also converts linears the graph never calls
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a layout `xnnpack_weights` does not read
+            return self._independent_scheme(component, precision, f"the file's weights not read back: {error}")
+        weights, activations, notes = {}, {}, []
+        for key, stored, param, module in paired:
+            if param is None:
+                notes.append(f"quantized weight {key} of the file holds no linear layer's weight of the component")
+                continue
+            weights[param] = StoredWeight(component.module.get_parameter(param).detach(), torch.from_numpy(stored.weight))
+            if precision.startswith("8da"):
+                activations[module] = ActivationQuant(DYNAMIC, bits=8)
+        return StoredScheme("read from the file (XNNPACK delegates' quantized weights)", weights, activations, notes)
+
+    @staticmethod
+    def _independent_scheme(component: Component, precision: str, why: str):
+        """The independent quantizer's torchao scheme (`edgex.parity.quantizer`) applied to every
+        layer torchao quantizes here, for a file whose weights cannot be read back; labelled so."""
+        import torch
+
+        from ..parity.quantizer import fake_quantize, scheme_for
+        from ..parity.scheme import DYNAMIC, ActivationQuant, StoredScheme, StoredWeight, called_modules
+
+        scheme = scheme_for("executorch", precision)
+        names = {id(p): n for n, p in component.module.named_parameters()}
         weights, activations = {}, {}
-        for name, module in quantized.named_modules():
-            weight = getattr(module, "weight", None)
-            if isinstance(weight, TorchAOBaseTensor) and name in graph_linears:
-                original = component.module.get_submodule(name).weight
-                weights[f"{name}.weight"] = StoredWeight(original, weight.dequantize().to(torch.float32))
-                if precision.startswith("8da"):
-                    activations[name] = ActivationQuant(DYNAMIC, bits=8)
-        return StoredScheme("torchao (same config)", weights, activations)
+        for module in sorted(called_modules(component)):
+            layer = component.module.get_submodule(module)
+            if scheme is None or not quantizable(layer, module, component.float_only):
+                continue
+            original = layer.weight.detach()
+            weights[names[id(layer.weight)]] = StoredWeight(original, torch.from_numpy(fake_quantize(original.float().numpy(), scheme)))
+            if precision.startswith("8da"):
+                activations[module] = ActivationQuant(DYNAMIC, bits=8)
+        return StoredScheme(f"independent quantizer's {scheme.name if scheme else precision} scheme ({why})", weights, activations)
+
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every quantized weight of the XNNPACK delegates, dequantized from the file, beside the
+        eager weight of the linear layer it holds (`_file_weights`), to be scored against the
+        independent quantizer's torchao scheme (with the bfloat16 scales XNNPACK stores for groups)."""
+        import numpy as np
+
+        from ..parity.quantized import QuantizedTensor
+        from ..parity.quantizer import scheme_for
+
+        scheme = scheme_for(self.name, precision)
+        if scheme is None:
+            return None
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a layout `xnnpack_weights` does not read: unverified, never guessed
+            return f"quantized weights of {files[0].name} not read back: {error}"
+        found = {}
+        for key, stored, param, _module in paired:
+            name = param or f"xnnpack weight {key}"
+            if name in found:
+                name = f"{name} (again, {key})"
+            original = (component.module.get_parameter(param).detach().float().numpy() if param is not None
+                        else np.zeros((0,), np.float32))
+            found[name] = QuantizedTensor(stored.weight, original, scheme)
+        return found
+
+    def _file_weights(self, component: Component, files: list[Path]):
+        """(named data key, `XnnpackWeight`, the parameter name of the linear weight it holds or
+        None, a module name that calls it) for every quantized weight of the file. The file keys
+        its weights by a hash of their bytes, so each is paired with a linear layer the graph calls
+        by content (`edgex.parity.quantized.paired_by_content`)."""
+        from ..parity.quantized import paired_by_content
+        from ..parity.scheme import called_modules
+        from .xnnpack_weights import quantized_weights
+
+        names = {id(p): n for n, p in component.module.named_parameters()}
+        linears: dict[str, str] = {}  # parameter name -> a module calling it
+        for module in sorted(called_modules(component)):
+            weight = component.module.get_submodule(module).weight
+            linears.setdefault(names[id(weight)], module)
+        stored = quantized_weights(files[0])
+        pairs = paired_by_content({k: w.weight for k, w in stored.items()},
+                                  {n: component.module.get_parameter(n).detach().float().numpy() for n in linears})
+        out = []
+        for key, weight in stored.items():
+            hit = pairs[key]
+            param = hit[0] if hit is not None and not hit[1] else None  # XNNPACK's linear weights are [out, in]
+            out.append((weight.key[:12], weight, param, linears.get(param)))
+        return out
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """The program's constant tensors (those outside the XNNPACK delegate, such as a gather's

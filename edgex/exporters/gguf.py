@@ -139,6 +139,10 @@ class GgufExporter(Exporter):
         writer = gguf.GGUFWriter(str(dest), layout.architecture)
         for key, value in layout.metadata.items():
             _add_metadata(writer, key, value)
+        if layout.vocab is None:
+            writer.add_tokenizer_model("none")
+        else:
+            layout.vocab.write(writer)
         writer.add_file_type(_SCHEMES[precision][1])
         _add_metadata(writer, FEED_PREFIX + "inputs", list(feed.inputs))
         _add_metadata(writer, FEED_PREFIX + "outputs", list(feed.outputs))

@@ -13,15 +13,13 @@ gate measures the result.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter
+from .mnn_converter import run_converter
 from .onnx import OnnxExporter
 
 if TYPE_CHECKING:
@@ -34,26 +32,13 @@ _FLAGS = {
     "w8": ["--weightQuantBits", "8"],
     "w4": ["--weightQuantBits", "4", "--weightQuantBlock", str(W4_BLOCK)],
 }
-_CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv[1:])"
 
 
 def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
-    """Run MNN's converter on an ONNX file; returns its log. It returns success even when it fails,
-    so success is the output file existing and being non-empty."""
-    dest.unlink(missing_ok=True)
+    """Run MNN's converter on an ONNX file; returns its log."""
     argv = ["MNNConvert", "-f", "ONNX", "--modelFile", str(onnx_path.resolve()), "--MNNModel", str(dest.resolve()),
             "--bizCode", "edgex", *flags]
-    # The converter writes scratch files under fixed names in its working directory: concurrent
-    # conversions sharing one produced broken graphs (measured: zero logits). Give each its own.
-    with tempfile.TemporaryDirectory(prefix="mnnconvert-") as scratch:
-        env = dict(os.environ, TMPDIR=scratch)
-        proc = subprocess.run([sys.executable, "-c", _CONVERT, *argv], capture_output=True, text=True, timeout=3600,
-                              cwd=scratch, env=env)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0 or not dest.is_file() or dest.stat().st_size == 0:
-        last = [line for line in log.splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"MNN converter failed (exit {proc.returncode}): {' | '.join(last)}")
-    return log
+    return run_converter(argv, dest)
 
 
 def minmax_asymmetric(weight, bits: int, block: int | None):
@@ -106,24 +91,94 @@ class MnnExporter(Exporter):
     requires = ("onnx", "onnxscript", "MNN")
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
-        """Same scheme applied in PyTorch: the `.mnn` keeps quantized weights inside its convolution
-        ops' parameters, which MNN's Python API does not expose, so each linear layer the graph calls
-        and every conv layer of the wrapper is quantized here the way the converter does it
-        (`converter_quantized`). MNN dequantizes at load and computes in float, so activations are
-        not quantized."""
+        """Read from the file: every quantized Convolution weight of the `.mnn` (`mnn_weights`),
+        dequantized as MNN's loader does, swapped in for the module tensor it holds (paired by
+        content, `_file_weights`). MNN dequantizes at load and computes in float, so activations
+        are not quantized."""
+        import numpy as np
+        import torch
+
+        from ..parity.scheme import StoredScheme, StoredWeight
+
+        if precision not in ("w8", "w4"):
+            return super().stored_scheme(component, precision, files)
+        weights, notes = {}, []
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a coding `mnn_weights` does not decode
+            return self._converter_scheme(component, precision, f"the file's weights not read back: {error}")
+        for op, stored, name, original in paired:
+            if name is None:
+                notes.append(f"quantized weight of op {op} holds no tensor of the component")
+                continue
+            weights[name] = StoredWeight(original.detach(), torch.from_numpy(np.ascontiguousarray(stored.weight).reshape(original.shape)))
+        return StoredScheme("read from the file (MNN Convolution weights, decoded as MNN's loader does)", weights, notes=notes)
+
+    @staticmethod
+    def _converter_scheme(component: Component, precision: str, why: str):
+        """The converter's scheme applied in PyTorch (`converter_quantized`) to each linear layer the
+        graph calls and every conv layer, for a file whose weights cannot be read back."""
         from torch import nn
 
         from ..parity.scheme import StoredScheme, StoredWeight, called_modules
 
-        if precision not in ("w8", "w4"):
-            return super().stored_scheme(component, precision, files)
         bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
-        linears = called_modules(component)  # those the ONNX graph has as MatMul with a constant weight
+        linears = called_modules(component)
         layers = {name: m for name, m in component.module.named_modules()
                   if name in linears or isinstance(m, nn.modules.conv._ConvNd)}  # convs: also those applied via F.conv*
         weights = {f"{name}.weight": StoredWeight(m.weight, converter_quantized(m, bits, block)) for name, m in layers.items()}
-        return StoredScheme(f"same scheme applied in PyTorch (MNN converter's asymmetric int{bits} chunks, not read from the .mnn)",
-                            weights)
+        return StoredScheme(f"same scheme applied in PyTorch (MNN converter's asymmetric int{bits} chunks; {why})", weights)
+
+    def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
+        """Every quantized Convolution weight of the `.mnn`, dequantized from the file, beside the
+        module tensor it holds, both as the file's scale groups lay them out (rows of output
+        channels, blocks of 32 inputs x kernel where the converter blocked them), scored against
+        the independent min / max quantizer."""
+        import numpy as np
+
+        from ..parity.quantized import QuantizedTensor
+        from ..parity.quantizer import scheme_for, with_block
+
+        if precision not in ("w8", "w4"):
+            return None
+        scheme = scheme_for(self.name, precision)
+        try:
+            paired = self._file_weights(component, files)
+        except ValueError as error:  # a coding `mnn_weights` does not decode: unverified, never guessed
+            return f"quantized weights of {files[0].name} not read back: {error}"
+        found = {}
+        for op, stored, name, original in paired:
+            laid = np.zeros((0,), np.float32) if original is None else original.detach().float().numpy().reshape(stored.weight.shape)
+            key = name or f"op {op}"
+            found[key if key not in found else f"{key} (again, op {op})"] = QuantizedTensor(stored.weight, laid, with_block(scheme, stored.group))
+        return found
+
+    def _file_weights(self, component: Component, files: list[Path]):
+        """(op name, `MnnWeight`, the name of the module tensor it holds or None, that tensor laid
+        out as the file stores it) for every quantized Convolution weight of the `.mnn`. The
+        converter names ops after ONNX nodes, so each is paired by content
+        (`edgex.parity.quantized.paired_by_content`) with the component's float parameters and
+        buffers (an RMS norm's mean column becomes a quantized 1 x n convolution)."""
+        from ..parity.quantized import paired_by_content
+        from .mnn_weights import quantized_weights
+
+        tensors = {}
+        for name, t in [*component.module.named_parameters(), *component.module.named_buffers()]:
+            if t.is_floating_point() and t.ndim >= 1:
+                tensors.setdefault(name, t)
+        stored = quantized_weights(files[0])
+        pairs = paired_by_content({op: w.weight for op, w in stored.items()},
+                                  {n: t.detach().float().numpy() for n, t in tensors.items()})
+        out = []
+        for op, weight in stored.items():
+            hit = pairs[op]
+            if hit is None:
+                out.append((op, weight, None, None))
+                continue
+            name, transposed = hit
+            original = tensors[name].t() if transposed else tensors[name]
+            out.append((op, weight, name, original))
+        return out
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """The `Const` variables of the graph as MNN's expression API loads them (a gather's table is

@@ -9,11 +9,15 @@ ONNX Runtime's quantizer suffixes `_quantized`) and checked against the independ
 at the scale the graph records for it. The eager model then runs with those weights swapped in and
 every linear layer's input fake-quantized at the scale and zero point the graph records there (`qdq_stored_scheme`); which linear emitted a MatMul / Gemm is read from the fp32
 graph's name scopes (`pkg.torch.onnx.name_scopes`), as the quantizer keeps node names.
+
+`graph_digest` identifies a QDQ graph: the context binary records the digest of the graph it was
+compiled from, and the graph made again for the checks must have it.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,17 @@ if TYPE_CHECKING:
 
 _OWN_BIAS = re.compile(r"\.edgex_bias\d+$")  # `qnn._own_biases` copies
 _LINEAR_OPS = ("MatMul", "Gemm")
+
+
+def graph_digest(model: "onnx.ModelProto") -> str:
+    """sha256 of a graph's nodes and initializers (not its name or doc strings): equal digests mean
+    the same computation with the same stored values."""
+    digest = hashlib.sha256()
+    for node in model.graph.node:
+        digest.update(node.SerializeToString(deterministic=True))
+    for init in model.graph.initializer:
+        digest.update(init.SerializeToString(deterministic=True))
+    return digest.hexdigest()
 
 
 def float_name(quantized: str) -> str:
@@ -63,7 +78,7 @@ def qdq_tensors(model: "onnx.ModelProto", float_model: "onnx.ModelProto") -> dic
     """Every quantized constant of the QDQ graph as a `QuantizedTensor` beside the fp32 graph's
     constant it was made from."""
     from ..parity.quantized import QuantizedTensor, blockwise
-    from ..parity.quantizer import QDQ_SCHEMES, RANGE_WITH_ZERO, WeightScheme, with_block
+    from ..parity.quantizer import QDQ_SCHEMES, QNN_MIN_RANGE, RANGE_WITH_ZERO, WeightScheme, with_block
 
     originals = _arrays(float_model)
     found = {}
@@ -87,7 +102,7 @@ def qdq_tensors(model: "onnx.ModelProto", float_model: "onnx.ModelProto") -> dic
         if scheme is None:
             info = np.iinfo(q.dtype)
             scheme = WeightScheme(f"QDQ {dtype} per {'channel' if scale.size > 1 else 'tensor'}", info.bits, int(info.min),
-                                  int(info.max), RANGE_WITH_ZERO)
+                                  int(info.max), RANGE_WITH_ZERO, min_range=QNN_MIN_RANGE)
         rows, block = blockwise(stored, tuple(scale_shape) if q.ndim else ())
         base, _ = blockwise(original, tuple(scale_shape) if original.ndim else ())
         found[name] = QuantizedTensor(rows, base, with_block(scheme, block))
@@ -146,7 +161,7 @@ def qdq_stored_scheme(component: "Component", model: "onnx.ModelProto", float_mo
             missing.append(layer)
     notes = ["activations fake-quantized at the scale and zero point the QDQ graph records on each linear layer's input; the "
              "graph's other activations (linear outputs, norms, attention) are float here: the HTP keeps values past their "
-             "calibrated range where a QuantizeLinear saturates (tiny talker_decode w8a16: quantizing the linear outputs "
+             "calibrated range where a QuantizeLinear saturates (a tiny talker decode graph at w8a16: quantizing the linear outputs "
              "too brought this reference to 16.6 dB of fp32 eager, the binary itself scores 23.3)"]
     if missing:
         notes.append(f"linear layers with no quantized input in the graph: {', '.join(sorted(missing))}")

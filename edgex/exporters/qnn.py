@@ -35,7 +35,10 @@ from .onnx import OnnxExporter, drop_unread_initializers, nodes_from_modules
 if TYPE_CHECKING:
     from ..component import Component
 
-# scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names
+# scheme -> (weight type, activation type) as onnxruntime.quantization.QuantType names. `per_channel`
+# applies to Conv / ConvTranspose kernels only: QNN's MatMul takes no per-channel weights, so the QNN
+# quantizer config gives every MatMul weight one scale (measured: all 21 uint8 weights of a tiny LLM
+# decode graph at w8a16 per tensor; a gather's table takes the activation type, uint16 per tensor).
 _FLOAT_OPS = ("Sqrt", "Reciprocal")
 _SCHEMES = {"w8a16": ("QUInt8", "QUInt16"), "w4a16": ("QInt4", "QUInt16"), "w8a8": ("QUInt8", "QUInt8")}
 # The .dlc is written by its own backend session (QAIRT's IR backend), holds its own copy of the
@@ -106,7 +109,7 @@ def _quantize_qdq(source: Path, dest: Path, component: Component, precision: str
     weights, activations = _SCHEMES[precision]
     source = _own_biases(source, dest)
     float_only = nodes_from_modules(source, component.float_only)
-    htp_fp16 = _fp16_on_htp(source)
+    htp_fp16 = _fp16_on_htp(source) + sampling_nodes(source, component)
     config = get_qnn_qdq_config(str(source), Reader(), activation_type=getattr(QuantType, activations),
                                 weight_type=getattr(QuantType, weights), per_channel=True,
                                 nodes_to_exclude=float_only + htp_fp16 or None)
@@ -131,8 +134,8 @@ def _own_biases(source: Path, dest: Path) -> Path:
 
     ONNX Runtime's quantizer gives each reader of a shared bias its own copy itself, named
     `<bias><n>` for the next free number among initializers only (`_dup_initializer`): with
-    torch.onnx's `val_<n>` names that can be an existing activation's name. Diffusion Policy's
-    unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
+    torch.onnx's `val_<n>` names that can be an existing activation's name. A diffusion
+    policy's unrolled DDIM loop reads GroupNorm's constant bias `val_16` from 64 InstanceNormalization
     nodes, the copy `val_1636` took the name of a Reshape output, and quantization stopped with
     "Quantization parameter shared mode is not supported for weight yet"; where no error follows,
     the node reads that activation as its bias (tests/test_qnn.py)."""
@@ -219,14 +222,18 @@ class _Graphs:
 
 
 def _float_key(component: Component) -> str:
-    """sha256 of what a component's fp32 ONNX graph is a function of (see `_Graphs`)."""
+    """sha256 of what a component's fp32 ONNX graph is a function of (see `_Graphs`): edgex's source,
+    the tool versions, the component's specs, its modules' classes, every parameter and buffer."""
     import torch
 
     from ..artifacts.keys import edgex_source_sha256
     from ..toolchain import versions
 
     specs = [component.name, [s.to_json() for s in component.inputs], [s.to_json() for s in component.outputs]]
-    digest = hashlib.sha256(json.dumps([edgex_source_sha256(), versions(), specs], sort_keys=True, default=str).encode())
+    # The graph is a function of its modules' code too: a module of a class defined outside edgex and
+    # its pinned packages (a wrapper patched for a test) must not get another module's graph back.
+    classes = [f"{name}:{type(m).__module__}.{type(m).__qualname__}" for name, m in component.module.named_modules()]
+    digest = hashlib.sha256(json.dumps([edgex_source_sha256(), versions(), specs, classes], sort_keys=True, default=str).encode())
     for name, tensor in itertools.chain(component.module.named_parameters(), component.module.named_buffers()):
         digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
         digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
@@ -267,7 +274,7 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
     """Write the QDQ graph's digest into the EPContext model (hashed with it in the manifest)."""
     import onnx
 
-    from ..parity.graph_reference import graph_digest
+    from .qdq_scheme import graph_digest
 
     digest = graph_digest(onnx.load(str(qdq)))
     model = onnx.load(str(ctx), load_external_data=False)
@@ -278,13 +285,50 @@ def _record_digest(ctx: Path, qdq: Path) -> str:
 
 def _fp16_on_htp(source: Path) -> list[str]:
     """Nodes left in float (fp16 on the HTP) whatever the scheme: the HTP's 16-bit quantized
-    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on Spark-X2.5 tiny decode:
+    Sqrt -> Reciprocal of an RMSNorm is wrong for small variances (measured on a tiny LLM decode graph:
     the same QDQ graph scores 13-16 dB on ONNX Runtime CPU and 0-4 dB in the HTP simulator, 13-17 dB
     with these nodes in float)."""
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
     return [n.name for n in graph.node if n.op_type in _FLOAT_OPS]
+
+
+# Ops that only move or reshape a tensor: followed from a noise input to the Add that uses it.
+_MOVES = ("Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Cast")
+_CHOICES = ("ArgMax", "TopK")
+
+
+def sampling_nodes(source: Path, component: Component) -> list[str]:
+    """The nodes of a sampling graph that take its noise input to the scores and the choice (the
+    moves of the noise, the Add `logits + noise`, the ArgMax after it): left in float (fp16 on the
+    HTP) whatever the scheme. A static range calibrated by min / max on a few noise draws clips a later draw's larger
+    values, and Gumbel noise is unbounded: every score above the range saturates to the same value
+    and the argmax among them is arbitrary (measured on an unrolled 15-step sampling graph at
+    w8a16: one step's Add calibrated to 8.95, a held-out draw's best score there 14.07, a code
+    flipped at margin 4.55 against a 0.65 tie margin; docs/targets-and-formats.md). In fp16 the
+    scores are resolved to 2^-7 at 16."""
+    import onnx
+
+    noise = {s.sampled_from[1] for s in component.outputs if s.sampled_from and s.sampled_from[1]}
+    if not noise:
+        return []
+    graph = onnx.load(str(source), load_external_data=False).graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found, frontier = [], [i.name for i in graph.input if i.name in noise]
+    while frontier:
+        for node in consumers.get(frontier.pop(), []):
+            if node.name in found or node.op_type not in (*_MOVES, "Add"):
+                continue
+            found.append(node.name)
+            if node.op_type in _MOVES:
+                frontier += list(node.output)
+            else:  # the choice read from the scores: a quantized input would be the same saturated range
+                found += [c.name for out in node.output for c in consumers.get(out, []) if c.op_type in _CHOICES]
+    return found
 
 
 def _context_binary(ctx: Path) -> Path:
@@ -313,7 +357,7 @@ def _dequantize(q, *, scale, zero, axis: int):
 def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
     """(table, factor) for each float table a Gather reads whose rows are then multiplied by a
     scalar constant (a token embedding times sqrt(hidden)): the HTP's fp16 graph stores that table
-    already multiplied (measured: SmolVLA's and pi0's prefix, `embed_tokens` x 8 on the tiny
+    already multiplied (measured: two VLAs' prefix graphs, `embed_tokens` x 8 on the tiny
     preset, rows contiguous in fp16), so it is looked for that way too."""
     import numpy as np
     from onnx import numpy_helper
@@ -334,6 +378,39 @@ def _gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 
 
 def _located(data: bytes, raw) -> "np.ndarray | None":
+    """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
+    block of `_column_blocks` is located on its own (`_located_block`) and the table read back
+    from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode graph's
+    w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
+    each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
+    is not found (e.g. tiled)."""
+    import numpy as np
+
+    for blocks in _column_blocks(raw.shape[1]):
+        width = raw.shape[1] // blocks
+        parts = []
+        for b in range(blocks):
+            part = _located_block(data, np.ascontiguousarray(raw[:, b * width:(b + 1) * width]))
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            return np.concatenate(parts, axis=1) if blocks > 1 else parts[0]
+    return None
+
+
+def _column_blocks(width: int, least: int = 16) -> list[int]:
+    """How many equal column blocks a table of `width` columns is looked for in: 1, then 2, 4, ...
+    while a block keeps at least `least` values (16 bytes of 8-bit codes: a shorter probe matches
+    by chance)."""
+    counts, n = [], 1
+    while width % n == 0 and width // n >= least:
+        counts.append(n)
+        n *= 2
+    return counts or [1]
+
+
+def _located_block(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous: the rows' bytes are searched at up to 64
     places, and the start most found rows agree on (row i at start + i * row bytes) is read back.
     None where 8 probes spread over the rows find none (not stored so, e.g. tiled)."""
@@ -367,9 +444,9 @@ class QnnExporter(Exporter):
     precisions = ("fp16", *_SCHEMES)
     schemes = {  # what each precision means in this format, one line each (edgex list)
         "fp16": "the float graph computed in fp16 on the HTP",
-        "w8a16": "static QDQ: uint8 per-channel weights, uint16 activations calibrated on eager activations",
-        "w4a16": "static QDQ: int4 per-channel weights, uint16 activations calibrated on eager activations",
-        "w8a8": "static QDQ: uint8 per-channel weights, uint8 activations calibrated on eager activations",
+        "w8a16": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint16 activations calibrated on eager activations",
+        "w4a16": "static QDQ: int4 weights (per tensor in MatMul, per channel in Conv), uint16 activations calibrated on eager activations",
+        "w8a8": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint8 activations calibrated on eager activations",
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
 
@@ -386,7 +463,7 @@ class QnnExporter(Exporter):
         wrapper or the ONNX export would otherwise be in the QDQ graph's weights and scales alike."""
         import onnx
 
-        from ..parity.graph_reference import graph_digest
+        from .qdq_scheme import graph_digest
         from ..parity.scheme import build, called_modules
         from .qdq_scheme import qdq_stored_scheme
 
@@ -424,7 +501,7 @@ class QnnExporter(Exporter):
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
         if files[0].suffix != ".dlc":
-            from ..parity.graph_reference import graph_digest
+            from .qdq_scheme import graph_digest
 
             if _metadata(files[0]).get(QDQ_DIGEST) != graph_digest(model):
                 return {"QDQ graph": _mismatch("the QDQ graph made again is not the one the context binary records")}
@@ -437,15 +514,19 @@ class QnnExporter(Exporter):
     def stored_constants(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                          **_target):
         """The context binary is the HTP's own format, but it keeps a gather's table as it is given,
-        rows contiguous (measured: the predictor step's stacked table in fp16, row i at a fixed base +
-        i * 128 bytes), while it tiles matmul weights. So each 2-D constant of the graph the binary
+        rows contiguous, whole or in column blocks (`_located`; measured: the predictor step's stacked
+        table in fp16, row i at a fixed base + i * 128 bytes; an LLM decode graph's w8a16 table in
+        uint16 codes, two blocks of 32 columns), while it tiles matmul weights. So each 2-D constant of the graph the binary
         was compiled from (`_GRAPHS`, as for the scheme reference), encoded the way the HTP stores
         it (fp16 for float constants, the QDQ graph's integers for quantized ones), is located in the
         binary by its rows' bytes and read from there, decoded (a 3-D constant, a stack of tables,
-        by the rows of all of them). Constants not stored contiguously (tiled weights) are not listed."""
+        by the rows of all of them). Only constants that may hold one of the component's tables are
+        looked for (`may_hold_table`); those not stored so (tiled weights) are not listed."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
+
+        from ..parity.tensors import may_hold_table
 
         graph, _ = _GRAPHS.get(component, precision, calibration_size)
         model = onnx.load(str(graph))
@@ -466,6 +547,8 @@ class QnnExporter(Exporter):
         data = _context_binary(files[0]).read_bytes()
         found = {}
         for name, (raw, decode) in encoded.items():
+            if not may_hold_table(raw.shape, component.tables):
+                continue
             rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
             stored = _located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
             if stored is not None:
@@ -474,8 +557,8 @@ class QnnExporter(Exporter):
 
     def _binary_tables(self, component: Component, files: list[Path], precision: str, calibration_size: int | None):
         """The context binary's gather tables (`stored_constants`). A table not found row-contiguous
-        is unverified, not missing: the HTP may keep it another way (measured: Spark-X2.5's decode
-        table, which its output head shares, in w8a16), and its layout is not documented."""
+        (whole or in column blocks) is unverified, not missing: the HTP may keep some table another
+        way, and its layout is not documented."""
         tables = super().stored_tensors(component, files, precision, calibration_size=calibration_size)
         for name, t in (tables or {}).items():
             if t.stored is None:
@@ -570,9 +653,13 @@ def _mismatch(why: str):
 
 def _in_dlc(path: Path, model, tensors: dict) -> dict:
     """`tensors` (the QDQ graph's) as the `.dlc` stores them: each constant's integers must be in
-    `model.params.bin` (as stored or in QAIRT's layouts) and its scale values, as float32, in the
-    graph member `model`; then the graph's dequantized values stand for the `.dlc`'s. A constant
-    missing from either fails (compared with an empty tensor)."""
+    `model.params.bin` (as stored or in QAIRT's layouts) and its quantization in the graph member
+    `model`: a per-tensor scale with its zero point as QNN's scale-offset pair (float32 scale, then
+    int32 offset = -zero point; a zero point of 0 is the field's default, which the graph member
+    leaves out, so there the scale alone; measured on every per-tensor constant of two tiny LLM
+    decode graphs at w8a16, w8a8 and w4a16: uint8, uint16 and int4), per-channel
+    scales as float32 values (their offsets are not matched here). Then the graph's dequantized values stand
+    for the `.dlc`'s. A constant missing from either fails (compared with an empty tensor)."""
     import numpy as np
 
     from .qdq_scheme import dequantized_constants
@@ -581,12 +668,15 @@ def _in_dlc(path: Path, model, tensors: dict) -> dict:
     data, graph = members["model.params.bin"], members["model"]
     qdq = dequantized_constants(model)
     for name, tensor in tensors.items():
-        _, q, scale, _zero, _axis = qdq[name]
+        _, q, scale, zero, _axis = qdq[name]
         layouts = [q, *(q.transpose(p) for p in _QAIRT_LAYOUTS.get(q.ndim, ()))]
         codes = q.size < 2 or any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
-        scales = graph.find(np.ascontiguousarray(scale, np.float32).tobytes()) >= 0
+        quantization = np.ascontiguousarray(scale, np.float32).tobytes()
+        if scale.size == 1 and int(np.reshape(zero, -1)[0]) != 0:  # an offset of 0 is the default, not written
+            quantization += np.int32(-int(np.reshape(zero, -1)[0])).tobytes()
+        scales = graph.find(quantization) >= 0
         if not (codes and scales):
-            what = " and ".join(w for w, ok in (("integers", codes), ("scales", scales)) if not ok)
+            what = " and ".join(w for w, ok in (("integers", codes), ("scales / zero points", scales)) if not ok)
             tensors[name] = _mismatch(f"{what} not found in the .dlc")
     return tensors
 
@@ -598,7 +688,7 @@ _FOLDED = ("unverified: read only by nodes whose inputs are all constants, which
 def _folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
     DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on ACT, whose first decoder layer starts from a constant zero query:
+    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
     its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
     nor the constants around it."""
     constant = {i.name for i in graph.initializer}

@@ -15,8 +15,8 @@ def norm_decompositions() -> dict:
 
     ExecuTorch's portable `native_layer_norm` kernel (XNNPACK does not take the op) runs in the
     tensor's own type: in fp16 its row sums lose the mean and variance of a wide row. A 1024-channel
-    LayerNorm (Qwen3-TTS 0.6b Code2Wav's ConvNeXt, inputs of RMS 1) came out at -4.8 dB in the `.pte`
-    and at 65 dB in eager fp16, and the whole `latent2wav` `.pte` fp16 at 9.8 dB. Written out as
+    LayerNorm (a 0.6b speech decoder's ConvNeXt, inputs of RMS 1) came out at -4.8 dB in the `.pte`
+    and at 65 dB in eager fp16, and that decoder's whole conv stack `.pte` fp16 at 9.8 dB. Written out as
     means, XNNPACK takes the norm into its delegate (the means become pooling,
     `last_axis_reductions_as_pooling`) and accumulates in float32."""
     import torch
@@ -59,8 +59,8 @@ def last_axis_reductions_as_pooling(program) -> int:
     as `max.dim` of a 4D tensor (max pooling); every LayerNorm / RMSNorm written out by hand
     (`x.mean(-1, keepdim=True)`, fp16 RMSNorm's row peak, Qwen3's rank-4 q / k norms too) otherwise
     stays outside the delegate and splits it. Each split is a partition, and executorch legalizes and
-    recompiles the whole graph once per partition and runs XNNPACK's passes per partition: the tiny
-    `flow_chunk` (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`,
+    recompiles the whole graph once per partition and runs XNNPACK's passes per partition: a tiny
+    flow-matching chunk graph (2 steps) went from 63 to 27 partitions. `[..., C]` is reshaped to `[1, N, C, 1]`,
     reduced over C and reshaped back: the same values. Returns how many were rewritten."""
     import operator
 

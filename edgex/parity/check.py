@@ -13,6 +13,10 @@ model) for other figures. Every output is scored over every step:
   copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
 - Waveform outputs a component declares `spectral` (their phase is free) are gated by their
   phase-insensitive spectral figure (`metrics.spectral_db`); their SNR is recorded beside it.
+- Action outputs a component declares in `actions` (a policy's unnormalized actions) are also
+  scored by their action error (`metrics.action_error`: per dimension, RMS over the chunk, in units
+  of that dimension's spread), gated at `gates.ACTION_ERROR`: an SNR over the chunk weighs the
+  dimensions by their magnitudes, and a loose SNR gate lets a wrong small-valued dimension through.
 - A NaN or inf fails, with its own reason first on the report: in the artifact's output (its
   figures are -inf) or in the reference (nothing can be compared with it).
 """
@@ -30,7 +34,7 @@ import torch
 from ..component import LOGITS, TOKENS, Component, Inputs, TensorSpec
 from ..artifacts.files import strict_json
 from . import metrics
-from .gates import tie_db
+from .gates import ACTION_ERROR, tie_db
 from .runtimes.base import Session
 
 Reference = Callable[[Inputs, dict[str, torch.Tensor] | None], Inputs]
@@ -47,6 +51,7 @@ class ParityReport:
     min_waveform_snr_db: float | None = None  # `spectral` outputs: their lowest SNR (recorded, not deciding)
     min_token_agreement: float | None = None
     min_top1_agreement: float | None = None  # logits outputs: the lowest top-1 agreement (reported, judged by the tie rule)
+    max_action_error: float | None = None  # `actions` outputs: the worst dimension's error, in units of its spread
     samples: dict = field(default_factory=dict)  # sample -> output -> scores
     divergences: list = field(default_factory=list)  # every token / top-1 flip, tie-break or not
     failures: list = field(default_factory=list)  # why the verdict is "fail", one line each
@@ -155,6 +160,9 @@ def _signal(component: Component, spec: TensorSpec, inputs: Inputs, ref: np.ndar
     written = component.written.get(spec.name)
     if spec.name in component.spectral:
         return _figures(ref, out) | {"spectral_db": metrics.spectral_db(ref, out)}
+    if spec.name in component.actions:
+        errors = metrics.action_error(ref, out, component.actions[spec.name])
+        return _figures(ref, out) | {"action_error": float(np.max(errors)), "action_error_dims": [float(e) for e in errors]}
     if written is None:
         return _figures(ref, out)
     mask = np.zeros(ref.shape, bool)
@@ -251,7 +259,7 @@ def measure(
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
-    snrs, waveform, agreements, top1, failures, nonfinite = [], [], [], [], [], []
+    snrs, waveform, agreements, top1, actions, failures, nonfinite = [], [], [], [], [], [], []
     for sample, inputs in component.samples.items():
         result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db,
                               tie_level_db)
@@ -263,10 +271,12 @@ def measure(
         waveform += [s["snr_db"] for s in result.scores.values() if "spectral_db" in s]
         agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
         top1 += [s["top1_agreement"] for s in result.scores.values() if "top1_agreement" in s]
+        actions += [s["action_error"] for s in result.scores.values() if "action_error" in s]
     report.min_snr_db = metrics.lowest(snrs)
     report.min_waveform_snr_db = metrics.lowest(waveform)
     report.min_token_agreement = min(agreements) if agreements else None
     report.min_top1_agreement = min(top1) if top1 else None
+    report.max_action_error = max(actions) if actions else None
     if not component.samples:
         failures.append(f"{component.name} has no samples: nothing was run")
     elif not snrs and not agreements:
@@ -274,6 +284,8 @@ def measure(
     if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
         figure = "min SNR / spectral figure" if component.spectral else "min SNR"
         failures.insert(0, f"{figure} {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
+    if actions and not report.max_action_error <= ACTION_ERROR:
+        failures.append(f"action error {report.max_action_error:.3g} of a dimension's spread above the {ACTION_ERROR:g} gate")
     report.nonfinite = nonfinite
     report.failures = nonfinite + failures  # a NaN / inf is the reason, the -inf figure its consequence
     report.verdict = "fail" if report.failures else "pass"

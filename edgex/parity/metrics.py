@@ -123,3 +123,20 @@ def spectral_db(ref: np.ndarray, out: np.ndarray, resolutions=SPECTRAL_RESOLUTIO
     if signal == 0.0:
         return -math.inf
     return 10.0 * math.log10(signal / noise)
+
+
+def action_error(ref: np.ndarray, out: np.ndarray, spread) -> np.ndarray:
+    """Per action dimension (the last axis): the RMS error over every other axis (the steps of a
+    chunk), in units of that dimension's spread in the policy's data (`spread`, its standard
+    deviation in the policy's own units), lower is better. A gripper and a joint angle then count
+    alike, whatever their units and ranges; an SNR over the whole chunk would weigh them by their
+    magnitudes, and a large-valued dimension hides a small one. NaN / inf in either -> inf."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    spread = np.asarray(spread, np.float64).reshape(-1)
+    dims = ref.shape[-1] if ref.ndim else 1
+    if spread.size != dims:
+        raise ValueError(f"action spread has {spread.size} dimension(s), the actions {dims}")
+    if not finite(ref, out):
+        return np.full(dims, math.inf)
+    diff = (out - ref).reshape(-1, dims)
+    return np.sqrt(np.mean(diff**2, axis=0)) / spread

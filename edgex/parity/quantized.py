@@ -129,3 +129,40 @@ def blockwise(array: np.ndarray, scale_shape: tuple) -> tuple[np.ndarray, int | 
     if blocked:
         block = shape[blocked[0]] // scale_shape[blocked[0]] * math.prod(shape[a] for a in reduced)
     return moved.reshape(count, -1), block
+
+
+def paired_by_content(stored: dict[str, np.ndarray], candidates: dict[str, np.ndarray], samples: int = 4096) -> dict[str, tuple[str, bool] | None]:
+    """For a file that does not name its weights (XNNPACK's named data is keyed by a hash of the
+    bytes, MNN's converter names ops after ONNX nodes), the eager tensor each stored tensor holds:
+    among `candidates` of the same element count, the one whose values point the same way as the
+    stored ones (cosine similarity, blind to scale, so a tensor stored with doubled scales or a
+    zeroed head is still paired with its own weight and then fails its check; among equal
+    cosines, such as constant columns, the closest in value), as laid out or,
+    for a 2-D candidate, transposed. Returns (candidate name, transposed), or None where no
+    candidate has the element count. Compared on `samples` evenly spaced positions: unrelated
+    Gaussian weights score ~1/sqrt(samples), a tensor and its quantization ~1. Pairing says which
+    weight a file holds, not where its graph reads it; the model parity run covers that."""
+    flat = {}
+    for name, array in candidates.items():
+        array = np.asarray(array, np.float32)
+        flat.setdefault(array.size, []).append((name, array))
+    result = {}
+    for key, array in stored.items():
+        array = np.asarray(array, np.float32)
+        pick = np.linspace(0, array.size - 1, min(samples, array.size)).astype(np.int64)
+        mine = array.reshape(-1)[pick]
+        best, best_score = None, (-2.0, 0.0)
+        for name, candidate in flat.get(array.size, []):
+            layouts = [(False, candidate.reshape(-1)[pick])]
+            if array.ndim == 2 and candidate.ndim == 2 and candidate.shape[::-1] == array.shape:
+                rows, columns = np.divmod(pick, array.shape[1])
+                layouts.append((True, candidate[columns, rows]))  # the same positions of the transpose, not copied whole
+            for transposed, theirs in layouts:
+                norm = float(np.linalg.norm(mine) * np.linalg.norm(theirs))
+                cosine = float(mine @ theirs) / norm if norm > 0 else float(np.array_equal(mine, theirs))
+                # candidates pointing the same way (constant columns, a norm's ones): the closest in value
+                score = (round(cosine, 3), -float(np.mean((mine - theirs) ** 2)))
+                if score > best_score:
+                    best, best_score = (name, transposed), score
+        result[key] = best
+    return result

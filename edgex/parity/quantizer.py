@@ -21,12 +21,15 @@ The schemes, each from the format's own documentation or reference implementatio
   scale = range / (2^b - 1), zero point roundf(-min / scale); q = roundf(x / scale) + zero point,
   clamped to [0, 2^b - 1]. Scales fp32.
 - ONNX QDQ (QuantizeLinear as the ONNX spec defines it: round half to even, saturate; scale and
-  zero point as ONNX Runtime's static quantizer derives them, `compute_scale_zp`): per channel,
-  range widened to include 0; asymmetric uint8 [0, 255] / int4 [-8, 7] with zero point
+  zero point as ONNX Runtime's static quantizer derives them, `compute_scale_zp`): per channel or
+  per tensor, range widened to include 0 and, for the HTP, to at least 1e-4 (its
+  `min_real_range`); asymmetric uint8 [0, 255] / int4 [-8, 7] with zero point
   round(qmin - min / scale); symmetric int8 [-127, 127] with zero point 0. Scales fp32.
 - torchao's affine weight quantization as ExecuTorch's 8da8w / 8da4w use it (symmetric
   `choose_qparams_affine`): scale = absmax / ((qmax - qmin) / 2), codes round-half-even in
-  [-128, 127] per channel (int8) or [-8, 7] per group of 32 (int4). Scales fp32.
+  [-128, 127] per channel (int8) or [-8, 7] per group of 32 (int4). The codes use the fp32 scale;
+  the `.pte`'s XNNPACK delegate keeps per-channel scales in fp32 and per-group scales in bfloat16
+  (ExecuTorch's XNNPACK serializer casts them).
 - Core ML `constexpr_blockwise_shift_scale`, linear symmetric (coremltools' documented mode):
   int8 [-127, 127] per output channel, int4 [-7, 7] in blocks of 32; scale = absmax / qmax,
   round half to even; the program is fp16, so weights and scales are fp16.
@@ -72,6 +75,7 @@ class WeightScheme:
     codes_from_stored_scale: bool = True  # False: codes use the fp32 scale, the file keeps it rounded (ggml)
     weight_dtype: str = "float32"  # the precision the format quantizes and dequantizes in (Core ML: fp16 programs)
     exact: bool = True  # the format's quantizer is deterministic to this definition: codes must agree
+    min_range: float = 0.0  # RANGE_WITH_ZERO: the range is widened to at least this (max = min + min_range)
 
     @property
     def zero_point(self) -> bool:
@@ -129,6 +133,8 @@ def quantize(weight: np.ndarray, scheme: WeightScheme) -> Quantized:
         scale = np.where(-low > high, low, high) / np.float32(scheme.divisor)
     elif scheme.scale_rule == RANGE_WITH_ZERO:
         low, high = np.minimum(low, 0), np.maximum(high, 0)
+        if scheme.min_range:
+            high = np.maximum(high, low + np.float32(scheme.min_range))
         scale = ((high.astype(np.float64) - low) / (scheme.qmax - scheme.qmin)).astype(np.float32)
     else:  # RANGE
         scale = (high - low) / np.float32(scheme.qmax - scheme.qmin)
@@ -184,7 +190,8 @@ SCHEMES: dict[tuple[str, str], WeightScheme] = {
     ("onnx", "8da4w"): WeightScheme("MatMulNBits int4, blocks of 32 with zero points", 4, 0, 15, RANGE_WITH_ZERO, block=32,
                                     rounding=HALF_AWAY),
     ("executorch", "8da8w"): WeightScheme("torchao int8 symmetric per channel", 8, -128, 127, ABSMAX, divisor=127.5),
-    ("executorch", "8da4w"): WeightScheme("torchao int4 symmetric per group of 32", 4, -8, 7, ABSMAX, divisor=7.5, block=32),
+    ("executorch", "8da4w"): WeightScheme("torchao int4 symmetric per group of 32, bfloat16 scales", 4, -8, 7, ABSMAX, divisor=7.5,
+                                          block=32, scale_dtype="bfloat16", codes_from_stored_scale=False),
     ("coreml", "w8"): WeightScheme("Core ML linear symmetric int8 per channel", 8, -127, 127, ABSMAX,
                                    scale_dtype="float16", weight_dtype="float16"),
     ("coreml", "w4"): WeightScheme("Core ML linear symmetric int4 in blocks of 32", 4, -7, 7, ABSMAX, block=32,
@@ -194,10 +201,14 @@ SCHEMES: dict[tuple[str, str], WeightScheme] = {
 }
 
 # ONNX QDQ weight types (QuantizeLinear's output type) -> the scheme ONNX Runtime's static quantizer
-# gives them for the HTP: asymmetric per channel for unsigned and int4 weights, symmetric for int8.
+# gives them for the HTP: asymmetric for unsigned and int4 weights, symmetric for int8, per tensor
+# or per channel as the graph's scales say. The HTP needs a range of at least 1e-4 (the QNN quantizer
+# config's `MinimumRealRange`): a constant of smaller range, an RMSNorm's eps of 1e-6, is stored at
+# scale 1e-4 / (qmax - qmin) (uint8: code 3 for 1e-6, 1.18e-6).
+QNN_MIN_RANGE = 1e-4
 QDQ_SCHEMES = {
-    "uint8": WeightScheme("QDQ uint8 asymmetric", 8, 0, 255, RANGE_WITH_ZERO),
-    "int4": WeightScheme("QDQ int4 asymmetric", 4, -8, 7, RANGE_WITH_ZERO),
+    "uint8": WeightScheme("QDQ uint8 asymmetric", 8, 0, 255, RANGE_WITH_ZERO, min_range=QNN_MIN_RANGE),
+    "int4": WeightScheme("QDQ int4 asymmetric", 4, -8, 7, RANGE_WITH_ZERO, min_range=QNN_MIN_RANGE),
     "int8": WeightScheme("QDQ int8 symmetric", 8, -127, 127, ABSMAX, divisor=127.0),
 }
 

@@ -323,7 +323,7 @@ class _Eager(Session):
         return [t.detach().cpu().numpy() for t in self._reference(tuple(torch.from_numpy(np.asarray(x)) for x in inputs))]
 
 
-_FIGURES = ("threshold_db", "min_snr_db", "min_waveform_snr_db", "min_token_agreement", "min_top1_agreement", "samples", "divergences", "failures", "verdict")
+_FIGURES = ("threshold_db", "min_snr_db", "min_waveform_snr_db", "min_token_agreement", "min_top1_agreement", "max_action_error", "samples", "divergences", "failures", "verdict")
 
 
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,

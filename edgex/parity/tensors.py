@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..component import Component
-from ..exporters.base import StoredTensor
 from . import metrics
+from .stored import StoredTensor
 
 
 def row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:

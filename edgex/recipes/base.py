@@ -56,6 +56,21 @@ def parse_settings(values: list[str] | None) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class ComponentPrecisions:
+    """The precisions a component is placed at by default where its own arithmetic needs other ones
+    than its role's placement on a target gives (a time embedding fp16 cannot resolve, a head that
+    keeps a calibrated scheme beside fp16), and why, with the measured figures. Targets place roles
+    only; this is how a recipe narrows or widens that for one of its components without naming
+    itself in a target. `by_exporter`: exporter name, or "*" for any exporter, -> precisions."""
+
+    by_exporter: dict[str, tuple[str, ...]]
+    reason: str
+
+    def on(self, exporter: str) -> tuple[str, ...] | None:
+        return self.by_exporter.get(exporter, self.by_exporter.get("*"))
+
+
+@dataclass(frozen=True)
 class RecipeFacts:
     """What a recipe declares in its light `facts` module: everything needed to check a command
     line and print `edgex list` without building (or importing) the model."""
@@ -82,9 +97,6 @@ class RecipeFacts:
     # (`metrics.spectral_db`) is gated in place of their waveform SNR, which is recorded beside it.
     spectral_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def coarse_reason(self, component: str, precision: str) -> str | None:
-        """Why `precision` is too coarse for `component` (see `coarse`), or None."""
-        return self.coarse.get(component, {}).get(precision)
     # Distributions (pip names) whose code or data the eager model and its reference run, beyond
     # torch and numpy (`edgex.artifacts.keys.BASE_PACKAGES`): their versions are in the key of this
     # recipe's artifacts only, so upgrading one re-exports this recipe's artifacts and no other's.
@@ -93,6 +105,33 @@ class RecipeFacts:
     # by a name in the checkpoint's config): checkpoint folder -> {what: sha256, or None when absent}.
     # In the key beside the checkpoint's own hash; light (no torch), and it never raises.
     external_inputs: Callable[[Path], dict[str, str | None]] | None = None
+    # component -> its own default precisions per exporter, where they differ from its role's
+    # placement (`ComponentPrecisions`); applied on every target, never where the user placed it.
+    placed_precisions: dict[str, ComponentPrecisions] = field(default_factory=dict)
+    # A role this recipe introduces -> the known role whose placement it takes on every target
+    # (`edgex.targets.ROLES`). Without it, planning a component of an unknown role is an error.
+    placed_like: dict[str, str] = field(default_factory=dict)
+
+    def coarse_reason(self, component: str, precision: str) -> str | None:
+        """Why `precision` is too coarse for `component` (see `coarse`), or None."""
+        return self.coarse.get(component, {}).get(precision)
+
+    def placement_role(self, component: str) -> str:
+        """The role a target places `component` by: its own, or the known role that one is placed like."""
+        role = self.components[component]
+        return self.placed_like.get(role, role)
+
+    @property
+    def placement_roles(self) -> dict[str, str]:
+        """Component name -> the role targets place it by."""
+        return {name: self.placement_role(name) for name in self.components}
+
+    def placements_on(self, target, component: str) -> tuple:
+        """Where `target` places `component` by default (`Target.placements_for`), with what this
+        recipe declares for it: its role, fp32-only arithmetic and its own precisions."""
+        own = self.components[component]  # placed by the user under the recipe's own role name, else like a known one
+        role = own if own in target.placements else self.placement_role(component)
+        return target.placements_for(role, component, component in self.fp32_components, self.placed_precisions.get(component))
 
     def check_preset(self, preset: str | None) -> None:
         if preset is not None and preset not in self.presets:

@@ -3,7 +3,7 @@ tasks on a Ray cluster (`edgex.build.executors.ray_cluster`, `--executor ray`).
 
 Either way the driver (the process running `edgex build` or `edgex sweep`) keeps the cache: it
 looks every job up before anything runs, so a cache hit never reaches an executor, and it commits
-each export the executor hands back with `edgex.build.run.settle`, the one path by which anything
+each export the executor hands back with `edgex.build.commit.settle`, the one path by which anything
 enters the cache. An executor's `exports(pending, cache, progress, total)` is a context manager
 whose `result(index, progress)` returns one pending job's `(manifest, files root or None,
 export seconds, seconds)`, in whatever order the caller asks.
@@ -14,22 +14,11 @@ from __future__ import annotations
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..spec import BuildJob
+from .pending import Pending
 
 EXECUTORS = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A job the cache does not hold: its plan index, its cache key and what the key digests."""
-
-    index: int
-    job: BuildJob
-    key: str
-    inputs: dict
 
 
 class LocalExports:
@@ -38,7 +27,7 @@ class LocalExports:
         self._cache = cache
 
     def result(self, index: int, progress: Callable[[str], None]):
-        from ..run import export_job, settle
+        from ..commit import export_job, settle
 
         item = self._pending.pop(index)
         progress("exporting")

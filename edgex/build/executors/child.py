@@ -25,7 +25,7 @@ def main(scratch: Path) -> None:
     quiet_libraries()
     from ...artifacts.keys import weights_inputs
     from ..cache import Cache
-    from ..run import export_job, job_key_inputs
+    from ..commit import export_job, job_key_inputs
     from .worker import JOB_FILE, OUT_DIR, RESULT_FILE
 
     job, key, driver_inputs = pickle.loads((scratch / JOB_FILE).read_bytes())

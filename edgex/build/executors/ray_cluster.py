@@ -12,7 +12,7 @@ retried (`MAX_RETRIES`); a task that still fails, or whose job's process dies, i
 `error` with the reason. Checkpoints travel by content hash through Ray's object store, one object
 per checkpoint, materialized once per node; no filesystem is shared. The driver writes what a task
 returns into a cache staging folder, checks every file against the manifest (sha256 and size) and
-commits it with `edgex.build.run.settle`, exactly as a local export. Leaving the build early
+commits it with `edgex.build.commit.settle`, exactly as a local export. Leaving the build early
 (Ctrl-C, an error) cancels the tasks still running.
 """
 
@@ -29,7 +29,7 @@ from ...artifacts.files import MANIFEST, intact, write_json_atomic
 from ...artifacts.keys import tree_sha256
 from ...errors import EdgexError
 from ..cache import files_root
-from . import Pending
+from .pending import Pending
 from .memory import check_fits, demand, recorded_peaks
 from .worker import run_export_task
 
@@ -164,7 +164,7 @@ class RayExports:
     def _commit(self, item: Pending, value: dict):
         """The task's files into a cache staging folder, checked against their manifest, then
         committed as a local export is (`settle`)."""
-        from ..run import settle
+        from ..commit import settle
 
         staged = self._cache.staging(item.key)
         try:
@@ -206,7 +206,7 @@ def _first_line(exc: BaseException) -> str:
 def _failed(item: Pending, reason: str) -> dict:
     """The manifest of a job that exported nothing: one `error` entry with the reason. It records
     no model source (the folder's manifest takes it from a job that ran)."""
-    from ...export import _error_entries
+    from ...export import error_entries
 
     job = item.job
-    return {"model": job.model, "target": job.target, "artifacts": _error_entries(job.planned, TaskFailed(reason))}
+    return {"model": job.model, "target": job.target, "artifacts": error_entries(job.planned, TaskFailed(reason))}

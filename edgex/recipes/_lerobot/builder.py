@@ -10,7 +10,8 @@ from torch import nn
 from ...component import DEFAULT_CALIBRATION_SIZE, Component, TensorSpec
 from .policy import Policy
 
-SEEDS = {"obs_a": 1, "obs_b": 2}  # sample seed offsets; calibration uses 100 +
+SEEDS = {"obs_a": 1, "obs_b": 2}
+ACTIONS = "actions"  # the output of a graph that returns unnormalized actions  # sample seed offsets; calibration uses 100 +
 
 
 class FlowBuilder:
@@ -38,7 +39,7 @@ class FlowBuilder:
             [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(input_names, first)],
             [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(output_names, outs)],
             reference, samples, description=description, metadata=metadata, calibration=calibration, tables=tables or {},
-            calibration_size=calibration_size)
+            calibration_size=calibration_size, actions={n: self.p.action_spread for n in output_names if n == ACTIONS})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp

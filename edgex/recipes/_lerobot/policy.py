@@ -48,6 +48,20 @@ class Policy:
         inputs and outputs (`image_top`, `image_tokens_top`)."""
         return camera_names(self.cameras)
 
+    @property
+    def action_spread(self) -> tuple[float, ...]:
+        """Each action dimension's spread in the policy's data, in its own units: the dataset's
+        standard deviation, else half its min-max range; what parity measures action errors
+        against (`Component.actions`)."""
+        stats = self.stats.get("action", {})
+        if "std" in stats:
+            spread = stats["std"]
+        elif "min" in stats and "max" in stats:
+            spread = (stats["max"] - stats["min"]) / 2
+        else:
+            raise EdgexError("the policy's statistics hold no action std or min / max: its action error has no scale")
+        return tuple(float(v) for v in spread.reshape(-1))
+
     def camera_shape(self, camera: str) -> tuple[int, int, int]:
         return tuple(self.config.image_features[camera].shape)
 

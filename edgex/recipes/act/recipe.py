@@ -98,6 +98,7 @@ def policy_component(policy: Policy, seed: int) -> Component:
                   "cameras": cameras, "camera_shapes": {n: list(policy.camera_shape(c)) for n, c in zip(policy.camera_names, cameras)},
                   "normalization": "inside the graph (inputs raw, actions unnormalized)"},
         calibration=lambda n: [observation(policy, 1000 * seed + 100 + i) for i in range(n)],
+        actions={"actions": policy.action_spread},
     )
     for sample in samples.values():
         comp.check_inputs(sample)

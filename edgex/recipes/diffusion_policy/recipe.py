@@ -15,6 +15,7 @@ import torch
 from ...component import Component, TensorSpec
 from ...errors import EdgexError
 from .. import RECIPES
+from .._lerobot.builder import ACTIONS
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, random_stats,
                                read_config, read_stats, seeded_weights)
@@ -113,7 +114,8 @@ class _Builder:
         comp = Component(
             name, ROLES[name], module.eval(), [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(input_names, first)],
             [TensorSpec(output_name, tuple(out.shape), "float32")], reference, samples, description=description,
-            metadata=metadata or {}, calibration=calibration)
+            metadata=metadata or {}, calibration=calibration,
+            actions={output_name: self.p.action_spread} if output_name == ACTIONS else {})
         for sample in samples.values():
             comp.check_inputs(sample)
         return comp

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...errors import EdgexError
 from .flow import _layer_norm, _silu
 
 LOOKAHEAD = 3
@@ -85,10 +86,14 @@ class _RelAttentionStack(nn.Module):
         out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, h * dk)
         return attn.linear_out(out), torch.cat((k_new, v_new), dim=-1)
 
-    def forward(self, x, caches, valid):
-        """x [1, new, C], caches [L, 1, H, slots, 2 dk], valid [1] (real cached rows) ->
-        x, new cache rows [L, 1, H, new, 2 dk]."""
-        keep = torch.arange(self.slots + self.new) >= (self.slots - valid)  # [slots + new]
+    def forward(self, x, caches, valid, new_valid=None):
+        """x [1, new, C], caches [L, 1, H, slots, 2 dk], valid [1] (real cached rows), `new_valid`
+        [1] (real new rows, the first ones; all when None) -> x, new cache rows [L, 1, H, new, 2 dk].
+        Rows past `new_valid` are no keys: the real rows see what a call of that many rows sees."""
+        slot = torch.arange(self.slots + self.new)
+        keep = slot >= (self.slots - valid)  # [slots + new]
+        if new_valid is not None:
+            keep = keep & (slot < self.slots + new_valid)
         written = []
         for layer, cache in zip(self.layers, caches):
             norm = layer.norm_mha
@@ -142,6 +147,40 @@ class FlowEncoder(nn.Module):
         return h.transpose(1, 2), new1, new2, cnn
 
 
+class FlowEncoderLast(FlowEncoder):
+    """The stream's last call (`inference_chunk(..., last_chunk=True)`, the official driver's flush):
+    tokens [1, 28] (the first `length` real, 1..28, the rest any id), the caches and cache_len as
+    `FlowEncoder` takes them, length [1] -> mu [1, 80, 56], its first 2 `length` frames real and
+    the rest zero. The official call embeds the `length` tokens, pads 3 zero rows after them (no
+    lookahead follows) and runs every row; here the rows past `length` are zeroed before the
+    lookahead conv (so the real rows see the same zeros), and are no keys in either conformer stack
+    (the convs are causal: the real rows never read them). Nothing follows a last call, so the
+    caches it would write are not outputs."""
+
+    def __init__(self, flow: nn.Module, slots: int):
+        super().__init__(flow, slots)
+        self.capacity = CHUNK + LOOKAHEAD
+        enc = flow.encoder
+        self.first = _RelAttentionStack(enc.encoders, self.capacity, slots)
+        self.second = _RelAttentionStack(enc.up_encoders, self.capacity * self.stride, slots * self.stride)
+
+    def forward(self, tokens, att_cache1, att_cache2, cnn_cache, cache_len, length):
+        x = self._embed(self.embed, self.embedding(tokens))
+        x = x * (torch.arange(self.capacity) < length).to(x.dtype)[None, :, None]  # [1, 28, C]
+        la = self.lookahead
+        padded = F.pad(x.transpose(1, 2), (0, LOOKAHEAD))  # the official zero lookahead rows
+        y = F.leaky_relu(F.conv1d(padded, la.conv1.weight, la.conv1.bias), 0.01)  # [1, C, 28]
+        y2 = F.conv1d(torch.cat((cnn_cache[:, :, :2], y), dim=2), la.conv2.weight, la.conv2.bias)
+        x = y2.transpose(1, 2) + x
+        x, _ = self.first(x, att_cache1, cache_len, length)
+        up = torch.repeat_interleave(x.transpose(1, 2), self.stride, dim=2)
+        x = F.conv1d(torch.cat((cnn_cache[:, :, 2:], up), dim=2), self.up.conv.weight, self.up.conv.bias).transpose(1, 2)
+        x, _ = self.second(self._embed(self.up_embed, x), att_cache2, cache_len * self.stride, length * self.stride)
+        h = self.proj(_layer_norm(x, self.after_norm, self.after_norm.eps))
+        frames = (torch.arange(self.capacity * self.stride) < length * self.stride).to(h.dtype)[None, :, None]
+        return (h * frames).transpose(1, 2)
+
+
 TRIM_FRAMES = 100  # Token2wav's `stream` keeps the prompt + the last 100 frames of each attention cache
 
 
@@ -158,7 +197,8 @@ def graph_caches(att, layers1: int, slots: int, up: int):
     unpacking does."""
     n = att.shape[3] // 2
     if n > slots:
-        raise ValueError(f"encoder cache of {n} rows exceeds the graph's {slots} slots")
+        raise EdgexError(f"encoder cache of {n} rows exceeds the graph's {slots} slots: the voice prompt is longer "
+                         f"than the export's max_prompt ({slots - 50} tokens); export with --set max_prompt=N")
     att1 = torch.zeros(layers1, *att.shape[1:3], slots, att.shape[4])
     att2 = torch.zeros(att.shape[0] - layers1, *att.shape[1:3], up * slots, att.shape[4])
     att1[:, :, :, slots - n:] = att[:layers1, :, :, :n]
@@ -173,7 +213,8 @@ def dit_caches(att, cnn, steps: int, slots: int):
     rank 5 for Core ML), and n."""
     n = att.shape[4]
     if n > slots:
-        raise ValueError(f"DiT cache of {n} frames exceeds the graph's {slots} slots")
+        raise EdgexError(f"DiT cache of {n} frames exceeds the graph's {slots} slots: the voice prompt is longer "
+                         f"than the export's max_prompt ({slots // 2 - 50} tokens); export with --set max_prompt=N")
     padded = torch.zeros(*att.shape[:4], slots, att.shape[5])[:steps]
     padded[..., :n, :] = att[:steps]
     return padded.reshape(-1, *padded.shape[2:]), cnn[:steps].clone(), torch.tensor([n])
@@ -202,3 +243,15 @@ def encoder_reference(flow, tokens, att_cache1, att_cache2, cnn_cache, cache_len
     new1 = att[:layers1, :, :, n:n + CHUNK]
     new2 = att[layers1:, :, :, -2 * CHUNK:]
     return flow.encoder_proj(h).transpose(1, 2), new1, new2, cnn
+
+
+@torch.no_grad()
+def encoder_last_reference(flow, tokens, att_cache1, att_cache2, cnn_cache, cache_len, length):
+    """The official `encoder.forward_chunk(last_chunk=True)` + `encoder_proj` on the first `length`
+    tokens and the valid part of the caches; mu zero-padded to the graph's 2 x 28 frames."""
+    n, count = int(cache_len.reshape(-1)[0]), int(length.reshape(-1)[0])
+    h, _, _ = flow.encoder.forward_chunk(flow.input_embedding(tokens[:, :count]), last_chunk=True,
+                                         cnn_cache=cnn_cache if n else None,
+                                         att_cache=official_cache(att_cache1, att_cache2, n))
+    mu = flow.encoder_proj(h).transpose(1, 2)
+    return (F.pad(mu, (0, 2 * tokens.shape[1] - mu.shape[2])),)

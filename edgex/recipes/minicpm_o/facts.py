@@ -5,16 +5,19 @@ Components (role):
   tts_decode (talker)    one audio token, KV-cached -> logits, its KV
   flow_encoder (decoder) a streaming chunk of 25 + 3 lookahead tokens -> mu (50 frames), conformer caches explicit
   flow_chunk (decoder)   one streaming chunk of the N-step CFM with the DiT's attention / conv caches explicit
+  flow_encoder_last (decoder)  the stream's last call (the flush): 1..28 tokens, no lookahead -> mu (2 per token)
+  flow_chunk_last (decoder)    the CFM of that last call on its 2..56 frames
   flow_step (decoder)    one classifier-free-guided Euler step of the DiT (batch 2 inside)
   flow (decoder)         the whole N-step cosine-grid Euler loop, CFM noise as an input
   hift (decoder)         mel -> 24 kHz wav; sine-source phase and noise as inputs, STFT/ISTFT as convs
+  hift_stream (decoder)  HiFT for every call of a stream, the flush included: up to 64 frames, the real count an input
 
 The model itself is built by `recipe.py`, which the registry imports only once work starts.
 """
 
 from __future__ import annotations
 
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 from .presets import PRESETS
 
 ROLES = {
@@ -22,9 +25,12 @@ ROLES = {
     "tts_decode": "talker",
     "flow_encoder": "decoder",
     "flow_chunk": "decoder",
+    "flow_encoder_last": "decoder",
+    "flow_chunk_last": "decoder",
     "flow_step": "decoder",
     "flow": "decoder",
     "hift": "decoder",
+    "hift_stream": "decoder",
 }
 
 FACTS = RecipeFacts(
@@ -40,13 +46,26 @@ FACTS = RecipeFacts(
               "lowering 57.6 / 55.3 dB), and tts_decode's top-1 token agrees on none of its 3 samples",
     }),
     # HiFT's wav is synthesised from a sine source whose phase accumulates F0 to ~1e4 rad per second
-    # (ISTFTNet's phase output is free as well), and `source` is that sine source itself, the state
-    # the next call's STFT reads: both are judged by their spectrograms, their SNRs recorded.
-    spectral_outputs={"hift": ("wav", "source")},
+    # (ISTFTNet's phase output is free as well), and hift's `source` is that sine source itself, the
+    # state the next call's STFT reads: each is judged by its spectrogram, its SNR recorded.
+    spectral_outputs={"hift": ("wav", "source"), "hift_stream": ("wav",)},
+    placed_precisions={
+        # Rounding HiFT's weights to fp16 alone moves the vocoder's F0 and so its sine source's phase.
+        **dict.fromkeys(("hift", "hift_stream"), ComponentPrecisions(
+            {"*": ("fp32",)},
+            "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source (tiny: fp16 scheme "
+            "5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB); -p fp16 builds the variant")),
+        # On the HTP the head keeps a calibrated w8a16 build beside fp16.
+        **dict.fromkeys(("tts_prefill", "tts_decode"), ComponentPrecisions(
+            {"qnn": ("fp16", "w8a16")},
+            "the TTS head in fp16 and in w8a16 calibrated on eager head states (tiny, HTP simulator: prefill 49.9 / "
+            "24.9 dB, decode 51.7 / 28.4 dB)")),
+    },
     options={
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
-        "prompt": RecipeOption("prompt tokens the streaming encoder's caches hold (flow_encoder: prompt + 50 "
-                               "25 Hz rows; default 10)"),
+        "max_prompt": RecipeOption("the longest voice prompt (25 Hz tokens) the streaming graphs take: their caches "
+                                   "hold max_prompt + 50 tokens / 2 (max_prompt + 50) frames, any shorter prompt "
+                                   "masked (default 150: 6 s)"),
         "frames": RecipeOption("mel frames (50 Hz) per flow / flow_step / hift call (default 50: one 25-token chunk)"),
     },
     reference_packages=("transformers", "minicpmo-utils", "einops", "scipy", "safetensors", "PyYAML"),

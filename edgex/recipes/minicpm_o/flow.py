@@ -210,6 +210,26 @@ class FlowChunk(_Guided):
         return x, torch.cat(rows), torch.stack(tails)
 
 
+class FlowChunkLast(FlowChunk):
+    """The stream's last call of the CFM: noise, mu [1, 80, F] (F = 56, two frames per token of the
+    28 a last call can hold; the first `frames` real), spks, att_cache, cnn_cache, cache_len as
+    `FlowChunk` takes them, frames [1] -> mel [1, 80, F], its first `frames` real and the rest zero.
+    Frames past `frames` are no keys (the DiT's convs are causal: the real frames never read them),
+    so the real frames are those of an official call on `frames` frames. Nothing follows a last
+    call: the caches it writes are not outputs."""
+
+    def forward(self, noise, mu, spks, att_cache, cnn_cache, cache_len, frames):
+        width = noise.shape[2]
+        real = torch.arange(width) < frames
+        keep = torch.cat((real, torch.arange(self.slots) < cache_len))
+        depth = len(self.velocity.est.blocks)
+        x, cond = noise, torch.zeros_like(mu)
+        for i, (t, dt) in enumerate(self.schedule):
+            x = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype),
+                          att_cache[i * depth:(i + 1) * depth], cnn_cache[i], keep)[0]
+        return x * real.to(x.dtype)
+
+
 @torch.no_grad()
 def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cache_len):
     """The official `CausalConditionalCFM.forward_chunk` on the real cache rows, its noise buffer
@@ -227,6 +247,15 @@ def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cach
         cfm.rand_noise = kept
     rows = att[:steps, ..., :noise.shape[2], :]
     return mel, rows.reshape(-1, *rows.shape[2:]).clone(), cnn[:steps].clone()
+
+
+@torch.no_grad()
+def chunk_last_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cache_len, frames):
+    """The official `forward_chunk` on the first `frames` frames of mu (its noise the first
+    `frames` of `noise`), the mel zero-padded to the graph's width."""
+    count = int(frames.reshape(-1)[0])
+    mel = chunk_reference(cfm, steps, noise[..., :count], mu[..., :count], spks, att_cache, cnn_cache, cache_len)[0]
+    return (F.pad(mel, (0, noise.shape[2] - count)),)
 
 
 @torch.no_grad()

@@ -76,10 +76,21 @@ class _ResBlock(nn.Module):
         self.alpha1 = nn.ParameterList(nn.Parameter(a.alpha.detach().clone(), requires_grad=False) for a in block.activations1)
         self.alpha2 = nn.ParameterList(nn.Parameter(a.alpha.detach().clone(), requires_grad=False) for a in block.activations2)
 
-    def forward(self, x):
+    def forward(self, x, keep=None):
+        """`keep` [1, 1, T] (1 on real frames): each conv's output is zeroed past them, as the
+        official call's zero padding sees a signal that ends there (Snake keeps zeros zero)."""
         for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.alpha1, self.alpha2):
-            x = x + c2(_snake(a2, c1(_snake(a1, x))))
+            x = x + _masked(c2(_snake(a2, _masked(c1(_snake(a1, x)), keep))), keep)
         return x
+
+
+def _masked(x, keep):
+    return x if keep is None else x * keep
+
+
+def _keep(length: int, real, dtype) -> torch.Tensor:
+    """[1, 1, length]: 1 on the first `real` ([1] int) positions, 0 after."""
+    return (torch.arange(length) < real).to(dtype)[None, None]
 
 
 def _dft_kernels(n_fft: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -130,10 +141,10 @@ class HiFT(nn.Module):
         pad = self.n_fft // 2
         self.register_buffer("ola_inverse", 1.0 / ola[..., pad : pad + samples])
 
-    def _f0(self, mel):
+    def _f0(self, mel, keep=None):
         x = mel
         for conv in self.f0_convs:
-            x = F.elu(conv(x))
+            x = _masked(F.elu(conv(x)), keep)
         return torch.abs(self.f0_linear(x.transpose(1, 2)).squeeze(-1))  # [1, F]
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +157,9 @@ class HiFT(nn.Module):
         w_hi = (src - self.lo.to(torch.float32))[None, :, None]
         return 1.0 - w_hi, w_hi
 
-    def _source(self, f0, noise):
-        """Always float32 (also in an fp16 build): phases of ~1e4 rad have no fp16 representation."""
+    def _source(self, f0, noise, frames=None):
+        """Always float32 (also in an fp16 build): phases of ~1e4 rad have no fp16 representation.
+        `frames` [1]: the real frames (the resampling's upper neighbour is clamped at the last)."""
         dtype, f0, noise = noise.dtype, f0.to(torch.float32), noise.to(torch.float32)
         rad = f0[:, :, None] * self.harmonics.to(torch.float32) / SAMPLE_RATE
         rad = rad - torch.floor(rad)
@@ -158,7 +170,8 @@ class HiFT(nn.Module):
         cycles = torch.cumsum(head, dim=1) + torch.cumsum(rad - head, dim=1)
         phase = cycles * (2 * math.pi) * self.upsample  # [1, F, 9]
         w_lo, w_hi = self._weights()
-        phase = phase[:, self.lo] * w_lo + phase[:, self.hi] * w_hi  # [1, S, 9]
+        hi = self.hi if frames is None else torch.minimum(self.lo + 1, frames - 1)
+        phase = phase[:, self.lo] * w_lo + phase[:, hi] * w_hi  # [1, S, 9]
         f0_samples = f0[:, :, None].expand(1, self.frames, self.upsample).reshape(1, -1, 1)
         uv = (f0_samples > VOICED_THRESHOLD).to(torch.float32)
         amp = uv * NOISE_STD + (1 - uv) * (SINE_AMP / 3)
@@ -167,28 +180,52 @@ class HiFT(nn.Module):
         merged = torch.matmul(sines, merge.weight.to(torch.float32).t()) + merge.bias.to(torch.float32)
         return torch.tanh(merged).transpose(1, 2).to(dtype)  # [1, 1, S]
 
-    def _decode(self, mel, source):
+    def _decode(self, mel, source, frames=None):
+        """`frames` [1] (None: all): the real mel frames; every stage is then zeroed past what
+        they reach, so each conv's padding and the STFT's reflection see the signal end there."""
         pad = self.n_fft // 2
-        spec = F.conv1d(F.pad(source, (pad, pad), mode="reflect"), self.stft_kernel, stride=self.hop)
-        x = self.conv_pre(mel)
+        samples = source.shape[2]
+        real = None if frames is None else frames * self.upsample
+        keep = (lambda length, n: None) if frames is None else (lambda length, n: _keep(length, n, mel.dtype))  # noqa: E731
+        if real is None:
+            padded = F.pad(source, (pad, pad), mode="reflect")
+        else:  # the reflection at the last real sample: a gather of reflected positions
+            at = torch.abs(torch.arange(samples + 2 * pad) - pad)
+            at = torch.where(at >= real, 2 * (real - 1) - at, at).clamp(0, samples - 1)
+            padded = source[:, :, at]
+        spec = F.conv1d(padded, self.stft_kernel, stride=self.hop)
+        spec = _masked(spec, keep(spec.shape[2], None if real is None else real // self.hop + 1))
+        x = _masked(self.conv_pre(_masked(mel, keep(mel.shape[2], frames))), keep(mel.shape[2], frames))
+        scale = 1
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LEAKY_SLOPE))
+            scale *= up.stride
+            extra = 0
             if i == len(self.ups) - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
-            x = x + self.source_resblocks[i](self.source_downs[i](spec))
+                extra = 1
+            k = keep(x.shape[2], None if frames is None else frames * scale + extra)
+            x = _masked(x, k)
+            x = x + self.source_resblocks[i](_masked(self.source_downs[i](spec), k), k)
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
-            total = blocks[0](x)
+            total = blocks[0](x, k)
             for block in blocks[1:]:
-                total = total + block(x)
+                total = total + block(x, k)
             x = total / self.kernels
         x = self.conv_post(F.leaky_relu(x))
         bins = self.n_fft // 2 + 1
         magnitude = torch.clamp(torch.exp(x[:, :bins]), max=1e2)
         phase = torch.sin(x[:, bins:])
         coeffs = torch.cat((magnitude * torch.cos(phase), magnitude * torch.sin(phase)), dim=1)
-        wav = F.conv_transpose1d(coeffs, self.istft_kernel, stride=self.hop)
-        samples = source.shape[2]
-        wav = wav[:, 0, pad : pad + samples] * self.ola_inverse[:, 0]
+        if real is None:
+            wav = F.conv_transpose1d(coeffs, self.istft_kernel, stride=self.hop)
+            wav = wav[:, 0, pad : pad + samples] * self.ola_inverse[:, 0]
+        else:  # only the real STFT frames, normalized by their own overlap-added window
+            spec_keep = keep(coeffs.shape[2], real // self.hop + 1)
+            wav = F.conv_transpose1d(coeffs * spec_keep, self.istft_kernel, stride=self.hop)[:, 0, pad : pad + samples]
+            ola = F.conv_transpose1d(spec_keep, self.window_sq, stride=self.hop)[:, 0, pad : pad + samples]
+            wav = torch.where(ola > 0, wav / torch.where(ola > 0, ola, torch.ones_like(ola)), torch.zeros_like(ola))
+            wav = wav * keep(samples, real)[:, 0]
         return torch.clamp(wav, -self.audio_limit, self.audio_limit)
 
     def forward(self, mel, noise, cache_source, use_cache):
@@ -197,6 +234,31 @@ class HiFT(nn.Module):
         head = use_cache * cache_source + (1 - use_cache) * source[:, :, :keep]
         source = torch.cat((head, source[:, :, keep:]), dim=2)
         return self._decode(mel, source), source
+
+
+class HiFTStream(HiFT):
+    """Every call of a stream in one graph, the flush included: mel [1, 80, F] (F = 64 by default:
+    8 cached frames + 2 x 28, the most a last call brings; the first `frames` real), noise
+    [1, 480 F, 9], cache_source, use_cache as `HiFT` takes them, frames [1] -> wav, source
+    [1, 480 F] / [1, 1, 480 F], their first 480 `frames` samples real and the rest zero.
+
+    HiFT's convs are not causal (its padding reads past the last frame, its STFT reflects there),
+    so a shorter call is not a prefix of a longer one: each stage is zeroed past the real frames,
+    the sine source's resampling is clamped at the last real frame, the STFT reflects at the last
+    real sample and the ISTFT overlap-adds and normalizes only the real STFT frames, which is
+    what the official call on `frames` frames computes."""
+
+    def __init__(self, hift: nn.Module, frames: int):
+        super().__init__(hift, frames)
+        _, _, window = _dft_kernels(self.n_fft)
+        self.register_buffer("window_sq", (window * window)[None, None], persistent=False)
+
+    def forward(self, mel, noise, cache_source, use_cache, frames):
+        source = self._source(self._f0(mel, _keep(mel.shape[2], frames, mel.dtype)), noise, frames)
+        keep = cache_source.shape[2]
+        head = use_cache * cache_source + (1 - use_cache) * source[:, :, :keep]
+        source = torch.cat((head, source[:, :, keep:]), dim=2) * _keep(source.shape[2], frames * self.upsample, source.dtype)
+        return self._decode(mel, source, frames), source
 
 
 class _FixedDraws:
@@ -215,6 +277,17 @@ class _FixedDraws:
 
     def randn_like(self, like, **_kwargs):
         return self._noise.clone() if like.shape == self._noise.shape else self._real.zeros_like(like)
+
+
+@torch.no_grad()
+def hift_stream_reference(hift, layers_module, mel, noise, cache_source, use_cache, frames):
+    """`hift_reference` on the first `frames` mel frames (and their noise), wav and source
+    zero-padded to the graph's width."""
+    count = int(frames.reshape(-1)[0])
+    samples = noise.shape[1] // mel.shape[2]
+    wav, source = hift_reference(hift, layers_module, mel[..., :count], noise[:, :count * samples], cache_source, use_cache)
+    width = mel.shape[2] * samples
+    return F.pad(wav, (0, width - wav.shape[-1])), F.pad(source, (0, width - source.shape[-1]))
 
 
 @torch.no_grad()

@@ -91,53 +91,73 @@ SILENCE_TOKEN = 4218  # what Token2wav's `set_stream_cache` appends to the promp
 class EncoderStream:
     """A streaming utterance through the official flow model, as Token2wav's `set_stream_cache` /
     `stream` drive it: the prompt (`prompt` random tokens + 3 silence tokens, its mel, a speaker)
-    through `setup_cache`, then `chunks` calls of 25 + 3 lookahead tokens through
-    `inference_chunk` (the last one without lookahead), the attention caches trimmed to the prompt
-    + 100 frames after each call exactly as `stream` trims them. Records the state after the
-    prompt (`setup`) and per chunk the `flow_encoder` graph's inputs (caches right-aligned in
-    `slots` 25 Hz slots), the `flow_chunk` graph's inputs (the official mu of the call, the DiT
-    caches left-aligned in 2 `slots` frames) and the official mel."""
+    through `setup_cache`, then `chunks - 1` calls of 25 + 3 lookahead tokens through
+    `inference_chunk` and a last call (`last_chunk=True`) of `last` tokens (1..28: the official
+    driver's flush of what is left), the attention caches trimmed to the prompt + 100 frames after
+    each call exactly as `stream` trims them. Records the state after the prompt (`setup`) and per
+    call the official mel and the graphs' inputs: `inputs` / `flow_inputs` for `flow_encoder` /
+    `flow_chunk` (every regular call, and a last call of exactly 25 tokens, which those graphs
+    take with their `last_chunk` flag), `last_inputs` / `last_flow_inputs` for `flow_encoder_last`
+    / `flow_chunk_last` (the last call). Encoder caches are right-aligned in `slots` 25 Hz slots,
+    DiT caches left-aligned in 2 `slots` frames; mu is the official mu of the call."""
 
     @torch.no_grad()
-    def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int):
+    def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int, last: int | None = None):
         from .encoder import CHUNK, LOOKAHEAD
 
+        last = CHUNK if last is None else last
         gen = torch.Generator().manual_seed(seed)
         up = int(flow.up_rate)
         self.prompt_frames = prompt * up
         prompt_ids = torch.randint(0, flow.vocab_size, (1, prompt), generator=gen)
-        self.tokens = torch.randint(0, flow.vocab_size, (1, chunks * CHUNK), generator=gen)
+        self.tokens = torch.randint(0, flow.vocab_size, (1, (chunks - 1) * CHUNK + max(last, CHUNK + LOOKAHEAD)), generator=gen)
         prompt_mel = torch.randn(1, self.prompt_frames, flow.output_size, generator=gen) * 2.0 - 5.0
         self.speaker = torch.randn(1, flow.spk_embed_affine_layer.in_features, generator=gen)
         self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
         pad = torch.full((1, LOOKAHEAD), SILENCE_TOKEN)
         cache = flow.setup_cache(torch.cat((prompt_ids, pad), dim=1), prompt_mel, self.speaker, n_timesteps=steps)
         self.setup = {k: v.clone() for k, v in cache.items()}
-        self.chunks = []  # per chunk: encoder inputs, flow_chunk inputs, official mel
+        self.chunks = []  # per call: the graphs' inputs, the official mel
         layers1 = len(flow.encoder.encoders)
         mus = []  # the official mu of each call, as `inference_chunk` hands it to the CFM
         hook = flow.encoder_proj.register_forward_hook(lambda _m, _i, out: mus.append(out.transpose(1, 2).contiguous()))
         try:
-            self._chunks(flow, cache, chunks, slots, steps, up, layers1)
+            self._chunks(flow, cache, chunks, last, slots, steps, up, layers1)
         finally:
             hook.remove()
         for chunk, mu in zip(self.chunks, mus):
-            chunk["flow_inputs"] = (chunk["flow_inputs"][0], mu, *chunk["flow_inputs"][1:])
+            if "flow_inputs" in chunk:
+                chunk["flow_inputs"] = (chunk["flow_inputs"][0], mu, *chunk["flow_inputs"][1:])
+            if "last_flow_inputs" in chunk:
+                width = up * (CHUNK + LOOKAHEAD)
+                padded = F.pad(mu, (0, width - mu.shape[2]))
+                chunk["last_flow_inputs"] = (chunk["last_flow_inputs"][0], padded, *chunk["last_flow_inputs"][1:])
 
-    def _chunks(self, flow, cache, chunks, slots, steps, up, layers1):
+    def _chunks(self, flow, cache, chunks, last_tokens, slots, steps, up, layers1):
         from .encoder import CHUNK, LOOKAHEAD, dit_caches, graph_caches, trim_time
 
+        capacity = CHUNK + LOOKAHEAD
         for c in range(chunks):
             last = c == chunks - 1
-            ids = self.tokens[:, c * CHUNK:(c + 1) * CHUNK + (0 if last else LOOKAHEAD)]
+            ids = self.tokens[:, c * CHUNK:c * CHUNK + (last_tokens if last else capacity)]
             att1, att2, n = graph_caches(cache["conformer_att_cache"], layers1, slots, up)
-            graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
-            inputs = (graph_ids, att1, att2, cache["conformer_cnn_cache"].clone(), n, torch.tensor([1.0 if last else 0.0]))
+            cnn = cache["conformer_cnn_cache"].clone()
             dit = dit_caches(cache["estimator_att_cache"], cache["estimator_cnn_cache"], steps, up * slots)
             offset = int(dit[2])
-            noise = flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone()
+            record = {}
+            if not last or ids.shape[1] == CHUNK:
+                graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
+                record["inputs"] = (graph_ids, att1, att2, cnn, n, torch.tensor([1.0 if last else 0.0]))
+                record["flow_inputs"] = (flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone(), self.spks, *dit)
+            if last:
+                count = torch.tensor([ids.shape[1]])
+                padded = torch.cat((ids, torch.zeros(1, capacity - ids.shape[1], dtype=ids.dtype)), dim=1)
+                record["last_inputs"] = (padded, att1, att2, cnn, n, count)
+                noise = flow.decoder.rand_noise[:, :, offset:offset + capacity * up].clone()
+                record["last_flow_inputs"] = (noise, self.spks, *dit, count * up)
             mel, cache = flow.inference_chunk(ids, self.speaker, {k: v.clone() for k, v in cache.items()},
                                               last_chunk=last, n_timesteps=steps)
-            self.chunks.append({"inputs": inputs, "flow_inputs": (noise, self.spks, *dit), "mel": mel})
+            record["mel"] = mel
+            self.chunks.append(record)
             cache["estimator_att_cache"] = trim_time(cache["estimator_att_cache"], 4, self.prompt_frames)
             cache["conformer_att_cache"] = trim_time(cache["conformer_att_cache"], 3, self.prompt_frames)

@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, TensorSpec
 from ...errors import EdgexError
@@ -27,8 +28,8 @@ _HEAD_SIZES = {"tiny": (16, 64)}
 _REAL_HEAD_SIZES = (64, 512)
 DECODE_STEPS = 12  # audio tokens recorded per sample utterance
 DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
-DEFAULT_PROMPT = 10  # prompt tokens of the streaming samples (0.4 s)
-STREAM_CHUNKS = 4  # chunks per streaming sample utterance
+DEFAULT_MAX_PROMPT = 150  # the longest voice prompt the streaming graphs take, in 25 Hz tokens (6 s)
+STREAM_CHUNKS = 4  # calls per streaming sample utterance
 
 
 def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
@@ -50,7 +51,7 @@ class MiniCPMORecipe(Recipe):
             models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
         built = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed,
                  "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES),
-                 "prompt": options.get("prompt", DEFAULT_PROMPT)}
+                 "max_prompt": options.get("max_prompt", DEFAULT_MAX_PROMPT)}
         return LoadedModel(self.name, models, models.source, built)
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
@@ -95,15 +96,26 @@ class _ComponentBuilder:
 
     @property
     def encoder_slots(self) -> int:
-        """25 Hz encoder cache rows the streaming graph holds: the prompt + 50 (Token2wav keeps the
-        prompt + 100 frames at 50 Hz after each call)."""
-        return self.options["prompt"] + 50
+        """25 Hz encoder cache rows the streaming graphs hold: the longest prompt + 50 (Token2wav
+        keeps the prompt + 100 frames at 50 Hz after each call); a shorter prompt is masked."""
+        return self.options["max_prompt"] + 50
+
+    def _stream_shape(self, which: str) -> tuple[int, int, int]:
+        """(prompt tokens, calls, tokens of the last call) of a sample utterance: the longest prompt
+        with an 18-token flush (a), a short prompt ending on a 25-token call (b), a 2-call utterance
+        flushing 1 token (c); calibration utterances over prompts up to the longest."""
+        longest = self.options["max_prompt"]
+        shapes = {"a": (longest, STREAM_CHUNKS, 18), "b": (max(1, longest // 4), STREAM_CHUNKS, encoder.CHUNK),
+                  "c": (max(1, longest // 2), 2, 1)}
+        if which in shapes:
+            return shapes[which]
+        return max(1, longest * (self._seed(which) % 4 + 1) // 4), STREAM_CHUNKS, encoder.CHUNK
 
     def stream(self, which: str) -> EncoderStream:
         if which not in self._streams:
-            o = self.options
-            self._streams[which] = EncoderStream(self.models.flow, o["prompt"], STREAM_CHUNKS, self.encoder_slots,
-                                                 o["steps"], self._seed(which))
+            prompt, calls, last = self._stream_shape(which)
+            self._streams[which] = EncoderStream(self.models.flow, prompt, calls, self.encoder_slots,
+                                                 self.options["steps"], self._seed(which), last)
         return self._streams[which]
 
     def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
@@ -172,8 +184,35 @@ class _ComponentBuilder:
              "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["inputs"],
              "utterance_b_chunk1": self.stream("b").chunks[1]["inputs"]},
             self._draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
-            calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, prompt_tokens=self.options["prompt"],
+            calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, max_prompt=self.options["max_prompt"],
             tables={"input_embedding": flow_model.input_embedding.weight},  # a chunk reads 28 of its rows
+        )
+
+    _LAST_SAMPLES = {"utterance_a_last18": "a", "utterance_b_last25": "b", "utterance_c_last1": "c"}
+
+    def flow_encoder_last(self) -> Component:
+        flow_model = self.models.flow
+        return self._component(
+            "flow_encoder_last", encoder.FlowEncoderLast(flow_model, self.encoder_slots),
+            ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "length"], [("mu", SIGNAL)],
+            partial(encoder.encoder_last_reference, flow_model),
+            {name: self.stream(u).chunks[-1]["last_inputs"] for name, u in self._LAST_SAMPLES.items()},
+            self._draw(lambda u, _k: self.stream(u).chunks[-1]["last_inputs"], 1),
+            slots=self.encoder_slots, max_prompt=self.options["max_prompt"],
+            max_tokens=encoder.CHUNK + encoder.LOOKAHEAD,
+            tables={"input_embedding": flow_model.input_embedding.weight},
+        )
+
+    def flow_chunk_last(self) -> Component:
+        cfm, steps = self.models.flow.decoder, self.options["steps"]
+        slots = int(self.models.flow.up_rate) * self.encoder_slots
+        return self._component(
+            "flow_chunk_last", flow.FlowChunkLast(cfm, steps, slots),
+            ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len", "frames"], [("mel", SIGNAL)],
+            partial(flow.chunk_last_reference, cfm, steps),
+            {name: self.stream(u).chunks[-1]["last_flow_inputs"] for name, u in self._LAST_SAMPLES.items()},
+            self._draw(lambda u, _k: self.stream(u).chunks[-1]["last_flow_inputs"], 1),
+            steps=steps, slots=slots,
         )
 
     def flow_chunk(self) -> Component:
@@ -234,6 +273,39 @@ class _ComponentBuilder:
             _, source = hift.hift_reference(self.models.hift, layers, mel.flip(2), noise.flip(1), cache, torch.zeros(1))
             cache = source[:, :, -cache.shape[2]:].clone()
         return mel, noise, cache, torch.tensor([1.0 if cached else 0.0])
+
+    @torch.no_grad()
+    def _hift_stream_sample(self, which: str, frames: int, cached: bool):
+        """A call of `frames` real frames in the `hift_stream` layout: the utterance's mel (behind 8
+        frames of its reversed mel when `cached`, the state `_hift_sample` builds), zero-padded."""
+        mel, noise, cache, use = self._hift_sample(which, cached)
+        width = self.hift_stream_frames
+        real = mel[..., :frames] if not cached else torch.cat((mel.flip(2)[..., :hift.CACHE_FRAMES], mel), dim=2)[..., :frames]
+        gen = torch.Generator().manual_seed(self._seed(which) + 78)
+        noise = torch.randn(1, width * noise.shape[1] // mel.shape[2], hift.HARMONICS, generator=gen)
+        return F.pad(real, (0, width - real.shape[2])), noise, cache, use, torch.tensor([real.shape[2]])
+
+    @property
+    def hift_stream_frames(self) -> int:
+        """8 cached frames + the 2 x 28 a last call of 28 tokens brings: every call of a stream fits."""
+        return hift.CACHE_FRAMES + int(self.models.flow.up_rate) * (encoder.CHUNK + encoder.LOOKAHEAD)
+
+    def hift_stream(self) -> Component:
+        layers = stepaudio2_modules().hifigan_layers
+        width = self.hift_stream_frames
+        up = int(self.models.flow.up_rate)
+        calls = [(50, False), (hift.CACHE_FRAMES + up * 18, True), (hift.CACHE_FRAMES + 50, True), (up * 1, False)]
+        return self._component(
+            "hift_stream", hift.HiFTStream(self.models.hift, width), ["mel", "noise", "cache_source", "use_cache", "frames"],
+            [("wav", SIGNAL), ("source", SIGNAL)],
+            partial(hift.hift_stream_reference, self.models.hift, layers),
+            {"utterance_a_first_call": self._hift_stream_sample("a", 50, False),
+             "utterance_b_cached_flush18": self._hift_stream_sample("b", hift.CACHE_FRAMES + up * 18, True),
+             "utterance_b_cached_regular": self._hift_stream_sample("b", hift.CACHE_FRAMES + 50, True),
+             "utterance_a_flush1_alone": self._hift_stream_sample("a", up, False)},
+            self._draw(lambda u, k: self._hift_stream_sample(u, *calls[k]), len(calls)),
+            frames=width,
+        )
 
     def hift(self) -> Component:
         layers = stepaudio2_modules().hifigan_layers

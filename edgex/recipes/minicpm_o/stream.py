@@ -1,4 +1,4 @@
-"""A streaming runner over the vocoder graphs: what a device runs per 25-token chunk.
+"""A streaming runner over the vocoder graphs: what a device runs per call of Token2wav's `stream`.
 
 It keeps the caches Token2wav's `stream` keeps, with the same bookkeeping: the conformer caches
 in the official layout (the first stack's rows stored twice along time, trimmed to the prompt +
@@ -6,14 +6,20 @@ in the official layout (the first stack's rows stored twice along time, trimmed 
 mel frames and 3840 cached source samples, and the 3840-sample Hamming cross-fade of consecutive
 chunks. The numbers come from the graphs it is given (`flow_encoder`, `flow`, `hift` as torch
 modules or as artifacts behind the same call), never from the official modules.
+
+`GraphStream` is the whole call: a regular call (25 + 3 lookahead tokens) runs `flow_encoder` ->
+`flow_chunk`, the last one (1..28 tokens, the driver's flush) `flow_encoder_last` ->
+`flow_chunk_last`, and every call `hift_stream` (its frames zero-padded to the graph's width).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
-from .encoder import dit_caches, graph_caches, trim_time
+from ...errors import EdgexError
+from .encoder import CHUNK, LOOKAHEAD, dit_caches, graph_caches, trim_time
 from .hift import CACHE_FRAMES
 
 
@@ -95,3 +101,82 @@ class DiTCaches:
         rows = rows.reshape(self.steps, -1, *rows.shape[1:])  # the graph's [N * depth, ...] -> [N, depth, ...]
         self.att = trim_time(torch.cat((rows, self.att), dim=4), 4, self.prompt_frames)
         self.cnn = cnn
+
+
+def fixed_width(hift_stream, width: int, upsample: int):
+    """`hift(mel, noise, cache_source, use_cache)` of any length up to `width` frames through the
+    `hift_stream` graph: inputs zero-padded to its width, outputs cut to the real samples."""
+
+    def call(mel, noise, cache_source, use_cache):
+        frames = mel.shape[2]
+        if frames > width:
+            raise EdgexError(f"a HiFT call of {frames} frames exceeds the hift_stream graph's {width}")
+        wav, source = hift_stream(F.pad(mel, (0, width - frames)), F.pad(noise, (0, 0, 0, (width - frames) * upsample)),
+                                  cache_source, use_cache, torch.tensor([frames]))
+        return wav[:, :frames * upsample], source[:, :, :frames * upsample]
+
+    return call
+
+
+class GraphStream:
+    """Token2wav's `stream(tokens, last_chunk)` over the graphs, after its `set_stream_cache`
+    (`setup_cache`: the official prompt caches, `prompt_frames` 50 Hz frames of prompt).
+
+    `graphs` maps `flow_encoder`, `flow_chunk`, `flow_encoder_last`, `flow_chunk_last` and
+    `hift_stream` to callables on torch tensors returning a tuple of outputs (torch modules or
+    artifacts behind that call); `noise_buffer` is the CFM's `rand_noise` (sliced from the DiT
+    cache's length, as the official call slices it), `spks` the projected speaker embedding,
+    `hift_noise(samples)` the sine source noise of each call. A stream ends at its last call."""
+
+    def __init__(self, graphs: dict, setup_cache: dict, prompt_frames: int, *, layers1: int, steps: int, slots: int,
+                 up: int, noise_buffer, spks, hift_noise, hift_frames: int, upsample: int):
+        self.graphs, self.up, self.spks, self.noise_buffer, self.hift_noise = graphs, up, spks, noise_buffer, hift_noise
+        # the official CFM returns views of its scratch buffers, which its next call overwrites
+        setup_cache = {k: v.clone() for k, v in setup_cache.items()}
+        self.encoder = EncoderCaches(setup_cache, prompt_frames, layers1, slots, up)
+        self.dit = DiTCaches(setup_cache, prompt_frames, steps, up * slots)
+        self.vocoder = VocoderStream(fixed_width(graphs["hift_stream"], hift_frames, upsample), upsample)
+        self.ended = False
+
+    def _noise(self, frames: int):
+        return self.noise_buffer[:, :, self.dit.offset:self.dit.offset + frames]
+
+    def __call__(self, tokens, last_chunk: bool) -> torch.Tensor:
+        count, capacity = len(tokens), CHUNK + LOOKAHEAD
+        if self.ended:
+            raise EdgexError("this stream ended with its last call: start a new stream (set_stream_cache) for more tokens")
+        if not last_chunk and count != capacity:
+            raise EdgexError(f"a streaming call takes {CHUNK} + {LOOKAHEAD} lookahead tokens unless it is the last (got {count})")
+        if not 1 <= count <= capacity:
+            raise EdgexError(f"a last streaming call takes 1..{capacity} tokens (got {count})")
+        ids = torch.tensor([list(tokens)], dtype=torch.int64)
+        g = self.graphs
+        if not last_chunk:
+            mu, new1, new2, cnn = g["flow_encoder"](ids, *self.encoder.inputs(), torch.tensor([0.0]))
+            self.encoder.update(new1, new2, cnn)
+            mel, rows, tails = g["flow_chunk"](self._noise(mu.shape[2]), mu, self.spks, *self.dit.inputs())
+            self.dit.update(rows, tails)
+        else:
+            padded = F.pad(ids, (0, capacity - count))
+            mu = g["flow_encoder_last"](padded, *self.encoder.inputs(), torch.tensor([count]))[0]
+            frames = self.up * count
+            mel = g["flow_chunk_last"](self._noise(mu.shape[2]), mu, self.spks, *self.dit.inputs(),
+                                       torch.tensor([frames]))[0][:, :, :frames]
+            self.ended = True
+        start = len(self.vocoder.out)
+        mel_frames = mel.shape[2] + (0 if self.vocoder.mel is None else self.vocoder.mel.shape[2])
+        self.vocoder.push(mel, self.hift_noise(mel_frames * self.vocoder.upsample), last_chunk)
+        return self.vocoder.out[start]
+
+
+def driver_calls(count: int) -> list[tuple[int, int, bool]]:
+    """MiniCPM-o's Token2wav loop over `count` audio tokens as (start, end, last_chunk) calls: 25 +
+    3 lookahead tokens per call while that many are left (`last_chunk` when they are the last),
+    advancing 25, then the rest in one last call."""
+    calls, pos, width = [], 0, CHUNK + LOOKAHEAD
+    while pos + width <= count:
+        calls.append((pos, pos + width, pos + width >= count))
+        pos += CHUNK
+    if pos < count:
+        calls.append((pos, count, True))
+    return calls

@@ -21,7 +21,7 @@ transformers fork that cannot be installed here.
 from __future__ import annotations
 
 from .._lerobot import LEROBOT_PACKAGES
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
 
@@ -72,4 +72,10 @@ FACTS = RecipeFacts(
         "12.0 / 12); "
         "action_step w8a16 6.5 dB (scheme 9.9)")),
     reference_packages=LEROBOT_PACKAGES + ("transformers",),
+    # The velocity step alone keeps no fp16 build on MNN or Core ML (where its role's placement
+    # builds fp32 beside fp16); the HTP, fp16 or quantized only, sends it to its fp32 placement.
+    placed_precisions={"action_step": ComponentPrecisions(
+        {"mnn": ("fp32",), "coreml": ("fp32",)},
+        "fp32 only: the Gemma action expert's velocity loses the chunk below fp32 (its fp32_components); "
+        "--placement action_step=EXPORTER:fp16 builds the fp16 variant")},
 )

@@ -19,6 +19,7 @@ import math
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from ...nn.transformer import attach_norm_constants, decoder_layer, mask_from_valid, rms_norm, register_rope, rope_cos_sin, rope_inv_freq
 
@@ -251,3 +252,46 @@ def offline_wav_from_latent(decoder, latent):
     for block in decoder.decoder:
         hidden = block(hidden)
     return hidden.clamp(min=-1, max=1)
+
+
+@torch.no_grad()
+def code2latent_reference(decoder, codes, start, conv_state, past_key, past_value):
+    """Unmodified HF modules: pre_conv over [state, chunk]; pre_transformer with HF's own sliding
+    window cache (DynamicSlidingWindowLayer keeps exactly window-1 positions) primed with the
+    valid past entries."""
+    s, chunk = int(start.reshape(-1)[0]), codes.shape[-1]
+    quantized = decoder.quantizer.decode(codes)
+    stacked = torch.cat((conv_state, quantized), dim=-1)
+    hidden = decoder.pre_conv(stacked)[..., conv_state.shape[-1] :].transpose(1, 2)
+    slots = past_key.shape[3]
+    cache = DynamicCache(config=decoder.config)
+    valid = min(s, slots)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(past_key[i])
+        layer.keys = past_key[i][:, :, slots - valid :].clone()
+        layer.values = past_value[i][:, :, slots - valid :].clone()
+        layer.cumulative_length = s
+    out = decoder.pre_transformer(
+        inputs_embeds=hidden, past_key_values=cache, use_cache=True, cache_position=torch.arange(s, s + chunk)
+    )
+    keys, values = [], []
+    for i, layer in enumerate(cache.layers):
+        full_k = torch.cat((past_key[i], layer.keys[:, :, -chunk:]), dim=2)[:, :, chunk:]
+        full_v = torch.cat((past_value[i], layer.values[:, :, -chunk:]), dim=2)[:, :, chunk:]
+        keys.append(full_k)
+        values.append(full_v)
+    return (
+        out.last_hidden_state.permute(0, 2, 1),
+        stacked[..., -conv_state.shape[-1] :],
+        torch.stack(keys),
+        torch.stack(values),
+    )
+
+
+@torch.no_grad()
+def latent2wav_reference(decoder, context: int, latent, context_valid):
+    """Unmodified conv stack over only the valid frames (offline zero padding at stream start)."""
+    valid = int(context_valid.reshape(-1)[0])
+    wav = offline_wav_from_latent(decoder, latent[..., context - valid :])
+    new = latent.shape[-1] - context
+    return (wav[..., wav.shape[-1] - new * int(decoder.total_upsample) :],)

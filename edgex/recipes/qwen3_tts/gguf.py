@@ -7,16 +7,20 @@ interleaved M-RoPE. Its conventions, followed here so that libllama loads the fi
   * `output` = `codec_head` (3072 rows: llama.cpp hard-codes that width and pads the logits' text
     part with -inf, so the codec logits start at `text_vocab`);
   * `rope.dimension_sections` = `mrope_section` padded to 4 entries.
-edgex ships no text tokenizer (presets use random text ids), so the vocabulary is llama.cpp's
-`none` model with `vocab_size` placeholder tokens: the file runs from embeddings or token ids, but
-it has no text/codec token names, which llama.cpp's `llama-tts` example program looks up by name.
+A checkpoint that ships its text tokenizer gets it in the file as llama.cpp's converter writes it
+(`edgex.gguf_vocab`; the codec rows past the text vocabulary are `[PAD<id>]`), with the sampling
+defaults of its generation_config.json. Presets (random text ids) keep llama.cpp's `none`
+vocabulary: the file runs from embeddings or token ids, without token names.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from ...gguf_vocab import checkpoint_vocab
 from ...layouts import EMBEDS, HIDDEN, KEY, LOGITS, PAST_KEY, PAST_VALUE, POSITION, VALUE, GgufLayout, LlamaFeed, llm_metadata
 
 ARCH = "qwen3tts"
@@ -65,8 +69,9 @@ def talker_tensors(talker) -> dict[str, np.ndarray]:
     return tensors
 
 
-def talker_layout(talker, feed_inputs: tuple[str, ...]) -> GgufLayout:
-    """The talker as one `qwen3tts` GGUF; `feed_inputs` names what each component input is."""
+def talker_layout(talker, feed_inputs: tuple[str, ...], checkpoint: str | None = None) -> GgufLayout:
+    """The talker as one `qwen3tts` GGUF; `feed_inputs` names what each component input is, and the
+    checkpoint folder (None for presets) brings its tokenizer."""
     cfg = talker.config
     text_vocab = talker.model.text_embedding.num_embeddings
     codec_rows = talker.codec_head.out_features
@@ -81,4 +86,5 @@ def talker_layout(talker, feed_inputs: tuple[str, ...]) -> GgufLayout:
     )
     meta |= {f"{ARCH}.rope.dimension_sections": sections, f"{ARCH}.rope.freq_base": float(cfg.rope_theta)}
     feed = LlamaFeed(feed_inputs, TALKER_OUTPUTS, logits_offset=text_vocab, positions_per_embd=POSITIONS_PER_EMBD)
-    return GgufLayout(ARCH, meta, lambda: talker_tensors(talker), feed)
+    vocab = checkpoint_vocab(checkpoint and Path(checkpoint), text_vocab + codec_rows)
+    return GgufLayout(ARCH, meta, lambda: talker_tensors(talker), feed, vocab=vocab)

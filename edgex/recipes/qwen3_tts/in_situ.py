@@ -26,6 +26,7 @@ import torch
 from ...parity.check import flips, tie_margin
 from ...parity.metrics import snr_db
 from . import predictor, talker, utterance
+from . import code2wav
 from .code2wav import receptive_field_frames
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
 
@@ -343,8 +344,6 @@ def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) 
     cache, and the exact streaming pair's chunks (the unmodified HF modules, as the references run)."""
     import time
 
-    from .recipe import code2latent_reference, latent2wav_reference
-
     def timed(call, *args, warm=False):
         if warm:  # first-call allocations are not the stage's cost
             timed(call, *args)
@@ -370,10 +369,10 @@ def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) 
     value, latents = torch.zeros_like(key), torch.zeros(1, cfg.latent_dim, context)
     c2l, l2w = [], []
     for start in range(0, codes.shape[-1] - CHUNK + 1, CHUNK):
-        ms, (latent, state, key, value) = timed(code2latent_reference, dec, codes[..., start : start + CHUNK], torch.tensor([start]),
+        ms, (latent, state, key, value) = timed(code2wav.code2latent_reference, dec, codes[..., start : start + CHUNK], torch.tensor([start]),
                                                 state, key, value, warm=start == 0)
         c2l.append(ms)
         latents = torch.cat((latents, latent), dim=-1)[..., -(context + CHUNK):]
-        l2w.append(timed(latent2wav_reference, dec, context, latents, torch.tensor([min(start, context)]), warm=start == 0)[0])
+        l2w.append(timed(code2wav.latent2wav_reference, dec, context, latents, torch.tensor([min(start, context)]), warm=start == 0)[0])
     out["code2latent"], out["latent2wav"] = _median(c2l), _median(l2w)
     return {k: round(v, 3) if v is not None else None for k, v in out.items()}

@@ -78,6 +78,7 @@ class _ComponentBuilder:
     def __init__(self, loaded: LoadedModel):
         self.talker = loaded.models.talker
         self.decoder = loaded.models.decoder
+        self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self.prefill_len = loaded.options["prefill_len"]
         self.slots = loaded.options["max_context"]
         seed = loaded.options["seed"]
@@ -133,7 +134,7 @@ class _ComponentBuilder:
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
             self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
-            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED)},
+            layouts={"gguf": talker_layout(self.talker, PREFILL_FEED, self.checkpoint)},
             prefill_len=self.prefill_len,
         )
 
@@ -173,7 +174,7 @@ class _ComponentBuilder:
             # every position up to the last slot: a static quantizer calibrated on early positions only
             # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
             self._calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
-            layouts={"gguf": talker_layout(self.talker, DECODE_FEED)},
+            layouts={"gguf": talker_layout(self.talker, DECODE_FEED, self.checkpoint)},
             max_context=self.slots,
         )
 
@@ -320,7 +321,7 @@ class _ComponentBuilder:
             code2wav.Code2Latent(self.decoder),
             ["codes", "start", "conv_state", "past_key", "past_value"],
             [("latent", SIGNAL), ("next_conv_state", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
-            partial(code2latent_reference, self.decoder),
+            partial(code2wav.code2latent_reference, self.decoder),
             {
                 "utterance_a_chunk3": self._latent_sample("a", 3),
                 "utterance_b_chunk0": self._latent_sample("b", 0),
@@ -348,7 +349,7 @@ class _ComponentBuilder:
             code2wav.Latent2Wav(self.decoder, context),
             ["latent", "context_valid"],
             [("wav", SIGNAL)],
-            partial(latent2wav_reference, self.decoder, context),
+            partial(code2wav.latent2wav_reference, self.decoder, context),
             {
                 "utterance_a_chunk2": self._wav_sample("a", 2, context),
                 "utterance_b_chunk0": self._wav_sample("b", 0, context),
@@ -365,49 +366,6 @@ def _last_window_slots(inputs) -> tuple:
     its chunk's positions, the last `chunk` slots; the others are its past_key/value shifted."""
     chunk = inputs[0].shape[-1]
     return (slice(None),) * 3 + (slice(-chunk, None),)
-
-
-@torch.no_grad()
-def code2latent_reference(decoder, codes, start, conv_state, past_key, past_value):
-    """Unmodified HF modules: pre_conv over [state, chunk]; pre_transformer with HF's own sliding
-    window cache (DynamicSlidingWindowLayer keeps exactly window-1 positions) primed with the
-    valid past entries."""
-    s, chunk = int(start.reshape(-1)[0]), codes.shape[-1]
-    quantized = decoder.quantizer.decode(codes)
-    stacked = torch.cat((conv_state, quantized), dim=-1)
-    hidden = decoder.pre_conv(stacked)[..., conv_state.shape[-1] :].transpose(1, 2)
-    slots = past_key.shape[3]
-    cache = DynamicCache(config=decoder.config)
-    valid = min(s, slots)
-    for i, layer in enumerate(cache.layers):
-        layer.lazy_initialization(past_key[i])
-        layer.keys = past_key[i][:, :, slots - valid :].clone()
-        layer.values = past_value[i][:, :, slots - valid :].clone()
-        layer.cumulative_length = s
-    out = decoder.pre_transformer(
-        inputs_embeds=hidden, past_key_values=cache, use_cache=True, cache_position=torch.arange(s, s + chunk)
-    )
-    keys, values = [], []
-    for i, layer in enumerate(cache.layers):
-        full_k = torch.cat((past_key[i], layer.keys[:, :, -chunk:]), dim=2)[:, :, chunk:]
-        full_v = torch.cat((past_value[i], layer.values[:, :, -chunk:]), dim=2)[:, :, chunk:]
-        keys.append(full_k)
-        values.append(full_v)
-    return (
-        out.last_hidden_state.permute(0, 2, 1),
-        stacked[..., -conv_state.shape[-1] :],
-        torch.stack(keys),
-        torch.stack(values),
-    )
-
-
-@torch.no_grad()
-def latent2wav_reference(decoder, context: int, latent, context_valid):
-    """Unmodified conv stack over only the valid frames (offline zero padding at stream start)."""
-    valid = int(context_valid.reshape(-1)[0])
-    wav = code2wav.offline_wav_from_latent(decoder, latent[..., context - valid :])
-    new = latent.shape[-1] - context
-    return (wav[..., wav.shape[-1] - new * int(decoder.total_upsample) :],)
 
 
 __all__ = ["Qwen3TTSRecipe", "AUDIO_CODES"]

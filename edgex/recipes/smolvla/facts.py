@@ -23,7 +23,7 @@ from pathlib import Path
 from ...checkpoints import resolve_checkpoint
 from ...errors import EdgexError
 from .._lerobot import LEROBOT_PACKAGES
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "prefix": "prefix", "action_step": "action", "action_loop": "action"}
 
@@ -87,4 +87,14 @@ FACTS = RecipeFacts(
     options={"steps": RecipeOption("Euler steps baked into action_loop (default: the config's num_steps, 10)")},
     reference_packages=LEROBOT_PACKAGES + ("transformers",),
     external_inputs=vlm_config_inputs,
+    # action_step computes the sin / cos embedding of its time input t (periods 4e-3 .. 4, phases up
+    # to 1571 t rad), which fp16 arithmetic does not resolve; action_loop, whose times are fixed,
+    # bakes the embeddings and runs fp16.
+    placed_precisions={"action_step": ComponentPrecisions(
+        {"qnn": ("w8a16",), "mnn": ("fp32",), "coreml": ("fp32",)},
+        "its sin / cos time embedding is lost in fp16 arithmetic (tiny): in the HTP's fp16 the phase is off by up to "
+        "~0.8 rad, the embedding alone scores 19-34 dB and the velocity 29.6 dB, below the 30 dB fp16 lowering gate, so "
+        "the HTP builds w8a16 (16-bit activations resolve t); MNN fp16 lowering 18.2 dB (torch fp16 61.6, the loop with "
+        "baked embeddings 65.3); Core ML fp16 29.2 dB (lowering 29.3, scheme 61.6, MIL interpreter), fp32 103.5 dB. "
+        "--placement action_step=EXPORTER:fp16 builds the fp16 variant")},
 )

@@ -8,15 +8,19 @@ embedding tied as the output. Its FFN uses ggml's tanh-approximate GELU where th
 the exact one, so llama.cpp's parity carries that small gap (docs/models.md).
 
 The graphs' state maps onto llama.cpp's two caches: the ring feeds its sliding-window cache, the
-full layers' past K/V its non-sliding cache. edgex ships no tokenizer (presets use random token
-ids), so the vocabulary is llama.cpp's `none` model: the file runs from token ids.
+full layers' past K/V its non-sliding cache. A checkpoint that ships its tokenizer gets it in the
+file as llama.cpp's converter writes it (`edgex.gguf_vocab`), with the sampling defaults of its
+generation_config.json; presets (random token ids) keep llama.cpp's `none` vocabulary.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from ...gguf_vocab import checkpoint_vocab
 from ...layouts import (
     KEY, LOGITS, NEXT_RING_KEY, NEXT_RING_VALUE, PAST_KEY, PAST_VALUE, POSITION, RING_KEY, RING_VALUE, TOKENS,
     VALUE, GgufLayout, LlamaFeed, llm_metadata,
@@ -58,8 +62,9 @@ def spark_tensors(model: SparkForCausalLM) -> dict[str, np.ndarray]:
     return tensors
 
 
-def spark_layout(model: SparkForCausalLM, context: int) -> GgufLayout:
-    """The whole model as one `spark2_5` GGUF; the prefill and decode graphs share it."""
+def spark_layout(model: SparkForCausalLM, context: int, checkpoint: str | None = None) -> GgufLayout:
+    """The whole model as one `spark2_5` GGUF; the prefill and decode graphs share it. The
+    checkpoint folder (None for presets) brings its tokenizer."""
     cfg = model.config
     meta = llm_metadata(
         ARCH, name="spark-x2.5 (edgex)", layers=cfg.num_hidden_layers, context=context, hidden=cfg.hidden_size,
@@ -75,4 +80,5 @@ def spark_layout(model: SparkForCausalLM, context: int) -> GgufLayout:
         f"{ARCH}.rope.dimension_count_swa": cfg.head_dim,
     }
     gates = tuple(f"blk.{i}.attn_gate.weight" for i in range(cfg.num_hidden_layers))  # docs/models.md: never quantized
-    return GgufLayout(ARCH, meta, lambda: spark_tensors(model), FEED, keep_f32=gates)
+    vocab = checkpoint_vocab(checkpoint and Path(checkpoint), cfg.vocab_size)
+    return GgufLayout(ARCH, meta, lambda: spark_tensors(model), FEED, keep_f32=gates, vocab=vocab)

@@ -88,6 +88,7 @@ class _ComponentBuilder:
         self.config = self.model.config
         self.chunk, self.context = loaded.options["prefill"], loaded.options["context"]
         self.seed = loaded.options["seed"]
+        self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self._runs: dict[int, tuple[torch.Tensor, SparkCache]] = {}
 
     def _run(self, prompt_seed: int) -> tuple[torch.Tensor, SparkCache]:
@@ -122,7 +123,7 @@ class _ComponentBuilder:
             name, ROLES[name], module.eval(), inputs, outs, lambda *x: step_reference(self.model, *x), samples,
             metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
-            calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context)},
+            calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context, self.checkpoint)},
             written=WRITTEN, tables={"embedding": self.model.model.embedding.weight},
         )
         for sample in samples.values():
