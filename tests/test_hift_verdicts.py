@@ -1,7 +1,8 @@
 """MiniCPM-o's HiFT from a checkpoint at sizes no preset uses, built with the official classes and
 written in the released layout: `edgex export` (CPU, ONNX fp32) then five `edgex verify` runs of the
 same files give the same verdict, pass, decided by the spectral figure with the waveform SNR
-recorded beside it; the same export whose graph alone has a broken F0 predictor (the reference is
+recorded beside it (the figures themselves repeat: the samples are drawn from seeded generators in
+every process, the official CFM noise buffer included); the same export whose graph alone has a broken F0 predictor (the reference is
 the official `HiFTGenerator`, unchanged) fails export and verify."""
 
 from __future__ import annotations
@@ -49,17 +50,17 @@ def test_faithful_hift_passes_on_the_spectral_figure_in_five_verifies(checkpoint
     result, entry, folder = _export(checkpoint, tmp_path)
     assert result.exit_code == 0 and entry["verdict"] == "pass", result.output[-3000:]
     parity = entry["parity"]
-    for scores in parity["samples"].values():
-        assert scores["wav"]["spectral_db"] >= GATE_DB and "spectral_db" not in scores["source"]
-    wav_spectral = [s["wav"]["spectral_db"] for s in parity["samples"].values()]
-    source_snr = [s["source"]["snr_db"] for s in parity["samples"].values()]
-    assert parity["min_snr_db"] == min(wav_spectral + source_snr)  # the wav's SNR is not in the gated minimum
-    assert parity["min_waveform_snr_db"] == min(s["wav"]["snr_db"] for s in parity["samples"].values())
+    scores = [s[output] for s in parity["samples"].values() for output in ("wav", "source")]
+    assert min(s["spectral_db"] for s in scores) >= GATE_DB
+    assert parity["min_snr_db"] == min(s["spectral_db"] for s in scores)  # the SNRs are not in the gated minimum
+    assert parity["min_waveform_snr_db"] == min(s["snr_db"] for s in scores)
     runs = [_verify(folder) for _ in range(5)]
     assert {(code, row["verdict"], row["files"], row["problem"]) for code, row in runs} == {(0, "pass", "ok", "")}
-    for _, row in runs:
-        assert row["min_snr_db"] >= GATE_DB and row["threshold_db"] == GATE_DB
-        assert isinstance(row["min_waveform_snr_db"], float)  # recorded beside the gated figure
+    # the same samples in every run (the official CFM noise buffer is drawn from a seeded generator),
+    # so the same figures: the gated one, and the waveform SNR recorded beside it
+    ((gated, waveform, gate),) = {(row["min_snr_db"], row["min_waveform_snr_db"], row["threshold_db"]) for _, row in runs}
+    assert gate == GATE_DB <= gated and isinstance(waveform, float)
+    assert abs(gated - parity["min_snr_db"]) < 0.1  # the export's own run (its runtime threads may differ)
 
 
 def test_hift_with_a_broken_f0_predictor_in_its_graph_fails(checkpoint, tmp_path, monkeypatch):

@@ -165,7 +165,11 @@ def _hift_sizes(state: dict, path: Path) -> dict:
         raise EdgexError(f"{path}: weight-norm tensors absent ({exc.args[0]} not found)") from None
 
 
-def load_checkpoint(path: Path) -> MiniCPMOModels:
+def load_checkpoint(path: Path, seed: int = 0) -> MiniCPMOModels:
+    """The checkpoint's models. The official CFM draws its noise buffer (`rand_noise`, the noise of
+    every official non-streaming call) from torch's global generator when it is built: it is seeded
+    with `seed` first, so the same checkpoint and seed give the same buffer, and the same samples,
+    in every process."""
     if not path.is_dir():
         raise EdgexError(f"checkpoint {path} is not a directory")
     tts_config = _tts_config(read_config_json(path / "config.json"), path / "config.json")
@@ -176,6 +180,7 @@ def load_checkpoint(path: Path) -> MiniCPMOModels:
     tts_state = _tts_tensors(path)
     try:
         head = MiniCPMTTSHead(tts_config).eval()
+        torch.manual_seed(seed)
         flow = build_flow(flow_config)
         hift = build_hift(_hift_sizes(hift_state, vocoder / "hift.pt"))
     except (TypeError, ValueError, KeyError) as exc:

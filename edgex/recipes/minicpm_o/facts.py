@@ -46,8 +46,9 @@ FACTS = RecipeFacts(
               "lowering 57.6 / 55.3 dB), and tts_decode's top-1 token agrees on none of its 3 samples",
     }),
     # HiFT's wav is synthesised from a sine source whose phase accumulates F0 to ~1e4 rad per second
-    # (ISTFTNet's phase output is free as well): it is judged by its spectrogram, its SNR recorded.
-    spectral_outputs={"hift": ("wav",), "hift_stream": ("wav",)},
+    # (ISTFTNet's phase output is free as well), and hift's `source` is that sine source itself, the
+    # state the next call's STFT reads: each is judged by its spectrogram, its SNR recorded.
+    spectral_outputs={"hift": ("wav", "source"), "hift_stream": ("wav",)},
     placed_precisions={
         # Rounding HiFT's weights to fp16 alone moves the vocoder's F0 and so its sine source's phase.
         **dict.fromkeys(("hift", "hift_stream"), ComponentPrecisions(

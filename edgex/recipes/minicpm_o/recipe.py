@@ -45,7 +45,7 @@ class MiniCPMORecipe(Recipe):
         if checkpoint is not None:
             from .checkpoint import load_checkpoint
 
-            models, sizes = load_checkpoint(Path(checkpoint)), _REAL_HEAD_SIZES
+            models, sizes = load_checkpoint(Path(checkpoint), seed), _REAL_HEAD_SIZES
         else:
             name = preset or self.default_preset
             models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
