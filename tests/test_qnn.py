@@ -96,7 +96,7 @@ def test_a_w8a16_binary_exported_on_one_thread_verifies_on_two_and_another_qdq_g
     rows = {a["format"]: a for a in json.loads(proc.stdout)["artifacts"]}
     binary = rows["qnn-context"]
     assert binary["verdict"] == "pass" and binary["method"] == "simulated" and binary["problem"] == "", binary
-    assert binary["scheme"]["verdict"] == "pass" and binary["quantized_min_agreement_db"] > 40, binary
+    assert binary["scheme"]["verdict"] == "pass" and float(binary["quantized_min_agreement_db"]) > 40, binary
     assert rows["qnn-dlc"]["verdict"] == "unverified", "the .dlc never runs here"
 
     _, components = tiny
@@ -285,7 +285,7 @@ def test_a_bias_shared_by_several_nodes_quantizes_when_its_copy_name_is_taken(tm
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], inits)
     source = tmp_path / "g.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
-    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], float_only=(),
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], outputs=[], float_only=(),
                                 calibration=lambda n: [(torch.randn(1, 32),) for _ in range(n)])
     quantize_qdq(source, tmp_path / "q.onnx", component, "w8a16", 2)
     quantized = onnx.load(str(tmp_path / "q.onnx"))
@@ -359,7 +359,7 @@ def test_calibration_runs_on_one_thread_whatever_the_process_runs_on(tmp_path, m
         return session(path, sess_options=sess_options, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
-    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], float_only=(), calibration=calibration)
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], outputs=[], float_only=(), calibration=calibration)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

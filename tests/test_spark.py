@@ -164,7 +164,7 @@ def test_quantized_executorch_keeps_the_gate_in_float(spark):
 
 
 def test_mnn_target_with_a_context_option(tmp_path):
-    proc = run_cli("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "fp32,w8",
+    proc = run_cli("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "w8",
                    "--set", "context=48", "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
@@ -174,7 +174,6 @@ def test_mnn_target_with_a_context_option(tmp_path):
         assert a["parity"]["method"] == "runtime" and a["verdict"] == "pass", a["parity"]
         assert {s["name"]: s["shape"] for s in a["inputs"]}["past_key"] == [1, 1, 2, 48, 32]
         assert a["metadata"]["context"] == 48 and a["metadata"]["window"] == 16
-    assert by_precision["fp32"]["parity"]["min_snr_db"] > by_precision["w8"]["parity"]["min_snr_db"]
     assert "not honoured" in by_precision["w8"]["details"]["float_only"]
     # verify rebuilds the graphs with the recorded settings (context 48, not the preset's 128)
     assert verify_directory(tmp_path)["status"] == "pass"
