@@ -21,9 +21,6 @@ COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2la
 PLACE = "talker=onnx:fp32,code_predictor_step=onnx:fp32,decoder=onnx:fp32"
 FRAMES = 16  # the most frames either side may make (the utterance stops at STOP)
 
-# One worker builds the module's export; the tests share it.
-pytestmark = pytest.mark.xdist_group("official_utterance")
-
 
 @pytest.fixture(scope="module")
 def custom_voice(tmp_path_factory):

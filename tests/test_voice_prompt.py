@@ -25,9 +25,6 @@ REFERENCE_FRAMES = 12  # the voice graphs' reference length (80 ms frames)
 FRAMES = 12
 TRANSCRIPT = [1, 2, 3, 4, 5]
 
-# One worker builds the module's export; the tests share it.
-pytestmark = pytest.mark.xdist_group("voice_prompt")
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
