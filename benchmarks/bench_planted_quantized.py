@@ -99,8 +99,8 @@ def _qdq_constant(component, precision: str, suffix: str) -> tuple[str, np.ndarr
     from edgex.exporters.qdq_scheme import dequantized_constants, float_name
 
     weight = next(p for n, p in component.module.named_parameters() if n.endswith(suffix)).detach().numpy().T
-    graph, _ = qnn._GRAPHS.get(component, precision, None)
-    float_graph, _ = qnn._GRAPHS.get(component, "fp16", None)
+    graph, _ = qnn.GRAPHS.get(component, precision, None)
+    float_graph, _ = qnn.GRAPHS.get(component, "fp16", None)
     floats = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_graph)).graph.initializer}
     for name, (_, q, scale, zero, _axis) in dequantized_constants(onnx.load(str(graph))).items():
         original = floats.get(float_name(name))

@@ -174,6 +174,7 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
     graph and the binary alike, so a QDQ graph reference would cancel it; here the fp32 graph's
     figure fails it, and so does the lowering against eager."""
     import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_graphs as qnn_graphs
     from edgex.export import run_parity
     from edgex.exporters import EXPORTERS
     from edgex.parity.quantized import quantized_parity
@@ -196,7 +197,7 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
         assert block["verdict"] == "pass" and block["tensors_checked"] >= 15, block["failures"]
     _dlc_zero_point_off_by_one_fails(exporter, talker_decode, good_result.sidecars[0].files[0], tmp_path)
 
-    graph = qnn.OnnxExporter.graph
+    graph = qnn_graphs.OnnxExporter.graph
 
     def twice(self, component, precision, dest, for_onnxruntime=False):  # one linear's result added twice
         result = graph(self, component, precision, dest, for_onnxruntime)
@@ -208,13 +209,13 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
         onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
         return result
 
-    qnn._GRAPHS.clear()
-    monkeypatch.setattr(qnn.OnnxExporter, "graph", twice)
+    qnn.GRAPHS.clear()
+    monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", twice)
     (tmp_path / "bad").mkdir()
     try:
         _, bad = export("bad")
     finally:
-        qnn._GRAPHS.clear()
+        qnn.GRAPHS.clear()
     assert bad.verdict == "fail" and bad.lowering["verdict"] == "fail", bad.lowering["min_snr_db"]
     assert bad.scheme["float_graph"]["verdict"] == "fail"
     assert any(f.startswith("reference: the fp32 graph") for f in bad.failures)
@@ -230,7 +231,7 @@ def _dlc_zero_point_off_by_one_fails(exporter, component, dlc, tmp_path):
     from edgex.exporters.qdq_scheme import dequantized_constants
     from edgex.parity.quantized import quantized_parity
 
-    graph, _ = qnn._GRAPHS.get(component, "w8a16", None)
+    graph, _ = qnn.GRAPHS.get(component, "w8a16", None)
     name, (_, _q, scale, zero, _axis) = next((n, c) for n, c in dequantized_constants(onnx.load(str(graph))).items()
                                              if c[1].dtype == np.uint8 and c[1].ndim == 2 and c[2].size == 1 and int(c[3]) != 0)
     pair = np.float32(scale.reshape(-1)[0]).tobytes() + np.int32(-int(zero)).tobytes()

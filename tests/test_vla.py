@@ -115,7 +115,7 @@ def test_diffusion_mish_lowers_on_the_htp_in_w8a16(tmp_path):
     import onnxruntime as ort
 
     from edgex.component import Component, TensorSpec
-    from edgex.exporters.qnn import quantize_qdq
+    from edgex.exporters.qnn_quantize import quantize_qdq
     from edgex.qnn import htp_session
     from edgex.recipes.diffusion_policy.graphs import mish
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ..component import Component
 
-_OWN_BIAS = re.compile(r"\.edgex_bias\d+$")  # `qnn._own_biases` copies
+_OWN_BIAS = re.compile(r"\.edgex_bias\d+$")  # `qnn_bias.own_biases` copies
 _LINEAR_OPS = ("MatMul", "Gemm")
 
 
