@@ -29,16 +29,16 @@ def test_verify_reruns_parity_and_flags_exactly_the_tampered_artifacts(export_co
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
     data.write_bytes(bytes(raw))
-    pte = tampered / "code2wav.fp32.pte"
+    pte = tampered / "latent2wav.fp32.pte"
     pte.write_bytes(pte.read_bytes()[:1000])
     proc = run_cli("verify", str(tampered), "--json")
     assert proc.returncode == 1
     assert "verification failed: 2 problem(s)" in proc.stderr
     report = json.loads(proc.stdout)
     bad = {(a["component"], a["format"], a["precision"]): a["problem"] for a in report["artifacts"] if a["verdict"] != "pass"}
-    assert set(bad) == {("talker_decode", "onnx", "fp32"), ("code2wav", "pte", "fp32")}
+    assert set(bad) == {("talker_decode", "onnx", "fp32"), ("latent2wav", "pte", "fp32")}
     assert "sha256" in bad[("talker_decode", "onnx", "fp32")]
-    assert "bytes" in bad[("code2wav", "pte", "fp32")]
+    assert "bytes" in bad[("latent2wav", "pte", "fp32")]
     good = [a for a in report["artifacts"] if a["verdict"] == "pass"]
     assert len(good) == len(cpu_export_artifacts(ROLES)) - 2 and all(a["files"] == "ok" and a["method"] == "runtime" for a in good)
     assert all(a["min_snr_db"] >= a["threshold_db"] for a in good)
