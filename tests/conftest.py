@@ -5,6 +5,7 @@ session fixture carry one `xdist_group`, so that fixture is built on one worker 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -154,8 +155,16 @@ def export_cpu(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def cpu_export(tmp_path_factory):
+def cpu_export():
     """The README demo (`edgex export qwen3-tts --target cpu --preset tiny`) in two worker processes
-    (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says."""
-    out = tmp_path_factory.mktemp("cpu-export")
-    return out, export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
+    (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says:
+    (out, the CLI's completed process). Built once for every xdist worker."""
+
+    def make(out: Path) -> None:
+        proc = export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
+        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        (out / "cli.json").write_text(json.dumps(record))
+
+    out = built_once("cpu-export", make)
+    record = json.loads((out / "cli.json").read_text())
+    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])
