@@ -122,9 +122,9 @@ def _qnn_bug(component, precision: str, path: Path, bug: str) -> str | None:
     """Plant `bug` in the written context binary (`.bin`) or `.dlc`; None, or why it cannot be planted.
     Binary: none is planted here. A uint8 MatMul weight is stored as signed int8 codes with its
     zero point folded in (q - zero point), tiled 4 input channels at a time: 4-value runs of a
-    column of (q - zero point) are found (56 / 64 and 64 / 64 probes on two [64, 128] weights of the
-    w8a16 binary), 8-value runs, rows, and the uint8 codes as stored (or xor 0x80) never. A 4-byte
-    run also matches by chance, and the tile order is undocumented, so an edit there (a head zeroed,
+    column of (q - zero point) are found (64 / 64 probes on the [64, 3072] head, 56 / 64 and 64 / 64
+    on two [64, 128] weights of the w8a16 binary), 8-value runs and the uint8 codes as stored (or
+    xor 0x80) never, 4-value runs of a row 1 / 64 (chance). A 4-byte run also matches by chance, and the tile order is undocumented, so an edit there (a head zeroed,
     every code one step off for a zero point +1) is not placed with certainty. The float32 copy of
     each scale it holds is not what the HTP computes with (down_proj's doubled there, the w8a16 run
     is unchanged: lowering 18.1 dB either way): the scale is folded into fixed-point requantization
