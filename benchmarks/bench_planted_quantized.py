@@ -120,10 +120,15 @@ def _replace_once(path: Path, old: bytes, new: bytes) -> bool:
 
 def _qnn_bug(component, precision: str, path: Path, bug: str) -> str | None:
     """Plant `bug` in the written context binary (`.bin`) or `.dlc`; None, or why it cannot be planted.
-    Binary: none can be planted. Its integers are tiled in an undocumented layout (no 4 consecutive
-    codes of a row or column of a uint8 weight are found), its zero points are not stored beside
-    the scale, and the float32 copy of each scale it holds is not what the HTP computes with
-    (down_proj's doubled there, the w8a16 run is unchanged: lowering 18.1 dB either way). `.dlc`: QNN's
+    Binary: none is planted here. A uint8 MatMul weight is stored as signed int8 codes with its
+    zero point folded in (q - zero point), tiled 4 input channels at a time: 4-value runs of a
+    column of (q - zero point) are found (64 / 64 probes on the [64, 3072] head, 56 / 64 and 64 / 64
+    on two [64, 128] weights of the w8a16 binary), 8-value runs and the uint8 codes as stored (or
+    xor 0x80) never, 4-value runs of a row 1 / 64 (chance). A 4-byte run also matches by chance, and the tile order is undocumented, so an edit there (a head zeroed,
+    every code one step off for a zero point +1) is not placed with certainty. The float32 copy of
+    each scale it holds is not what the HTP computes with (down_proj's doubled there, the w8a16 run
+    is unchanged: lowering 18.1 dB either way): the scale is folded into fixed-point requantization
+    parameters whose layout is undocumented. `.dlc`: QNN's
     scale-offset pair (float32 scale, int32 -zero point) in the graph member and the integers,
     as stored or transposed, in `model.params.bin` (stored zip members, so file offsets)."""
     down = _qdq_constant(component, precision, f"{LAYER}.mlp.down_proj.weight")
