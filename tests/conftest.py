@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,12 @@ _CACHE_DIR = None
 if "EDGEX_CACHE_DIR" not in os.environ:
     _CACHE_DIR = os.environ["EDGEX_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgex-test-cache-")
 
+# Builds that tests of several modules or several workers share (`built_once`) go in one folder per
+# run, made and removed the same way.
+_SHARED_DIR = None
+if "EDGEX_TESTS_SHARED_DIR" not in os.environ:
+    _SHARED_DIR = os.environ["EDGEX_TESTS_SHARED_DIR"] = tempfile.mkdtemp(prefix="edgex-test-shared-")
+
 MAX_WORKERS = 4  # each worker holds torch and the tiny models, and exports spawn their own processes
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The workers already fill the cores: with a thread pool each (inherited by the CLI subprocesses),
@@ -40,8 +47,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_sessionfinish(session, exitstatus):
     """xdist's controller gets here after its workers have finished theirs."""
-    if _CACHE_DIR is not None:
-        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+    for folder in (_CACHE_DIR, _SHARED_DIR):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -54,6 +62,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cpu_export" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
+
+
+def built_once(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `name` of this run's shared builds, filled by `make(folder)` in the first process
+    that asks for it; any other xdist worker waits for that build and reuses it. A module fixture
+    whose tests xdist spreads over both workers then builds its export once, not once per worker.
+    A `make` that raises leaves no folder behind: the next process that asks builds it again."""
+    from filelock import FileLock
+
+    shared = Path(os.environ["EDGEX_TESTS_SHARED_DIR"])
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                make(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
 
 
 # A build file of one tiny job (talker_decode, ONNX fp32, one thread): the build tests' smallest plan.
