@@ -68,7 +68,7 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 # against eager). The HTP's lowering of asymmetric int4 weights (w4a16)
 # scored 3.7 dB against this reference; int4 weights are quantized symmetric (17.8 dB). 12 dB: 2.6 dB under the lowest faithful figure, above
 # every broken figure the lowering alone can separate; raising it into the overlap would fail
-# faithful graphs before it failed those two bugs.
+# faithful graphs before it failed those bugs.
 LOWERING_DB = {p: 30.0 for p in ("fp16", "8da8w", "8da4w", "w8", "w4", "f16", "q8_0", "q4_0")}
 LOWERING_DB |= {p: 12.0 for p in ("w8a16", "w8a8", "w4a16")}
 LOWERING = "lowering"  # `--min-db lowering=DB` / `--min-db lowering:PRECISION=DB`
