@@ -14,7 +14,9 @@ gets, through gguf-py's own readers and writer methods:
 - `tokenizer.ggml.pre`: llama.cpp's name for the tokenizer's pre-tokenizer regex (the converter
   finds it by hashing a tokenization; here it is read from `tokenizer.json`, or from
   `tokenizer_config.json`'s `tokenizer_class` for the vocab.json layout);
-- `general.sampling.*` from `generation_config.json` (gguf-py's `Metadata`, the converter's reader).
+- `general.sampling.*` from `generation_config.json` (gguf-py's `Metadata`, the converter's reader:
+  `temperature`, `top_k`, `top_p`, `min_p` of a Hugging Face generation config arrive; its
+  `repetition_penalty` does not, the reader taking that field only as llama.cpp's `penalty_repeat`).
 
 A checkpoint without tokenizer files keeps llama.cpp's `none` vocabulary (it runs from token ids).
 """
@@ -92,6 +94,8 @@ class GgufVocab:
 
     folder: Path
     n_vocab: int
+    # names of the model's last rows past its text vocabulary (control tokens), as its converter names them
+    named_rows: tuple[str, ...] = ()
 
     def tokens(self) -> tuple[list[str], list[int]]:
         """(token texts, token types) for ids 0 .. n_vocab - 1."""
@@ -101,8 +105,9 @@ class GgufVocab:
             vocab = gguf.vocab.BpeVocab(self.folder)
         except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
             raise EdgexError(f"tokenizer in {self.folder} is not a byte-level BPE tokenizer llama.cpp reads as gpt2: {exc}") from None
-        if vocab.vocab_size > self.n_vocab:
-            raise EdgexError(f"tokenizer in {self.folder} has {vocab.vocab_size} tokens, the model's vocabulary {self.n_vocab}")
+        text_rows = self.n_vocab - len(self.named_rows)
+        if vocab.vocab_size > text_rows:
+            raise EdgexError(f"tokenizer in {self.folder} has {vocab.vocab_size} tokens, the model's text vocabulary {text_rows}")
         special = _special_flags(self.folder)
         kinds = gguf.TokenType
         texts, types = [], []
@@ -112,9 +117,11 @@ class GgufVocab:
                 kind = kinds.USER_DEFINED
             texts.append(text)
             types.append(int(kind))
-        for i in range(len(texts), self.n_vocab):
+        for i in range(len(texts), text_rows):
             texts.append(f"[PAD{i}]")
             types.append(int(kinds.USER_DEFINED))
+        texts += self.named_rows
+        types += [int(kinds.CONTROL)] * len(self.named_rows)
         return texts, types
 
     def sampling(self) -> dict[str, object]:
@@ -141,8 +148,8 @@ class GgufVocab:
             getattr(writer, f"add_{field}")(value)
 
 
-def checkpoint_vocab(folder: Path | None, n_vocab: int) -> GgufVocab | None:
+def checkpoint_vocab(folder: Path | None, n_vocab: int, named_rows: tuple[str, ...] = ()) -> GgufVocab | None:
     """The checkpoint's vocabulary where its folder ships a tokenizer, else None (llama.cpp's `none`)."""
     if folder is None or not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
         return None
-    return GgufVocab(Path(folder), n_vocab)
+    return GgufVocab(Path(folder), n_vocab, tuple(named_rows))

@@ -162,3 +162,27 @@ def test_a_tokenizer_that_is_not_byte_level_bpe_is_a_one_line_error(tmp_path):
         with pytest.raises(EdgexError, match="not a byte-level BPE tokenizer"):
             checkpoint_vocab(tmp_path, 10).tokens()
     assert checkpoint_vocab(tmp_path / "none", 10) is None  # no tokenizer files: llama.cpp's `none` vocabulary
+
+
+def test_codec_rows_past_the_text_vocabulary_carry_the_converter_s_names(checkpoint, tmp_path):
+    """Qwen3-TTS's talker appends its codec rows to the text rows: llama.cpp's converter names them
+    `<|codec_<i>|>`, or after the talker_config key that holds the row (llama.cpp's TTS tools look
+    the control rows up by these names), typed control, the text ids the tokenizer lacks `[PAD<id>]`."""
+    import json
+
+    from edgex.recipes.qwen3_tts.gguf import _checkpoint_talker_config, codec_token_names
+
+    folder, tok = checkpoint
+    talker = {"vocab_size": 12, "codec_bos_id": 9, "codec_eos_token_id": 10, "codec_language_id": {"english": 3, "german": 4},
+              "spk_id": {"vivian": 11}, "spk_is_dialect": {"vivian": False}, "text_vocab_size": 700}
+    (tmp_path / "config.json").write_text(json.dumps({"talker_config": talker}))
+    names = codec_token_names(_checkpoint_talker_config(tmp_path), 12)
+    assert names == ["<|codec_0|>", "<|codec_1|>", "<|codec_2|>", "<|codec_language_english|>", "<|codec_language_german|>",
+                     "<|codec_5|>", "<|codec_6|>", "<|codec_7|>", "<|codec_8|>", "<|codec_bos|>", "<|codec_eos_token|>",
+                     "<|spk_vivian|>"]
+    text_rows = tok.get_vocab_size() + 5
+    texts, types = checkpoint_vocab(folder, text_rows + 12, names).tokens()
+    assert texts[text_rows - 1] == f"[PAD{text_rows - 1}]" and texts[text_rows:] == names
+    assert set(types[text_rows:]) == {3} and types[text_rows - 1] == 4  # control; user-defined
+    with pytest.raises(EdgexError, match="text vocabulary"):
+        checkpoint_vocab(folder, tok.get_vocab_size() + 11, names).tokens()

@@ -8,8 +8,8 @@ interleaved M-RoPE. Its conventions, followed here so that libllama loads the fi
     part with -inf, so the codec logits start at `text_vocab`);
   * `rope.dimension_sections` = `mrope_section` padded to 4 entries.
 A checkpoint that ships its text tokenizer gets it in the file as llama.cpp's converter writes it
-(`edgex.gguf_vocab`; the codec rows past the text vocabulary are `[PAD<id>]`), with the sampling
-defaults of its generation_config.json. Presets (random text ids) keep llama.cpp's `none`
+(`edgex.gguf_vocab`), the codec rows named as the converter names them (`codec_token_names`), with
+the sampling defaults of its generation_config.json. Presets (random text ids) keep llama.cpp's `none`
 vocabulary: the file runs from embeddings or token ids, without token names.
 """
 
@@ -69,6 +69,33 @@ def talker_tensors(talker) -> dict[str, np.ndarray]:
     return tensors
 
 
+def codec_token_names(talker_config: dict, rows: int) -> list[str]:
+    """The codec rows' token names as llama.cpp's converter writes them (`Qwen3TTSTalkerModel.
+    _codec_token_names`): `<|codec_<i>|>` for row i, then every `talker_config` key ending in `_id`
+    names its row: an int `<key>_id` as `<|<key>|>` (`codec_bos_id` -> `<|codec_bos|>`), a table
+    `<key>_id: {name: row}` as `<|<key>_<name>|>` (`<|codec_language_english|>`, `<|spk_vivian|>`).
+    llama.cpp's TTS tools find the control rows by these names."""
+    names = [f"<|codec_{i}|>" for i in range(rows)]
+    for key, value in talker_config.items():
+        if not key.endswith("_id"):
+            continue
+        prefix = key[: -len("_id")]
+        if isinstance(value, int):
+            names[value] = f"<|{prefix}|>"
+        elif isinstance(value, dict):
+            for name, row in value.items():
+                names[row] = f"<|{prefix}_{name}|>"
+    return names
+
+
+def _checkpoint_talker_config(folder: Path) -> dict:
+    """The raw `talker_config` of the checkpoint's config.json (the converter reads the file, not
+    the config class, whose defaults add keys the file does not hold)."""
+    import json
+
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("talker_config") or {}
+
+
 def talker_layout(talker, feed_inputs: tuple[str, ...], checkpoint: str | None = None) -> GgufLayout:
     """The talker as one `qwen3tts` GGUF; `feed_inputs` names what each component input is, and the
     checkpoint folder (None for presets) brings its tokenizer."""
@@ -86,5 +113,7 @@ def talker_layout(talker, feed_inputs: tuple[str, ...], checkpoint: str | None =
     )
     meta |= {f"{ARCH}.rope.dimension_sections": sections, f"{ARCH}.rope.freq_base": float(cfg.rope_theta)}
     feed = LlamaFeed(feed_inputs, TALKER_OUTPUTS, logits_offset=text_vocab, positions_per_embd=POSITIONS_PER_EMBD)
-    vocab = checkpoint_vocab(checkpoint and Path(checkpoint), text_vocab + codec_rows)
+    folder = checkpoint and Path(checkpoint)
+    names = codec_token_names(_checkpoint_talker_config(folder), codec_rows) if folder and (folder / "config.json").is_file() else ()
+    vocab = checkpoint_vocab(folder, text_vocab + codec_rows, names)
     return GgufLayout(ARCH, meta, lambda: talker_tensors(talker), feed, vocab=vocab)
