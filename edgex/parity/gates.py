@@ -47,10 +47,11 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 
 
 # Artifact vs its scheme reference, tiny preset (docs/parity.md, "Scheme vs lowering, every
-# component"; scripts/scheme_table.py): fp32-compute runtimes reproduce the scheme to 38-134 dB
-# (ExecuTorch 8da8w, MNN on the talker / predictor: >128 dB, the scheme modelled exactly; ExecuTorch
-# 8da4w 38-43 dB; llama.cpp, which also rounds activations to 8 bits in its dot products and keeps
-# an F16 KV cache, 30-44 dB); fp16 arithmetic (Core ML's compressed programs, fp16 files) 50-67 dB.
+# component"; scripts/scheme_table.py): fp32-compute runtimes reproduce the scheme to 30-136 dB
+# (ExecuTorch 8da8w / 8da4w, MNN on the talker / predictor: >126 dB, the scheme modelled exactly;
+# ExecuTorch 8da4w on Spark-X2.5's decode 36.5 dB; llama.cpp, which also rounds activations to 8
+# bits in its dot products and keeps an F16 KV cache, 30-44 dB); fp16 arithmetic (Core ML's
+# compressed programs, fp16 files) 50-67 dB.
 # Broken lowerings measured: ExecuTorch w8 -52 dB, a llama.cpp RoPE base 40 % off 17 dB, broken
 # graphs in general 0-6 dB. 30 dB sits under the noisiest faithful lowering of those.
 # Static QDQ (w8a16 / w8a8 / w4a16): the reference is the eager model with the QDQ graph's weights
@@ -60,9 +61,10 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 # w8a8: talker_prefill 44 / 29, code_predictor_step 31 / 27, Spark-X2.5 prefill 22 / 17, decode 30 / 17; the lowest,
 # talker_decode 16 dB, is one sample's value cache where the activation leaves its calibrated
 # range: ONNX Runtime's QuantizeLinear saturates it there, the HTP does not). Broken ones: a binary
-# compiled with one wrong weight scale -6 dB, the HTP's int4-weight (w4a16) lowering 4-8 dB against
-# its own QDQ graph (which scores 12-14 dB against fp32 on qwen3-tts). 12 dB: 4 dB under the saturation case,
-# 4 dB above the highest broken figure (7.7 dB).
+# compiled with one wrong weight scale -6 dB, the HTP's lowering of asymmetric int4 weights (w4a16)
+# 4-8 dB against its own QDQ graph (3.7 dB against the reference above; edgex now quantizes int4
+# weights symmetric, 17.8 dB). 12 dB: 4 dB under the saturation case, 4 dB above the highest broken
+# figure (7.7 dB).
 LOWERING_DB = {p: 30.0 for p in ("fp16", "8da8w", "8da4w", "w8", "w4", "f16", "q8_0", "q4_0")}
 LOWERING_DB |= {p: 12.0 for p in ("w8a16", "w8a8", "w4a16")}
 LOWERING = "lowering"  # `--min-db lowering=DB` / `--min-db lowering:PRECISION=DB`
