@@ -78,6 +78,9 @@ FACTS = RecipeFacts(
     # beside the language-model roles on the NPU)
     placed_like={"voice": "decoder"},
     fp32_components=FP32_COMPONENTS,
+    # The decoders' waveforms are judged by what they sound like (their spectrogram), their SNR
+    # recorded beside it: the components' parity and the in-situ decoder stage alike.
+    spectral_outputs={"code2wav": ("wav",), "latent2wav": ("wav",)},
     options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)"),
              "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
     reference_packages=("transformers", "qwen-tts", "safetensors"),

@@ -245,11 +245,12 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                             "flips": tf_flips}
     streamed = utterance.streaming_decoder(stages)(eager_codes)
     decoder_gate = max(gates["code2latent"], gates["latent2wav"])
-    tf["decoder"] = {"wav_db": snr_db(eager_wav, streamed), "gate_db": decoder_gate}
+    tf["decoder"] = {**utterance.wav_figures(eager_wav, streamed, "wav"), "gate_db": decoder_gate}
+    decoder_figure, what = utterance.gated_wav_figure(tf["decoder"], "wav")
     for stage, figure, gate in (("talker_prefill", tf["talker_prefill"]["logits_db"], gates["talker_prefill"]),
                                 ("talker_decode", tf["talker_decode"]["logits_db_min"], gates["talker_decode"]),
                                 (stages["code_predictor"].component, tf["code_predictor"]["logits_db_min"], gates["code_predictor"]),
-                                ("decoder (code2latent + latent2wav)", tf["decoder"]["wav_db"], decoder_gate)):
+                                (f"decoder (code2latent + latent2wav) {what}", decoder_figure, decoder_gate)):
         if figure is not None and not figure >= gate:
             failures.append(f"teacher-forced {stage}: {figure:.1f} dB below its {gate:.1f} dB gate")
     wrong = [x for x in tf_flips if not x["tie"]]
@@ -272,15 +273,17 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     prefix = agreed * SAMPLES_PER_FRAME
     fr = {"frames": frames, "code0_agreement": float(np.mean(free["codes"][0, 0] == eager_codes[0, 0])),
           "codes_agreement": float(np.mean(free["codes"] == eager_codes)), "first_divergence": divergence,
-          "audio_db": snr_db(eager_wav, wav), "agreed_frames": agreed,
-          "audio_db_agreed_frames": snr_db(eager_wav[..., :prefix], wav[..., :prefix]) if agreed else None}
+          **utterance.wav_figures(eager_wav, wav, "audio"), "agreed_frames": agreed,
+          **(utterance.wav_figures(eager_wav[..., :prefix], wav[..., :prefix], "audio_agreed_frames") if agreed else {"audio_agreed_frames_db": None})}
     if divergence is not None and not divergence["tie"]:
         failures.append(f"free-running: frame {divergence['frame']} codebook {divergence['codebook']} ({divergence['stage']}) "
                         f"sampled {divergence['artifact']} where the eager pipeline sampled {divergence['reference']}, "
                         f"margin {divergence['margin']:.4g} > tie margin {divergence['tie_margin']:.4g}")
-    if agreed and not fr["audio_db_agreed_frames"] >= decoder_gate:
-        failures.append(f"free-running audio over the {agreed} agreed frames: {fr['audio_db_agreed_frames']:.1f} dB below "
-                        f"the decoder's {decoder_gate:.1f} dB gate")
+    if agreed:
+        figure, what = utterance.gated_wav_figure(fr, "audio_agreed_frames")
+        if not figure >= decoder_gate:
+            failures.append(f"free-running audio over the {agreed} agreed frames: {what} {figure:.1f} dB below "
+                            f"the decoder's {decoder_gate:.1f} dB gate")
 
     # timing: the artifacts of the free-running pass, the eager model on the same work
     ms = {n: median(stages[n].times_ms) for n in STAGES}

@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from ...parity.check import tie_margin
-from ...parity.metrics import snr_db
+from ...parity.metrics import snr_db, spectral_db
 from . import official as off
 from . import runner as rn
+from .facts import FACTS
 from .predictor import frame_reference
 
 TEXT_TOKENS = 12  # text ids of the default request
@@ -177,6 +178,23 @@ def request_from(loaded, spec: dict, base: Path | None = None) -> rn.Request:
     return request
 
 
+def wav_figures(ref: np.ndarray, out: np.ndarray, name: str) -> dict:
+    """The decoder's waveform against the eager one: its SNR (`<name>_db`) and, where the recipe
+    declares the decoder's wav spectral (`FACTS.spectral_outputs`), the spectral figure
+    (`<name>_spectral_db`), which is then the one gated (`gated_wav_figure`)."""
+    figures = {f"{name}_db": snr_db(ref, out)}
+    if "wav" in FACTS.spectral_outputs.get("latent2wav", ()):
+        figures[f"{name}_spectral_db"] = spectral_db(ref, out)
+    return figures
+
+
+def gated_wav_figure(figures: dict, name: str) -> tuple[float, str]:
+    """(the figure the decoder's gate judges, what it is) of `wav_figures`."""
+    if f"{name}_spectral_db" in figures:
+        return figures[f"{name}_spectral_db"], f"spectral figure (waveform SNR {figures[f'{name}_db']:.1f} dB)"
+    return figures[f"{name}_db"], "SNR"
+
+
 def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None, voice=None) -> dict:
     """The official-utterance block of the pipeline report, with its `failures`: at most `frames`
     frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level.
@@ -209,14 +227,15 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
     if difference is None and len(want) != len(got):  # equal until one ran out of frames
         agreed = min(len(ref_codes), len(utt.codes))
     failures = []
-    wav_db = None
+    wav = {"wav_db": None}
     if agreed:
         runner_wav = rn.waveform(streaming_decoder(stages), utt.codes[:agreed], request.voice)
         official_wav = off.official_waveform(official, ref_codes[:agreed], request.voice)
-        wav_db = snr_db(official_wav, runner_wav)
-        if not wav_db >= decoder_gate_db:
-            failures.append(f"official utterance: the waveform of the {agreed} agreed frames scores {wav_db:.1f} dB, below "
-                            f"the decoder's {decoder_gate_db:.1f} dB gate")
+        wav = wav_figures(official_wav, runner_wav, "wav")
+        figure, what = gated_wav_figure(wav, "wav")
+        if not figure >= decoder_gate_db:
+            failures.append(f"official utterance: the waveform of the {agreed} agreed frames scores {figure:.1f} dB on its "
+                            f"{what}, below the decoder's {decoder_gate_db:.1f} dB gate")
     if difference is not None and not difference["tie"]:
         d = difference
         failures.append(f"official utterance: frame {d['frame']} codebook {d['codebook']}: the runner picked {d['runner']} "
@@ -231,7 +250,7 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
             "official_frames": len(ref_codes), "runner_frames": len(utt.codes), "official_stopped": ref_stopped,
             "runner_stopped": utt.stopped, "frames_compared": agreed if difference else min(len(ref_codes), len(utt.codes)),
             "codes_equal": difference is None and len(want) == len(got), "first_difference": difference,
-            "wav_db": wav_db, "failures": failures}
+            **wav, "failures": failures}
 
 
 class SharedDraws:
