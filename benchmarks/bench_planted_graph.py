@@ -3,9 +3,9 @@ FORMAT:PRECISION some target places by default for the component (`edgex.plan.pl
 target, as `scripts/scheme_table.py --defaults` enumerates them), tiny preset, seed 0.
 
 Each row exports the component (faithful, or with the bug planted in its export wrapper) and gates
-the artifact as `edgex export` does (`edgex.export.run_parity`: end-to-end, scheme and lowering
-figures against the unmodified eager reference), then prints the verdict and the figure that
-decided it. A planted bug must fail at every default; the faithful component must pass at every one.
+the artifact as `edgex export` does (`edgex.export.gate_files`: end-to-end, scheme and lowering
+figures against the unmodified eager reference, and the stored-tensor checks), then prints the
+verdict and the figure that decided it (`stored`: the run passed, a stored tensor failed). A planted bug must fail at every default; the faithful component must pass at every one.
 GGUF files hold no graph (llama.cpp builds its own from the file): there the bug is written into the
 file where it reaches llama.cpp's graph (`planted_graph.plant_gguf`: the RoPE base in the metadata,
 the head's input columns of layer 0's output projection zeroed); bugs with no GGUF form are rows

@@ -6,10 +6,10 @@ zeroed (ONNX, GGUF, Core ML, QNN: here; ExecuTorch, MNN: `tests/planted_files.py
 tests). Each row: the stored-tensor verdict (`edgex.parity.quantized`), its lowest agreement with the
 independent quantizer, the tensor it names, and the model-parity verdict of the run alone.
 
-    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT ...]   (default: every format)
+    PYTHONPATH=. python benchmarks/bench_planted_quantized.py [FORMAT[:PRECISION] ...]   (default: every format)
 
 FORMAT: onnx, gguf, executorch, mnn, coreml (a real `.mlpackage`), qnn (s25-htp context binary and
-`.dlc`).
+`.dlc`), or qnn-context / qnn-dlc for one of the two; `:PRECISION` keeps one precision of it.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def _qdq_constant(component, precision: str, suffix: str) -> tuple[str, np.ndarr
     from edgex.exporters.qdq_scheme import dequantized_constants, float_name
 
     weight = next(p for n, p in component.module.named_parameters() if n.endswith(suffix)).detach().numpy().T
-    graph, _ = qnn._GRAPHS.get(component, precision, None)
-    float_graph, _ = qnn._GRAPHS.get(component, "fp16", None)
+    graph, _ = qnn.GRAPHS.get(component, precision, None)
+    float_graph, _ = qnn.GRAPHS.get(component, "fp16", None)
     floats = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_graph)).graph.initializer}
     for name, (_, q, scale, zero, _axis) in dequantized_constants(onnx.load(str(graph))).items():
         original = floats.get(float_name(name))
@@ -120,10 +120,15 @@ def _replace_once(path: Path, old: bytes, new: bytes) -> bool:
 
 def _qnn_bug(component, precision: str, path: Path, bug: str) -> str | None:
     """Plant `bug` in the written context binary (`.bin`) or `.dlc`; None, or why it cannot be planted.
-    Binary: none can be planted. Its integers are tiled in an undocumented layout (no 4 consecutive
-    codes of a row or column of a uint8 weight are found), its zero points are not stored beside
-    the scale, and the float32 copy of each scale it holds is not what the HTP computes with
-    (down_proj's doubled there, the w8a16 run is unchanged: lowering 18.1 dB either way). `.dlc`: QNN's
+    Binary: none is planted here. A uint8 MatMul weight is stored as signed int8 codes with its
+    zero point folded in (q - zero point), tiled 4 input channels at a time: 4-value runs of a
+    column of (q - zero point) are found (64 / 64 probes on the [64, 3072] head, 56 / 64 and 64 / 64
+    on two [64, 128] weights of the w8a16 binary), 8-value runs and the uint8 codes as stored (or
+    xor 0x80) never, 4-value runs of a row 1 / 64 (chance). A 4-byte run also matches by chance, and the tile order is undocumented, so an edit there (a head zeroed,
+    every code one step off for a zero point +1) is not placed with certainty. The float32 copy of
+    each scale it holds is not what the HTP computes with (down_proj's doubled there, the w8a16 run
+    is unchanged: lowering 18.1 dB either way): the scale is folded into fixed-point requantization
+    parameters whose layout is undocumented. `.dlc`: QNN's
     scale-offset pair (float32 scale, int32 -zero point) in the graph member and the integers,
     as stored or transposed, in `model.params.bin` (stored zip members, so file offsets)."""
     down = _qdq_constant(component, precision, f"{LAYER}.mlp.down_proj.weight")
@@ -149,7 +154,7 @@ def _qnn_bug(component, precision: str, path: Path, bug: str) -> str | None:
     return "q_proj integers not found"
 
 
-def qnn_rows(component) -> None:
+def qnn_rows(component, precisions=("w8a16", "w8a8", "w4a16"), kinds=("qnn-context", "qnn-dlc")) -> None:
     """QNN w8a16 / w8a8 / w4a16 on s25-htp: each bug planted in the context binary (whose run is the
     check that reads it) and in the `.dlc` (which nothing here runs: its stored tensors are)."""
     from edgex.parity.tensors import tensor_parity
@@ -157,13 +162,15 @@ def qnn_rows(component) -> None:
 
     exporter, options = EXPORTERS.get("qnn"), get_target("s25-htp").exporter_options["qnn"]
     with tempfile.TemporaryDirectory() as tmp:
-        for precision in ("w8a16", "w8a8", "w4a16"):
+        for precision in precisions:
             folder = Path(tmp) / precision
             folder.mkdir()
             result = exporter.export(component, precision, folder / f"talker_decode.{precision}.qnn.onnx", **options)
             pristine = Path(tmp) / f"{precision}-pristine"
             shutil.copytree(folder, pristine)
             for kind, files in (("qnn-context", result.files), ("qnn-dlc", result.sidecars[0].files)):
+                if kind not in kinds:
+                    continue
                 target = files[-1] if kind == "qnn-context" else files[0]
                 for bug in ("faithful", "scales x2", "zero points +1", "head zeroed"):
                     shutil.rmtree(folder)
@@ -245,8 +252,13 @@ def main() -> None:
     mnn = lambda path, bug, _precision: plant_mnn(path, component, bug)  # noqa: E731
     cases = [("onnx", "8da8w", _onnx_bug), ("onnx", "8da4w", _onnx_bug), ("gguf", "q8_0", _gguf_bug), ("gguf", "q4_0", _gguf_bug),
              ("executorch", "8da8w", pte), ("executorch", "8da4w", pte), ("mnn", "w8", mnn), ("mnn", "w4", mnn)]
-    only = sys.argv[1:]  # optional: format names to run
-    cases = [case for case in cases if not only or case[0] in only]
+    only = [a.split(":") for a in sys.argv[1:]]  # optional: FORMAT[:PRECISION] to run
+
+    def wanted(name, precision=None):
+        return not only or any(o[0] in (name, f"{name}-context", f"{name}-dlc") and (len(o) == 1 or precision in (None, o[1]))
+                               for o in only)
+
+    cases = [case for case in cases if wanted(case[0], case[1])]
     print(f"{'format:precision':18s} {'bug':16s} {'stored tensors':14s} {'min agreement dB':>16s}  {'run alone':10s} named")
     with tempfile.TemporaryDirectory() as tmp:
         for name, precision, plant in cases:
@@ -268,10 +280,12 @@ def main() -> None:
                     run_parity(component, exporter, files, "float32", precision, None, 1).verdict
                 named = block["failures"][0].split(":")[0] if block["failures"] else ""
                 print(f"{name + ':' + precision:18s} {bug:16s} {block['verdict']:14s} {block['min_agreement_db']:16.1f}  {run:10s} {named}")
-    if not only or "coreml" in only:
+    if wanted("coreml"):
         coreml_rows(component)
-    if not only or "qnn" in only:
-        qnn_rows(component)
+    if wanted("qnn"):
+        precisions = [p for p in ("w8a16", "w8a8", "w4a16") if wanted("qnn", p)]
+        kinds = [k for k in ("qnn-context", "qnn-dlc") if not only or any(o[0] in ("qnn", k) for o in only)]
+        qnn_rows(component, precisions, kinds)
 
 
 def _has_llama() -> bool:

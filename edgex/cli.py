@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -11,123 +10,17 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperGroup
 
+from .arguments import calibration_sizes, request_spec, split_values, transcript_ids
 from .errors import EdgexError
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
+from .render import (PIPED_WIDTH, build_table, catalog_lines, doctor_lines, failed_lines, pipeline_table, plan_table,
+                     summary_table, unverified, verify_table)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
-# Piped output (CI logs, `| tee`) gets rich's 80-column default, which folds the summary table into
-# truncated cells; a wide fixed width keeps one row per artifact there. A terminal keeps its own width.
-_PIPED_WIDTH = 160
-err = Console(stderr=True, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
-out = Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH)
-
-
-def _split(values: Optional[List[str]]) -> Optional[List[str]]:
-    """Accept repeated options and comma lists alike."""
-    if not values:
-        return None
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
-
-
-def _db(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return "inf" if math.isinf(value) and value > 0 else f"{value:.1f}"
-
-
-def source_line(source: dict) -> str:
-    """Where the weights came from, for the first line of a summary: a preset is named as seeded
-    random weights, so a random-weight artifact is never mistaken for a model."""
-    if "checkpoint" in source:
-        return f"checkpoint {source['checkpoint']}"
-    return f"preset {source.get('preset')}: seeded random weights, seed {source.get('seed', 0)}"
-
-
-def _summary(manifest: dict) -> Table:
-    title = f"{manifest['model']} ({source_line(manifest.get('source') or {})}) -> {manifest['target']}  ({manifest['status'].upper()})"
-    table = Table(title=title, title_justify="left")
-    device = manifest.get("hub") is not None
-    numeric = ("e2e dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
-    for col in ("component", "format", "precision", "e2e dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
-                *(("device dB", "device ms") if device else ()), "verdict"):
-        table.add_column(col, justify="right" if col in numeric else "left")
-    for a in manifest["artifacts"]:
-        parity = a.get("parity", {})
-        agreement = parity.get("min_token_agreement")
-        top1 = [s.get("top1_agreement") for sample in parity.get("samples", {}).values() for s in sample.values() if "top1_agreement" in s]
-        agree = " / ".join(x for x in (f"{min(top1):.2f}" if top1 else "", f"{agreement:.2f}" if agreement is not None else "") if x) or "-"
-        size = sum(f["bytes"] for f in a.get("files", []))
-        colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
-        table.add_row(
-            a["component"], a["format"], a["precision"], _end_to_end(parity), _gate(parity),
-            _split_figures(parity), agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
-            parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
-        )
-    return table
-
-
-def _end_to_end(parity: dict) -> str:
-    """The deciding figure; where spectral figures gate waveform outputs, their waveform SNR beside
-    it (recorded, not deciding); where action outputs are gated by their action error too, that
-    error (the worst dimension's, in units of its spread)."""
-    waveform = parity.get("min_waveform_snr_db")
-    figure = _db(parity.get("min_snr_db"))
-    if waveform is not None:
-        figure = f"{figure} (waveform SNR {_db(waveform)})"
-    action = parity.get("max_action_error")
-    return figure if action is None else f"{figure} (action error {_action(action)})"
-
-
-def _action(value) -> str:
-    return value if isinstance(value, str) else f"{value:.3f}"
-
-
-def _gate(parity: dict) -> str:
-    """The gate that decided the verdict, named where there are several (end-to-end, scheme,
-    lowering: `edgex.parity.check.deciding_gate`)."""
-    gate = parity.get("gate")
-    if not gate:
-        return _db(parity.get("threshold_db"))
-    name = "e2e" if gate["figure"] == "end-to-end" else gate["figure"]
-    return f"{_db(gate['threshold_db'])} ({name})" if parity.get("lowering") else _db(gate["threshold_db"])
-
-
-def _split_figures(parity: dict) -> str:
-    """Quantized artifacts: the scheme's figure vs fp32 and the lowering's vs the scheme, each
-    against its gate ("-" for float schemes, which have one figure)."""
-    parts = [parity.get(k) for k in ("scheme", "lowering")]
-    if not all(parts):
-        return "-"
-    return " / ".join(f"{_db(p.get('min_snr_db'))} ({_db(p.get('threshold_db'))})" for p in parts)
-
-
-def _device_cells(block: dict) -> tuple[str, str]:
-    """On-device SNR and latency from AI Hub, or why there are none."""
-    if block.get("method") != "device":
-        return ("none" if block else "-"), "-"
-    latency = block.get("latency_ms")
-    return _db(block.get("min_snr_db")), f"{latency:.2f}" if latency else "-"
-
-
-def _why_failed(entry: dict) -> str:
-    """The first reason an artifact failed, one line: its export error, else its parity's first
-    failure (a NaN / inf first, `edgex.parity.check`), its stored tensors', its stored quantized
-    tensors' (`edgex.parity.quantized`), or its device run's."""
-    from .parity.quantized import summary as quantized_summary  # numpy: not for toolchain-free commands
-
-    reasons = [entry.get("error"), *(entry.get("parity") or {}).get("failures", [])[:1],
-               (entry.get("tensor_parity") or {}).get("failure"), quantized_summary(entry.get("quantized_parity")),
-               *(entry.get("device_parity") or {}).get("failures", [])[:1]]
-    return next((r for r in reasons if r), "no reason recorded")
-
-
-def _unverified(rows: list[dict], reason) -> list[str]:
-    return [f"{a['component']}.{a['precision']}.{a['format']} ({reason(a) or 'no reason given'})" for a in rows if a["verdict"] == "unverified"]
+err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
+out = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
 def _exit(status: str, failed: str, unverified: list[str]) -> None:
@@ -227,11 +120,11 @@ def export(
     try:
         overrides = parse_overrides(min_db)
         recipe_settings = parse_settings(settings)
-        allow_unverified = check_unverified_kinds(_split(allow_unverified))
+        allow_unverified = check_unverified_kinds(split_values(allow_unverified))
         from .plan import read_placements
 
-        selection = dict(preset=preset, checkpoint=checkpoint, components=_split(component), formats=_split(fmt),
-                         precisions=_split(precision), placements=read_placements(_split(placement)), calibration_size=calibration,
+        selection = dict(preset=preset, checkpoint=checkpoint, components=split_values(component), formats=split_values(fmt),
+                         precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
         for job in checked.jobs:
@@ -240,7 +133,12 @@ def export(
         if dry_run:
             _print_plan(checked, as_json)
             return
-        manifest = None if force or hub_settings else _unchanged(checked, seed, recipe_settings, overrides, threads, allow_unverified)
+        manifest = None
+        if not (force or hub_settings):
+            from .artifacts.reuse import unchanged_export
+
+            manifest = unchanged_export(checked, seed=seed, settings=recipe_settings, min_db=overrides, threads=threads,
+                                        allow_unverified=allow_unverified)
         if manifest is not None:
             err.print(f"unchanged since {manifest['created']}: reused {len(manifest['artifacts'])} artifact(s) "
                       f"(manifest {manifest['manifest_path']}; --force re-exports)", highlight=False, soft_wrap=True)
@@ -248,7 +146,7 @@ def export(
             from .progress import JobCosts, JobProgress
 
             costs = JobCosts(checked)
-            width = err.width if err.is_terminal else _PIPED_WIDTH
+            width = err.width if err.is_terminal else PIPED_WIDTH
             with native_output_quiet() as stderr:
                 quiet_libraries()
                 from .export import export_model
@@ -267,25 +165,12 @@ def export(
     if as_json:
         sys.stdout.write(json.dumps(manifest, indent=2) + "\n")
     else:
-        out.print(_summary(manifest))
+        out.print(summary_table(manifest))
         out.print(f"manifest: {manifest['manifest_path']}")
-    failed = [f"{a['component']}.{a['precision']}.{a['format']} ({_why_failed(a)})" for a in manifest["artifacts"]
-              if a["verdict"] in ("fail", "error")]
+    failed = failed_lines(manifest["artifacts"])
     _exit(manifest["status"], f"parity gate failed for {len(failed)} artifact(s): {', '.join(failed)}",
-          _unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")
+          unverified(manifest["artifacts"], lambda a: a.get("parity", {}).get("reason") or a.get("tensor_parity", {}).get("unverified")
                       or a.get("quantized_parity", {}).get("unverified")))
-
-
-def _unchanged(checked, seed, settings, overrides, threads, allow_unverified) -> dict | None:
-    """The manifest of an unchanged earlier export into the plan's folder (`edgex.artifacts.reuse`),
-    found before the export pipeline (torch, the toolchains) is imported: a hit takes about a second.
-    Gate overrides are checked first, as `export_model` checks them: bad input fails either way."""
-    from .artifacts.reuse import export_key, unchanged
-    from .parity.gates import check_overrides
-
-    check_overrides(overrides, set(checked.recipe.components.values()))
-    key = export_key(checked, seed=seed, settings=settings, min_db=overrides, threads=threads, allow_unverified=allow_unverified)
-    return unchanged(checked.out_dir, key)
 
 
 def _print_plan(checked, as_json: bool) -> None:
@@ -293,31 +178,11 @@ def _print_plan(checked, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(checked.to_json(), indent=2) + "\n")
         return
-    from .progress import JobCosts, clock
+    from .progress import JobCosts
 
-    costs = JobCosts(checked)
-    plan = checked.to_json()
-    source = ", ".join(f"{k} {v}" for k, v in plan["source"].items())
-    table = Table(title=f"plan: {plan['model']} ({source}) -> {plan['target']}  (dry run, nothing built)")
-    for col in ("component", "role", "format", "precision", "artifact", "recorded s"):
-        table.add_column(col, justify="right" if col == "recorded s" else "left")
-    for job, row in zip(checked.jobs, plan["jobs"]):
-        cost = costs.get(job)
-        table.add_row(row["component"], row["role"], row["format"], row["precision"], row["path"],
-                      f"{cost:.0f}" if cost is not None else "-")
+    table, line = plan_table(checked, JobCosts(checked))
     out.print(table)
-    known = [c for c in map(costs.get, checked.jobs) if c is not None]
-    out.print(f"{len(checked.jobs)} job(s); failing artifacts would land under {checked.out_dir / 'failed'}"
-              + (f"; recorded cost of {len(known)} of them: {clock(sum(known))} on one worker" if known else ""), highlight=False)
-
-
-def _sizes(values: Optional[List[str]]) -> Optional[List[int]]:
-    sizes = []
-    for text in _split(values) or []:
-        if not text.isdigit() or int(text) < 1:
-            raise EdgexError(f"bad --calibration {text!r}: expected positive integers, e.g. 8,16,32")
-        sizes.append(int(text))
-    return sizes or None
+    out.print(line, highlight=False)
 
 
 _EXECUTOR_HELP = "where uncached jobs run: local (here, one after another) or ray (one Ray task each, docs/ray.md)"
@@ -365,12 +230,12 @@ def sweep(
         from .status import check_unverified_kinds
         from .sweep.plan import sweep_jobs
 
-        allowed = tuple(check_unverified_kinds(_split(allow_unverified)))
+        allowed = tuple(check_unverified_kinds(split_values(allow_unverified)))
         runner = make_executor(executor, address)
 
-        jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=_split(component),
-                          formats=_split(fmt), precisions=_split(precision), calibrations=_sizes(calibration),
-                          placements=_split(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings),
+        jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=split_values(component),
+                          formats=split_values(fmt), precisions=split_values(precision), calibrations=calibration_sizes(calibration),
+                          placements=split_values(placement), min_db=parse_overrides(min_db), settings=parse_settings(settings),
                           threads=threads)
         err.print(f"sweep: {len(jobs)} point(s)", highlight=False)
         with native_output_quiet() as stderr:
@@ -405,41 +270,6 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _figure(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def _pipeline_table(report: dict) -> Table:
-    """One row per figure group of the pipeline report (pipeline.json has them all)."""
-    table = Table(title=f"pipeline {report['model']} -> {report['target']}  ({report['verdict'].upper()})")
-    for col in ("part", "stage / schedule", "figures"):
-        table.add_column(col)
-    for part in ("teacher_forced", "free_running", "streaming", "timing"):
-        for item, value in (report.get(part) or {}).items():
-            figures = ", ".join(f"{k} {_figure(v)}" for k, v in value.items()) if isinstance(value, dict) else _figure(value)
-            table.add_row(part.replace("_", "-"), item, escape(figures))
-    return table
-
-
-def _request_spec(path: Optional[Path], text: Optional[str], voice: Optional[Path]) -> Optional[dict]:
-    """The official-utterance request of `edgex pipeline`: a JSON file, or --text (with --voice)."""
-    if path is None:
-        return None if text is None else {"text": text, **({"voice": str(voice.resolve())} if voice is not None else {})}
-    if text is not None or voice is not None:
-        raise EdgexError("--request holds the whole request: give text and voice inside it, not as --text / --voice")
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise EdgexError(f"--request {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(spec, dict):
-        raise EdgexError(f"--request {path}: expected a JSON object")
-    return spec
-
-
 @app.command()
 def pipeline(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts (must match the manifest)"),
@@ -469,8 +299,8 @@ def pipeline(
                 if recorded != model:
                     raise EdgexError(f"{directory} holds {recorded} artifacts, not {model}")
             lines = Console(file=stderr, width=err.width)
-            spec = _request_spec(request, text, voice)
-            report = run_pipeline(directories, _split(placement), frames, threads,
+            spec = request_spec(request, text, voice)
+            report = run_pipeline(directories, split_values(placement), frames, threads,
                                   progress=lambda m: lines.print(m, highlight=False), stream_frames=stream_frames,
                                   voice=voice if spec is None else None, request=spec,
                                   request_base=request.parent if request is not None else Path.cwd())
@@ -479,7 +309,7 @@ def pipeline(
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        out.print(_pipeline_table(report))
+        out.print(pipeline_table(report))
         out.print("artifacts: " + ", ".join(f"{a['component']}.{a['precision']}.{a['format']} ({a['files'][0]['sha256'][:12]})"
                                              for a in report["artifacts"]), highlight=False)
         colour = "green" if report["verdict"] == "pass" else "red"
@@ -504,23 +334,15 @@ def verify(
             quiet_libraries()
             from .verify import verify_directory
 
-            report = verify_directory(directory, threads=threads, allow_unverified=_split(allow_unverified))
+            report = verify_directory(directory, threads=threads, allow_unverified=split_values(allow_unverified))
     except EdgexError as exc:
         _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        table = Table(title=f"verify {report['manifest']}  ({report['status'].upper()})")
-        for col in ("component", "format", "precision", "files", "e2e dB", "gate dB", "verdict", "problem"):
-            table.add_column(col)
-        for a in report["artifacts"]:
-            colour = {"pass": "green", "unverified": "yellow"}.get(a["verdict"], "red")
-            table.add_row(a["component"], a["format"], a["precision"], a["files"], _db(a.get("min_snr_db")),
-                          _gate(a), f"[{colour}]{a['verdict']}[/{colour}]",
-                          "; ".join(x for x in (a.get("problem"), a.get("note")) if x))
-        out.print(table)
+        out.print(verify_table(report))
     _exit(report["status"], f"verification failed: {report['problem_count']} problem(s) in {report['manifest']}",
-          _unverified(report["artifacts"], lambda a: a.get("reason")))
+          unverified(report["artifacts"], lambda a: a.get("reason")))
 
 
 class _BuildGroup(TyperGroup):
@@ -543,16 +365,7 @@ def _build_result(data: dict, out_dir: Path, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        table = Table(title=f"edgex build ({data['status'].upper()})")
-        for col in ("artifact", "min SNR dB", "gate dB", "method", "reused", "s", "verdict"):
-            table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "s") else "left")
-        for a in data["artifacts"]:
-            colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
-            parity = a.get("parity", {})
-            table.add_row(f"{a['id']} ({a['format']})", _db(parity.get("min_snr_db")),
-                          _db(parity.get("threshold_db")), parity.get("method", "-"), "yes" if a["build"]["reused"] else "no",
-                          f"{a['build']['seconds']:.1f}", f"[{colour}]{a['verdict']}[/{colour}]")
-        out.print(table)
+        out.print(build_table(data))
         reused = sum(1 for a in data["artifacts"] if a["build"]["reused"])
         out.print(f"{len(data['artifacts'])} artifacts ({reused} reused) in {data['build']['seconds']:.1f} s; "
                   f"reports: {out_dir / 'junit.xml'}, {out_dir / 'summary.md'}, {out_dir / 'build.json'}", highlight=False)
@@ -569,7 +382,7 @@ def build_run(
     out_dir: Path = typer.Option(Path("out"), "--out", "-o", help="output root: the artifacts go to <out>/<name>/<target>/, the reports (build.json, junit.xml, summary.md) to <out>/"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="cache folder (default: <out>/.edgex-cache)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run shard I of N of the jobs, e.g. 1/2 (merge with edgex build merge)"),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json: balance shards by its recorded export seconds"),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json, build output or build cache: balance shards by its recorded export seconds"),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
@@ -626,12 +439,7 @@ def voice_prompt(
     try:
         if model != "qwen3-tts":
             raise EdgexError(f"voice prompts are made for qwen3-tts only, not {model!r}")
-        if text is not None and ids is not None:
-            raise EdgexError("give the transcript as --text or as --ids, not both")
-        try:
-            id_list = None if ids is None else [int(i) for i in ids.split(",") if i.strip()]
-        except ValueError:
-            raise EdgexError(f"--ids {ids!r}: expected comma-separated integers") from None
+        id_list = transcript_ids(text, ids)
         with native_output_quiet():
             quiet_libraries()
             from .recipes.qwen3_tts.voice_prompt import write
@@ -655,37 +463,8 @@ def list_(as_json: bool = typer.Option(False, "--json", help="print as JSON")):
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    for name, model in data["models"].items():
-        table = Table(title=f"model {name}: {model['description']}")
-        table.add_column("component")
-        table.add_column("role")
-        for comp, role in model["components"].items():
-            table.add_row(comp, role)
-        out.print(table)
-        out.print("presets: " + ", ".join(f"[bold]{p}[/bold] ({d})" for p, d in model["presets"].items()))
-        if model["options"]:
-            out.print("options (--set KEY=VALUE): " + ", ".join(f"[bold]{k}[/bold] ({d})" for k, d in model["options"].items()))
-    for title, key, cols in (
-        ("targets", "targets", ("description",)),
-        ("formats", "formats", ("format", "backend", "runtime", "precisions")),
-        ("precisions", "precisions", ("weights", "activations", "granularity", "description")),
-    ):
-        table = Table(title=title)
-        table.add_column("name")
-        for col in cols:
-            table.add_column(col)
-        for name, row in data[key].items():
-            table.add_row(name, *[", ".join(row[c]) if isinstance(row[c], list) else str(row[c]) for c in cols])
-        out.print(table)
-    # The same precision name can mean different things per format (fp16 weights only on MNN,
-    # three int8 weight schemes called w8): one line per format and scheme says which.
-    table = Table(title="schemes per format (what each precision means there)")
-    for col in ("format", "precision", "meaning"):
-        table.add_column(col)
-    for name, row in data["formats"].items():
-        for precision, meaning in row["schemes"].items():
-            table.add_row(name, precision, meaning)
-    out.print(table)
+    for shown in catalog_lines(data):
+        out.print(shown)
 
 
 @app.command()
@@ -705,20 +484,8 @@ def doctor(
         if not data["ok"]:
             raise typer.Exit(1)
         return
-    box = data["machine"]
-    out.print(f"machine: {box['cpus']} cores, {box['memory_gb']} GB memory ({box['memory_available_gb']} GB available), "
-              f"{box['temp_free_gb']} GB free in {box['temp_dir']}")
-    table = Table(title="edgex doctor")
-    for col in ("package", "version", "status", "needed for"):
-        table.add_column(col)
-    for row in data["packages"]:
-        colour = "green" if row["version"] else "yellow"
-        table.add_row(row["package"], row["version"] or "-", f"[{colour}]{'ok' if row['version'] else 'missing: ' + row['install']}[/{colour}]", row["needed_for"])
-    out.print(table)
-    colours = {"ok": "green", "missing": "yellow", "failed": "red"}
-    for row in data["runtimes"]:
-        colour = colours[row["status"]]
-        out.print(f"runtime {row['name']} ({row['version'] or 'version unknown'}): [{colour}]{row['status']}[/{colour}] {escape(row['detail'])}")
+    for shown in doctor_lines(data):
+        out.print(shown)
     if not data["ok"]:
         failed = [r["name"] for r in data["runtimes"] if r["status"] == "failed"]
         err.print(f"edgex: doctor: runtime(s) failed their smoke program: {', '.join(failed)}")

@@ -76,12 +76,7 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     result, peak_mb = _lower_apart(exporter, component, job, dest)
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
     gate = threshold_db(component.role, job.precision, overrides)
-    tensors = tensor_parity(exporter, component, result.files, gate, job.precision, dict(job.options))
-    if tensors is not None:
-        entry["tensor_parity"] = tensors
-    quantized = quantized_parity(exporter, component, result.files, job.precision, dict(job.options))
-    if quantized is not None:
-        entry["quantized_parity"] = quantized
+    entry.update(stored_parity(exporter, component, result.files, gate, job.precision, dict(job.options)))
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme
     scheme = partial(exporter.scheme_reference, component, job.precision, result.files, **dict(job.options))
     device = _OnDevice(hub, dict(job.placement).get("compute_unit"), scheme) if hub is not None else None
@@ -92,15 +87,38 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
                 "runtime": sidecar.runtime, "io_float_dtype": sidecar.io_float_dtype, "details": sidecar.details,
                 "export_options": dict(job.options)}
-        side_tensors = tensor_parity(exporter, component, sidecar.files, gate, job.precision, dict(job.options))
-        if side_tensors is not None:
-            side["tensor_parity"] = side_tensors
-        side_quantized = quantized_parity(exporter, component, sidecar.files, job.precision, dict(job.options))
-        if side_quantized is not None:
-            side["quantized_parity"] = side_quantized
+        side.update(stored_parity(exporter, component, sidecar.files, gate, job.precision, dict(job.options)))
         entries.append(_gate_and_place(side, component, sidecar.files, sidecar.runtime, sidecar.reason, job.precision,
                                        overrides, threads, device, stage))
     return entries
+
+
+def stored_parity(exporter: Exporter, component: Component, files: list[Path], gate: float, precision: str, options: dict) -> dict:
+    """An entry's checks of the bytes its files store, those that apply: `tensor_parity` (stored
+    tensors no run reads, against the artifact's gate) and `quantized_parity` (each stored quantized
+    tensor against an independent quantization of the eager weight). They see what a parity run
+    cannot where the scheme reference reads its weights from the same file."""
+    blocks = {}
+    tensors = tensor_parity(exporter, component, files, gate, precision, options)
+    if tensors is not None:
+        blocks["tensor_parity"] = tensors
+    quantized = quantized_parity(exporter, component, files, precision, options)
+    if quantized is not None:
+        blocks["quantized_parity"] = quantized
+    return blocks
+
+
+def gate_files(component: Component, exporter: Exporter, files: list[Path], io_float_dtype, precision: str,
+               overrides: dict | None = None, threads=None, options: dict | None = None) -> dict:
+    """What `edgex export` gates an exporter's files on, without placing them: the stored-tensor
+    checks (`stored_parity`), the parity run (`run_parity`: `parity`, a `ParityReport`) and the
+    verdict they make together (`combined_verdict`)."""
+    options = dict(options or {})
+    blocks = stored_parity(exporter, component, files, threshold_db(component.role, precision, overrides or {}), precision, options)
+    report = run_parity(component, exporter, files, io_float_dtype, precision, overrides or {}, threads, options)
+    verdict = combined_verdict(report.verdict, blocks.get("tensor_parity", {}).get("verdict"), None,
+                               blocks.get("quantized_parity", {}).get("verdict"))
+    return {"parity": report, **blocks, "verdict": verdict}
 
 
 def _lower(exporter: Exporter, component: Component, job: Job, dest: Path):

@@ -1,13 +1,15 @@
 """Scheme vs lowering error for every quantized scheme edgex offers, or every default placement.
 
 For each (model, component, format:precision): export on the tiny preset and gate the artifact as
-`edgex export` does (`edgex.export.run_parity`: the same samples, references and gates), then print
+`edgex export` does (`edgex.export.gate_files`: the same samples, references, gates and stored-tensor
+checks), then print
 the minimum SNR over outputs and samples of
     e2e       artifact vs fp32 eager
     scheme    the scheme reference (`Exporter.scheme_reference`) vs fp32 eager, policy gate
     lowering  artifact vs the scheme reference, lowering gate
 with the lowest logits top-1 agreement (e2e and scheme), the flipped tokens / top-1s of each figure
-that are not ties (`edgex.parity.gates.tie_db`), and each figure's verdict.
+that are not ties (`edgex.parity.gates.tie_db`), and each figure's verdict. The verdict is export's:
+the run's, failed also by a stored tensor that fails its check (decided by `stored`).
 Usage: python scripts/scheme_table.py [-m qwen3-tts] [-c talker_decode] [-s executorch:8da4w ...]
        [--defaults] [--skip-precision fp32 ...] [--skip executorch:code_predictor ...] [--json rows.json]
 `--defaults` runs, per component, every FORMAT:PRECISION some target places by default for it
@@ -23,10 +25,11 @@ import time
 import traceback
 from pathlib import Path
 
-from edgex.export import run_parity
+from edgex.export import gate_files
 from edgex.exporters import EXPORTERS
 from edgex.recipes import RECIPES
 from edgex.errors import EdgexError
+from edgex.parity.quantized import summary as quantized_summary
 from edgex.plan import plan
 from edgex.targets import TARGETS, get_target
 
@@ -54,13 +57,19 @@ def measure(component, exporter_name: str, precision: str, tmp: Path, edit=None)
     exported = time.perf_counter() - start
     if edit is not None:
         edit(result.files)
-    report = run_parity(component, exporter, result.files, result.io_float_dtype, precision, {}, None, options)
+    gated = gate_files(component, exporter, result.files, result.io_float_dtype, precision, {}, None, options)
+    report = gated["parity"]
     if report.method == "none":
         return {"error": f"parity none: {report.reason}"}
     figures = report.to_json()
     scheme, lowering = figures["scheme"] or {}, figures["lowering"] or {}
+    stored = [line for line in (quantized_summary(gated.get("quantized_parity")), (gated.get("tensor_parity") or {}).get("failure")) if line]
+    gate = figures["gate"]
+    if stored and figures["verdict"] == "pass":  # the run passed: the stored bytes decided
+        gate = {"figure": "stored"}
     return {"e2e": figures["min_snr_db"], "e2e_gate": figures["threshold_db"], "e2e_top1": figures["min_top1_agreement"],
-            "e2e_flips": _flips(figures["divergences"]), "verdict": figures["verdict"], "gate": figures["gate"],
+            "e2e_flips": _flips(figures["divergences"]), "verdict": gated["verdict"], "run_verdict": figures["verdict"], "gate": gate,
+            "stored_verdicts": {k: gated[k]["verdict"] for k in ("quantized_parity", "tensor_parity") if k in gated},
             "scheme": scheme.get("min_snr_db"), "scheme_gate": scheme.get("threshold_db"),
             "scheme_verdict": scheme.get("verdict"), "scheme_top1": scheme.get("min_top1_agreement"),
             "scheme_flips": _flips(scheme.get("divergences", [])),
@@ -68,7 +77,7 @@ def measure(component, exporter_name: str, precision: str, tmp: Path, edit=None)
             "lowering_verdict": lowering.get("verdict"), "lowering_flips": _flips(lowering.get("divergences", [])),
             "e2e_action_error": figures["max_action_error"], "scheme_action_error": scheme.get("max_action_error"),
             "lowering_action_error": lowering.get("max_action_error"),
-            "reference": scheme.get("reference", "fp32 eager"), "failures": figures["failures"][:3],
+            "reference": scheme.get("reference", "fp32 eager"), "failures": (stored + figures["failures"])[:3],
             "export_s": round(exported, 1), "seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -5,11 +5,13 @@ session fixture carry one `xdist_group`, so that fixture is built on one worker 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,12 @@ _CACHE_DIR = None
 if "EDGEX_CACHE_DIR" not in os.environ:
     _CACHE_DIR = os.environ["EDGEX_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgex-test-cache-")
 
+# Builds that tests of several modules or several workers share (`built_once`) go in one folder per
+# run, made and removed the same way.
+_SHARED_DIR = None
+if "EDGEX_TESTS_SHARED_DIR" not in os.environ:
+    _SHARED_DIR = os.environ["EDGEX_TESTS_SHARED_DIR"] = tempfile.mkdtemp(prefix="edgex-test-shared-")
+
 MAX_WORKERS = 4  # each worker holds torch and the tiny models, and exports spawn their own processes
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The workers already fill the cores: with a thread pool each (inherited by the CLI subprocesses),
@@ -40,8 +48,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_sessionfinish(session, exitstatus):
     """xdist's controller gets here after its workers have finished theirs."""
-    if _CACHE_DIR is not None:
-        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+    for folder in (_CACHE_DIR, _SHARED_DIR):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -54,6 +63,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cpu_export" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
+
+
+def built_once(name: str, make: Callable[[Path], None]) -> Path:
+    """The folder `name` of this run's shared builds, filled by `make(folder)` in the first process
+    that asks for it; any other xdist worker waits for that build and reuses it. A module fixture
+    whose tests xdist spreads over both workers then builds its export once, not once per worker.
+    A `make` that raises leaves no folder behind: the next process that asks builds it again."""
+    from filelock import FileLock
+
+    shared = Path(os.environ["EDGEX_TESTS_SHARED_DIR"])
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                make(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
 
 
 # A build file of one tiny job (talker_decode, ONNX fp32, one thread): the build tests' smallest plan.
@@ -92,13 +123,18 @@ def tiny():
     return loaded, {c.name: c for c in recipe.components(loaded)}
 
 
-# The suite's CPU export is the README demo less three kinds of build: the ExecuTorch builds of the
+# The suite's CPU export is the README demo less four kinds of build: the ExecuTorch builds of the
 # 15-step code predictor frame and its ONNX fp16 build (XNNPACK's lowering of the unrolled frame is
-# about 4 CPU-minutes per precision; ONNX fp16 of the frame is gated in test_predictor_gate.py), and
-# the ExecuTorch fp16 builds of the decoders (a quarter of what is left: XNNPACK lowers their convs
-# slowly, and fp16 ExecuTorch is exercised by the talker and predictor step). The whole demo is
+# about 4 CPU-minutes per precision; ONNX fp16 of the frame is gated in test_predictor_gate.py), the
+# ExecuTorch fp16 builds of the decoders (a quarter of what is left: XNNPACK lowers their convs
+# slowly, and fp16 ExecuTorch is exercised by the talker decode and predictor step), the ExecuTorch
+# fp16 build of the talker prefill (the same exporter and precision as the talker decode's), and
+# the ExecuTorch build of code2wav (the slowest program left, 28 job-seconds: its two streaming
+# halves, code2latent and latent2wav, are the decoder's .pte programs here). The whole demo is
 # `test_readme_demo_exports_every_component` in test_export_cpu.py, a benchmark.
-CPU_EXPORT_PLACEMENTS = ("code_predictor=onnx:fp32", "decoder=onnx:fp32", "decoder=onnx:fp16", "decoder=executorch:fp32")
+CPU_EXPORT_PLACEMENTS = ("code_predictor=onnx:fp32", "decoder=onnx:fp32", "decoder=onnx:fp16", "decoder=executorch:fp32",
+                         "code2wav=onnx:fp32", "code2wav=onnx:fp16",
+                         "talker_prefill=executorch:fp32", "talker_prefill=onnx:fp32", "talker_prefill=onnx:fp16")
 
 
 def cpu_export_artifacts(roles: dict[str, str]) -> set[tuple[str, str, str]]:
@@ -109,6 +145,7 @@ def cpu_export_artifacts(roles: dict[str, str]) -> set[tuple[str, str, str]]:
     full = {(c, f, p) for c in roles if c not in ON_REQUEST for f in ("pte", "onnx") for p in ("fp32", "fp16")}
     left_out = {("code_predictor", "pte", "fp32"), ("code_predictor", "pte", "fp16"), ("code_predictor", "onnx", "fp16")}
     left_out |= {(c, "pte", "fp16") for c, role in roles.items() if role == "decoder"}
+    left_out |= {("talker_prefill", "pte", "fp16"), ("code2wav", "pte", "fp32")}
     return full - left_out
 
 
@@ -118,8 +155,16 @@ def export_cpu(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def cpu_export(tmp_path_factory):
+def cpu_export():
     """The README demo (`edgex export qwen3-tts --target cpu --preset tiny`) in two worker processes
-    (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says."""
-    out = tmp_path_factory.mktemp("cpu-export")
-    return out, export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
+    (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says:
+    (out, the CLI's completed process). Built once for every xdist worker."""
+
+    def make(out: Path) -> None:
+        proc = export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
+        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        (out / "cli.json").write_text(json.dumps(record))
+
+    out = built_once("cpu-export", make)
+    record = json.loads((out / "cli.json").read_text())
+    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])

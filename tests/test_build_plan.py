@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from edgex.build.publish import merge
 from edgex.build.report import junit_xml
-from edgex.build.shard import expected_cost, parse_shard, partition, recorded_costs
+from edgex.build.shard import EXPORTER_SECONDS, Recorded, expected_cost, parse_shard, partition, recorded_costs
 from edgex.build.spec import load_plan
 from edgex.errors import EdgexError
 
@@ -99,23 +99,53 @@ model = "spark-x2.5"
 targets = ["cpu", "s25-htp", "llama-cpp", "mnn"]
 """)
     for n in (1, 2, 3, 5):
-        shards = partition(plan.jobs, n, {})
-        assert shards == partition(list(plan.jobs), n, {})  # every CI machine computes the same split
+        shards = partition(plan.jobs, n, Recorded())
+        assert shards == partition(list(plan.jobs), n, Recorded())  # every CI machine computes the same split
         ids = [j.id for s in shards for j in s]
         assert sorted(ids) == sorted(j.id for j in plan.jobs) and len(set(ids)) == len(ids)
-        loads = [sum(expected_cost(j, {}) for j in s) for s in shards]
-        biggest = max(expected_cost(j, {}) for j in plan.jobs)
+        loads = [sum(expected_cost(j, Recorded()) for j in s) for s in shards]
+        biggest = max(expected_cost(j, Recorded()) for j in plan.jobs)
         assert max(loads) - min(loads) <= biggest  # greedy longest-first bound
         for shard in shards:  # plan order kept inside a shard
             assert [j.id for j in shard] == [j.id for j in plan.jobs if j in shard]
     # recorded seconds from an earlier build replace the table
     slow = plan.jobs[-1].id
-    shards = partition(plan.jobs, 2, {slow: 10_000.0})
+    shards = partition(plan.jobs, 2, Recorded({slow: 10_000.0}))
     assert [j.id for j in shards[0]] == [slow]
     assert parse_shard("2/4") == (2, 4)
     for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
         with pytest.raises(EdgexError, match="bad --shard"):
             parse_shard(bad)
+
+
+def test_shard_costs_come_from_what_earlier_builds_measured(tmp_path):
+    """--costs reads a build cache's entries (or a build.json): a job's own recorded seconds, else
+    the median of its exporter and role's, else the exporter's default; a larger recorded peak
+    memory goes first among equal costs."""
+    plan = plan_of(tmp_path, """
+[[entry]]
+model = "spark-x2.5"
+targets = ["cpu"]
+""")
+    onnx = [j for j in plan.jobs if j.exporter == "onnx"]
+    other = next(j for j in plan.jobs if j.exporter != "onnx")
+    measured = {onnx[0].id: (400.0, 900.0), onnx[1].id: (200.0, 100.0), onnx[2].id: (400.0, 2000.0)}
+    cache = tmp_path / "cache"
+    for n, (job_id, (seconds, peak)) in enumerate(measured.items()):
+        entry = cache / f"key{n}"
+        (entry / "m" / "cpu").mkdir(parents=True)
+        (entry / "key.json").write_text(json.dumps({"id": job_id, "export_seconds": seconds}))
+        (entry / "m" / "cpu" / "manifest.json").write_text(json.dumps({"artifacts": [
+            {"exporter": "onnx", "role": onnx[0].role, "export_peak_rss_mb": peak}]}))
+    recorded = recorded_costs(cache)
+    assert recorded.seconds == {k: v[0] for k, v in measured.items()}
+    assert [expected_cost(j, recorded) for j in onnx[:3]] == [400.0, 200.0, 400.0]
+    assert all(expected_cost(j, recorded) == 400.0 for j in onnx[3:])  # the median of the onnx jobs of its role
+    assert expected_cost(other, recorded) == EXPORTER_SECONDS[other.exporter]
+    first = [j.id for j in partition(onnx[:3], 3, recorded)[0]]
+    assert first == [onnx[2].id]  # 400 s and 2000 MB before 400 s and 900 MB
+    with pytest.raises(EdgexError, match="--costs"):
+        recorded_costs(tmp_path / "nothing-here")
 
 
 def fake_shard(root: Path, index: int, count: int, plan_ids: list[str], mine: list[str], plan: str = "p" * 64) -> Path:
@@ -145,7 +175,7 @@ def test_merge_joins_shards_and_refuses_foreign_missing_or_damaged_ones(tmp_path
     one, two = fake_shard(tmp_path, 1, 2, ids, [ids[1]]), fake_shard(tmp_path, 2, 2, ids, [ids[0], ids[2]])
     data = merge([two, one], tmp_path / "merged")
     assert [a["id"] for a in data["artifacts"]] == ids and data["status"] == "pass"
-    assert recorded_costs(tmp_path / "merged" / "build.json") == dict.fromkeys(ids, 1.0)  # --costs for the next split
+    assert recorded_costs(tmp_path / "merged" / "build.json").seconds == dict.fromkeys(ids, 1.0)  # --costs for the next split
     manifest = json.loads((tmp_path / "merged" / "m" / "cpu" / "manifest.json").read_text())
     assert [a["id"] for a in manifest["artifacts"]] == ids
     assert (tmp_path / "merged" / "m" / "cpu" / "b.fp16.onnx").read_bytes() == b"b.fp16.onnx"

@@ -103,8 +103,8 @@ def test_onnx_runtime_artifacts_run_its_fused_kernels(manifest):
 
 @pytest.mark.benchmark
 def test_readme_demo_exports_every_component(tmp_path):
-    """The README's first command as written (the suite's `cpu_export` leaves out the ExecuTorch
-    builds of the predictor frame): every component in .pte and .onnx, fp32 and fp16, passes."""
+    """The README's first command as written (the suite's `cpu_export` leaves some builds out, as
+    conftest's `CPU_EXPORT_PLACEMENTS` says): every component in .pte and .onnx, fp32 and fp16, passes."""
     proc = export_cpu(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)

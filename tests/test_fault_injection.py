@@ -3,9 +3,10 @@ and its sha256/bytes rewritten in manifest.json, so the hash check passes) and s
 re-run of `edgex verify` catches it: a non-zero exit, and the corrupted artifact's figure far below
 both its gate and its export figure.
 
-One small component (talker_decode) per format, one export per target (module-scoped), one
-`edgex verify` per target. Weights are located exactly where a reader exists (onnx external data,
-gguf tensors); in the other files (.pte, .mnn, QNN context binary, Core ML weight.bin) the eager
+One small component (talker_decode) per format, one export per target (module-scoped; the CPU
+target's .pte and ONNX fp32 files are those of the suite's CPU export), one `edgex verify` per
+target. Weights are located exactly where a reader exists (onnx external data, gguf tensors); in
+the other files (.pte, .mnn, QNN context binary, Core ML weight.bin) the eager
 `codec_head` weight is found by its bytes, and the middle half of its region is negated and scaled
 x4 in the file's own dtype, so the files stay parseable and the numerical gate is what fails them.
 """
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.xdist_group("fault_injection")  # one module fixture: e
 
 COMPONENT = "talker_decode"
 TARGETS = {
-    "cpu": ("-f", "executorch,onnx", "-p", "fp32"),
     "mnn": ("-p", "fp32"),
     "qnn": ("-t", "s25-htp"),
     "apple": ("-p", "fp16"),
@@ -178,12 +178,29 @@ def _assert_parity_caught(manifest, report, fmt, precision):
     print(f"{fmt} {precision}: {before['min_snr_db']:.1f} dB at export -> {after:.1f} dB after corruption (gate {row['threshold_db']:.0f})")
 
 
-def test_corrupted_pte_and_onnx_weights_fail_verify(exported, codec_head, tmp_path):
+def _cpu_export_of_the_component(cpu_export, folder: Path) -> tuple[Path, dict]:
+    """The component's .pte and ONNX fp32 artifacts of the suite's CPU export, in `folder` with a
+    manifest of those entries alone."""
+    out, proc = cpu_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    source = out / "qwen3-tts" / "cpu"
+    manifest = _strict((source / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["component"] == COMPONENT and a["precision"] == "fp32"]
+    assert {a["format"] for a in manifest["artifacts"]} == {"pte", "onnx"}
+    for record in (r for a in manifest["artifacts"] for r in a["files"]):
+        (folder / record["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / record["path"], folder / record["path"])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return folder, manifest
+
+
+def test_corrupted_pte_and_onnx_weights_fail_verify(cpu_export, codec_head, tmp_path):
     def corrupt(folder):
         _corrupt_located(folder / f"{COMPONENT}.fp32.pte", codec_head, np.float32)
         _corrupt_onnx_data(folder / f"{COMPONENT}.fp32.onnx")
 
-    manifest, report, proc = _tamper_and_verify(exported, "cpu", corrupt, tmp_path)
+    export = _cpu_export_of_the_component(cpu_export, tmp_path / "export")
+    manifest, report, proc = _tamper_and_verify(lambda _target: export, "cpu", corrupt, tmp_path)
     assert proc.returncode == 1 and "verification failed: 2 problem(s)" in proc.stderr
     _assert_parity_caught(manifest, report, "pte", "fp32")
     _assert_parity_caught(manifest, report, "onnx", "fp32")

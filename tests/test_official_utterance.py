@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import built_once, run_cli
 
 STOP = 10  # frames of the official utterance
 COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav")
@@ -23,20 +23,22 @@ FRAMES = 16  # the most frames either side may make (the utterance stops at STOP
 
 
 @pytest.fixture(scope="module")
-def custom_voice(tmp_path_factory):
-    from edgex.recipes.qwen3_tts import official, utterance
+def custom_voice():
+    """The CustomVoice checkpoint and its export, built once for every worker that runs a test of this module."""
 
-    root = tmp_path_factory.mktemp("official-utterance")
-    model = official.build("custom_voice", seed=0)
-    request = utterance.default_request(model.model.config.to_dict(), seed=0)
-    official.stop_at(model, request, STOP)
-    checkpoint = official.write_checkpoint(model, root / "checkpoint")
-    out = root / "out"
-    components = [arg for c in COMPONENTS for arg in ("--component", c)]
-    proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(out),
-                   *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--jobs", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "qwen3-tts" / "cpu"
+    def make(root: Path) -> None:
+        from edgex.recipes.qwen3_tts import official, utterance
+
+        model = official.build("custom_voice", seed=0)
+        request = utterance.default_request(model.model.config.to_dict(), seed=0)
+        official.stop_at(model, request, STOP)
+        checkpoint = official.write_checkpoint(model, root / "checkpoint")
+        components = [arg for c in COMPONENTS for arg in ("--component", c)]
+        proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
+                       *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--jobs", "2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once("official-utterance", make) / "out" / "qwen3-tts" / "cpu"
 
 
 def test_the_runner_over_onnx_fp32_artifacts_speaks_the_official_utterance(custom_voice):

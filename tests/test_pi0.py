@@ -300,7 +300,7 @@ def test_action_step_w8a16_is_calibrated_across_observations(pi0, tmp_path):
     import onnxruntime as ort
 
     from edgex.exporters.onnx import OnnxExporter
-    from edgex.exporters.qnn import quantize_qdq
+    from edgex.exporters.qnn_quantize import quantize_qdq
 
     comp = pi0[1]["action_step"]
     sets = comp.calibration(comp.calibration_size)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgex.export import run_parity
+from edgex.export import gate_files, run_parity
 from edgex.exporters import EXPORTERS
 from edgex.recipes import RECIPES
 from edgex.targets import get_target
-from planted_graph import plant
+from planted_graph import plant, plant_gguf
 
 pytestmark = pytest.mark.xdist_group("planted_graph")
 OPTIONS = {"qnn": get_target("s25-htp").exporter_options["qnn"]}
@@ -66,3 +66,22 @@ def test_a_planted_graph_bug_fails_where_the_faithful_graph_passes(components, t
     # the lowering figure (artifact vs the eager model running the file's own scheme) is the one a
     # graph bug cannot hide from, however coarse the scheme
     assert broken.lowering["verdict"] == "fail" and faithful.lowering["verdict"] == "pass"
+
+
+def test_a_head_dropped_in_a_gguf_q4_0_file_fails_exports_verdict_on_its_stored_tensor(components, tmp_path):
+    """GGUF holds no graph: the dropped head is an edit of layer 0's stored output projection, which
+    the scheme reference reads back too, so the run's lowering figure cannot see it and its end-to-end
+    figure (~17 dB) passes q4_0's 8 dB gate. Export's verdict fails it on the stored tensor, scored
+    against an independent quantization of the eager weight."""
+    component = components("qwen3-tts", "talker_decode")
+    exporter = EXPORTERS.get("gguf")
+    result = exporter.export(component, "q4_0", tmp_path / "talker_decode.q4_0.gguf")
+    faithful = gate_files(component, exporter, result.files, result.io_float_dtype, "q4_0")
+    plant_gguf(result.files[0], "head_dropped")
+    broken = gate_files(component, exporter, result.files, result.io_float_dtype, "q4_0")
+    stored = broken["quantized_parity"]
+    print(f"q4_0 faithful {faithful['verdict']} (e2e {faithful['parity'].min_snr_db:.1f}); head dropped in the file: "
+          f"{broken['verdict']} (run {broken['parity'].verdict}, e2e {broken['parity'].min_snr_db:.1f}): {stored['failures']}")
+    assert faithful["verdict"] == "pass" and faithful["quantized_parity"]["verdict"] == "pass"
+    assert broken["verdict"] == "fail"
+    assert stored["verdict"] == "fail" and stored["failures"][0].startswith("blk.0.attn_output.weight")

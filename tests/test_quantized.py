@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from conftest import run_cli
 from edgex.parity.metrics import snr_db
-from edgex.parity.quantizer import QDQ_SCHEMES, SCHEMES, fake_quantize
+from edgex.parity.quantizer import QDQ_CHANNEL_SCHEMES, QDQ_SCHEMES, SCHEMES, fake_quantize
 
 _W = (np.random.default_rng(0).standard_normal((96, 128)) * 0.05).astype(np.float32)
 
@@ -52,39 +52,47 @@ def _tool_dequantized(key):
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType, quantize_nparray
 
-    qtype, symmetric = {"uint8": (TensorProto.UINT8, False), "int4": (TensorProto.INT4, False), "int8": (TensorProto.INT8, True)}[precision]
+    # per tensor (`qdq`): uint8 asymmetric, int4 and int8 symmetric; per channel (`qdq-channel`): all symmetric
+    qtype = {"uint8": TensorProto.UINT8, "int4": TensorProto.INT4, "int8": TensorProto.INT8}[precision]
+    symmetric = exporter == "qdq-channel" or precision != "uint8"
     qmin, qmax = get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
     rows = []
     for row in _W:
-        zero, scale = compute_scale_zp(np.array(row.min()), np.array(row.max()), qmin, qmax, symmetric)
+        zero, scale = compute_scale_zp(np.array(row.min()), np.array(row.max()), qmin, qmax, symmetric,
+                                       min_real_range=None if precision == "int8" else 1e-4)
         rows.append((quantize_nparray(qtype, row, scale, zero).astype(np.float32) - float(zero)) * scale)
     return np.array(rows, np.float32)
 
 
-@pytest.mark.parametrize("key", [k for k in SCHEMES if k[0] in ("gguf", "executorch", "coreml")] + [("qdq", t) for t in QDQ_SCHEMES])
+@pytest.mark.parametrize("key", [k for k in SCHEMES if k[0] in ("gguf", "executorch", "coreml")] + [("qdq", t) for t in QDQ_SCHEMES]
+                         + [("qdq-channel", t) for t in QDQ_CHANNEL_SCHEMES])
 def test_the_independent_quantizer_reproduces_each_formats_codes(key):
     """Written from the formats' definitions, it reproduces their own tools' codes exactly on a
-    Gaussian weight (the agreement `parity.quantized` gates at 60 dB); its own SNR is recorded."""
-    scheme = QDQ_SCHEMES[key[1]] if key[0] == "qdq" else SCHEMES[key]
+    Gaussian weight (the agreement `parity.quantized` gates at 60 dB); its own SNR is recorded.
+    QDQ per channel (`qdq-channel`, a Conv kernel's rows) is symmetric whatever the type."""
+    scheme = {"qdq": QDQ_SCHEMES, "qdq-channel": QDQ_CHANNEL_SCHEMES}[key[0]][key[1]] if key[0].startswith("qdq") else SCHEMES[key]
     ours = fake_quantize(_W, scheme)
     assert np.array_equal(ours, _tool_dequantized(key)), key
     assert snr_db(_W, ours) > (38 if scheme.bits == 8 else 17)
 
 
-@pytest.mark.parametrize("qtype", ["uint8", "int4"])
-def test_qdq_constants_of_tiny_range_take_the_htp_minimum_range(qtype):
-    """The QNN quantizer config widens every range to at least 1e-4 (`MinimumRealRange`): an
-    RMSNorm's eps of 1e-6 is stored as uint8 code 3 at scale 1e-4 / 255 (1.18e-6). The independent
-    quantizer reproduces ONNX Runtime's codes on such constants and on a Gaussian row alike."""
+@pytest.mark.parametrize("qtype, schemes", [("uint8", QDQ_SCHEMES), ("int4", QDQ_SCHEMES), ("uint8", QDQ_CHANNEL_SCHEMES)])
+def test_qdq_constants_of_tiny_range_take_the_htp_minimum_range(qtype, schemes):
+    """The QNN quantizer config widens every range to at least 1e-4 (`MinimumRealRange`), before a
+    symmetric range is made: an RMSNorm's eps of 1e-6 is stored as uint8 code 3 at scale 1e-4 / 255
+    (1.18e-6). The independent quantizer reproduces ONNX Runtime's codes on such constants and on a
+    Gaussian row alike, asymmetric and symmetric."""
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType, quantize_nparray
 
     onnx_type = {"uint8": TensorProto.UINT8, "int4": TensorProto.INT4}[qtype]
-    qmin, qmax = get_qmin_qmax_for_qType(onnx_type)
+    scheme = schemes[qtype]
+    symmetric = scheme.scale_rule == "symmetric_range"
+    qmin, qmax = get_qmin_qmax_for_qType(onnx_type, symmetric=symmetric)
     for weight in (np.full((1, 1), 1e-6, np.float32), np.array([[3e-5, -2e-5, 1e-5, 0.0]], np.float32), _W[:1]):
-        zero, scale = compute_scale_zp(np.array(weight.min()), np.array(weight.max()), qmin, qmax, False, min_real_range=1e-4)
+        zero, scale = compute_scale_zp(np.array(weight.min()), np.array(weight.max()), qmin, qmax, symmetric, min_real_range=1e-4)
         tool = (quantize_nparray(onnx_type, weight, scale, zero).astype(np.float32) - float(zero)) * scale
-        assert np.array_equal(fake_quantize(weight, QDQ_SCHEMES[qtype]), tool), (qtype, weight)
+        assert np.array_equal(fake_quantize(weight, scheme), tool), (qtype, scheme.name, weight)
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +174,7 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
     graph and the binary alike, so a QDQ graph reference would cancel it; here the fp32 graph's
     figure fails it, and so does the lowering against eager."""
     import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_graphs as qnn_graphs
     from edgex.export import run_parity
     from edgex.exporters import EXPORTERS
     from edgex.parity.quantized import quantized_parity
@@ -188,7 +197,7 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
         assert block["verdict"] == "pass" and block["tensors_checked"] >= 15, block["failures"]
     _dlc_zero_point_off_by_one_fails(exporter, talker_decode, good_result.sidecars[0].files[0], tmp_path)
 
-    graph = qnn.OnnxExporter.graph
+    graph = qnn_graphs.OnnxExporter.graph
 
     def twice(self, component, precision, dest, for_onnxruntime=False):  # one linear's result added twice
         result = graph(self, component, precision, dest, for_onnxruntime)
@@ -200,13 +209,13 @@ def test_qnn_w8a16_reference_is_the_eager_model_and_a_bias_added_twice_fails(tal
         onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=dest.name + ".data")
         return result
 
-    qnn._GRAPHS.clear()
-    monkeypatch.setattr(qnn.OnnxExporter, "graph", twice)
+    qnn.GRAPHS.clear()
+    monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", twice)
     (tmp_path / "bad").mkdir()
     try:
         _, bad = export("bad")
     finally:
-        qnn._GRAPHS.clear()
+        qnn.GRAPHS.clear()
     assert bad.verdict == "fail" and bad.lowering["verdict"] == "fail", bad.lowering["min_snr_db"]
     assert bad.scheme["float_graph"]["verdict"] == "fail"
     assert any(f.startswith("reference: the fp32 graph") for f in bad.failures)
@@ -222,7 +231,7 @@ def _dlc_zero_point_off_by_one_fails(exporter, component, dlc, tmp_path):
     from edgex.exporters.qdq_scheme import dequantized_constants
     from edgex.parity.quantized import quantized_parity
 
-    graph, _ = qnn._GRAPHS.get(component, "w8a16", None)
+    graph, _ = qnn.GRAPHS.get(component, "w8a16", None)
     name, (_, _q, scale, zero, _axis) = next((n, c) for n, c in dequantized_constants(onnx.load(str(graph))).items()
                                              if c[1].dtype == np.uint8 and c[1].ndim == 2 and c[2].size == 1 and int(c[3]) != 0)
     pair = np.float32(scale.reshape(-1)[0]).tobytes() + np.int32(-int(zero)).tobytes()
@@ -259,3 +268,60 @@ def test_a_file_with_one_layers_scales_doubled_fails_its_stored_tensor_check(tal
     bad = quantized_parity(exporter, talker_decode, files, precision)
     assert bad["verdict"] == "fail" and [f.split(":")[0] for f in bad["failures"]] == [DOWN], bad["failures"]
     assert bad["tensors"][DOWN]["agreement_db"] < 1
+
+
+@pytest.mark.parametrize("precision", ["w8a16", "w4a16"])
+def test_dlc_per_channel_scales_and_zero_points_are_each_checked(tmp_path, precision):
+    """A Conv kernel's QDQ weights are per channel and symmetric (ONNX Runtime makes every
+    per-channel initializer so: uint8 at zero point 128, int4 at 0), and the `.dlc` holds one
+    scale-offset pair per channel. The independent quantizer reproduces them, each channel's pair is
+    found in the `.dlc`, and one channel's zero point one step off (w8a16) or one channel's scale
+    doubled in the written file fails that kernel alone."""
+    from types import SimpleNamespace
+
+    import torch
+    from onnx import TensorProto, helper
+
+    from edgex.exporters.qdq_scheme import dequantized_constants, qdq_tensors
+    from edgex.exporters.qnn import _in_dlc, quantize_qdq
+    from edgex.parity.quantized import score
+    from edgex.qnn import htp_session
+    from edgex.targets import get_target
+
+    rng = np.random.default_rng(0)
+    kernel = (rng.normal(size=(16, 8, 3, 3)) * 0.2 + rng.normal(size=(16, 1, 1, 1)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(rng.normal(size=16).astype(np.float32), "b")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    source, qdq, folder = tmp_path / "g.onnx", tmp_path / "q.onnx", tmp_path / "dlc"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], outputs=[], float_only=(),
+                                calibration=lambda n: [(torch.randn(1, 8, 8, 8),) for _ in range(n)])
+    quantize_qdq(source, qdq, component, precision, 2)
+    folder.mkdir()
+    options = get_target("s25-htp").exporter_options["qnn"]
+    htp_session(qdq, soc_model=options["soc_model"], htp_arch=options["htp_arch"], fp16=True, dlc_dir=folder)
+    (dlc,) = folder.glob("*.dlc")
+    model, float_model = onnx.load(str(qdq)), onnx.load(str(source))
+    _, _q, scale, zero, _axis = dequantized_constants(model)["w_quantized"]
+    assert scale.size == 16 and set(np.asarray(zero).reshape(-1).tolist()) == {128 if precision == "w8a16" else 0}
+
+    def checked(path):
+        return {name: score(t) for name, t in _in_dlc(path, model, qdq_tensors(model, float_model)).items()}
+
+    good = checked(dlc)
+    assert all(t["verdict"] == "pass" for t in good.values()) and good["w_quantized"]["agreement_db"] == np.inf, good
+    channel = 5
+    pair = np.float32(scale[channel]).tobytes() + (np.int32(-128).tobytes() if precision == "w8a16" else b"")
+    bugs = {"scale x2": np.float32(scale[channel] * 2).tobytes() + pair[4:]}
+    if precision == "w8a16":
+        bugs["zero point +1"] = pair[:4] + np.int32(-129).tobytes()
+    for bug, planted in bugs.items():
+        data = dlc.read_bytes()
+        assert data.count(pair) == 1, bug
+        broken = tmp_path / f"{bug}.dlc"
+        broken.write_bytes(data.replace(pair, planted))
+        bad = checked(broken)
+        assert [n for n, t in bad.items() if t["verdict"] == "fail"] == ["w_quantized"], (bug, bad)
+        assert "scales / zero points not found in the .dlc" in bad["w_quantized"]["error"]

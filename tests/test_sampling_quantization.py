@@ -1,5 +1,5 @@
 """A sampling graph quantized for the HTP (QNN w8a16): the Add of its noise input to the scores stays
-in float (`edgex.exporters.qnn.sampling_nodes`). Calibrated by min / max, that Add's static range
+in float (`edgex.exporters.qnn_htp.sampling_nodes`). Calibrated by min / max, that Add's static range
 comes from a few noise draws; a later draw beyond it saturates, several codes then share the top
 score and the argmax among them is arbitrary. A toy sampler (Linear -> logits, + noise -> argmax)
 whose held-out noise puts three codes above every calibrated score: exported as edgex exports it,
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-import edgex.exporters.qnn as qnn
+import edgex.exporters.qnn_quantize as qnn_quantize
 from edgex.component import LOGITS, TOKENS, Component, TensorSpec
 from edgex.export import run_parity
 from edgex.exporters import EXPORTERS
@@ -67,7 +67,7 @@ def _component() -> Component:
 def test_the_noise_add_of_a_sampling_graph_stays_float(tmp_path, monkeypatch, add):
     component = _component()
     if add == "quantized":
-        monkeypatch.setattr(qnn, "sampling_nodes", lambda source, component: [])
+        monkeypatch.setattr(qnn_quantize, "sampling_nodes", lambda source, component: [])
     exporter = EXPORTERS.get("qnn")
     result = exporter.export(component, "w8a16", tmp_path / "sampler.w8a16.qnn.onnx", **OPTIONS)
     report = run_parity(component, exporter, result.files, result.io_float_dtype, "w8a16", None, None, OPTIONS)

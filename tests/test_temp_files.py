@@ -96,10 +96,10 @@ def test_a_qnn_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
 def test_a_forked_child_never_removes_the_qnn_graphs_its_parent_keeps(fresh_tempdir, monkeypatch):
     """A child inherits the parent's kept graphs: clearing them (a new component, or a failure
     while making one) forgets them there but leaves the parent's folder, which it still reads."""
-    import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_graphs as qnn_graphs
 
-    monkeypatch.setattr(qnn.OnnxExporter, "graph", lambda _self, _component, _precision, dest: dest.write_bytes(b"graph"))
-    graphs, component = qnn._Graphs(), _mlp()
+    monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", lambda _self, _component, _precision, dest: dest.write_bytes(b"graph"))
+    graphs, component = qnn_graphs.Graphs(), _mlp()
     graph, _ = graphs.get(component, "fp16", None)
     run_forked(graphs.clear)
     run_forked(graphs.get, _mlp(seed=1), "fp16", None)  # other weights: clears, then makes its own

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import cpu_export_artifacts, run_cli
+from conftest import built_once, cpu_export_artifacts, run_cli
 from edgex.artifacts.files import file_records
 from edgex.recipes.qwen3_tts.facts import ROLES
 
@@ -29,16 +29,16 @@ def test_verify_reruns_parity_and_flags_exactly_the_tampered_artifacts(export_co
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte, same size
     data.write_bytes(bytes(raw))
-    pte = tampered / "code2wav.fp32.pte"
+    pte = tampered / "latent2wav.fp32.pte"
     pte.write_bytes(pte.read_bytes()[:1000])
     proc = run_cli("verify", str(tampered), "--json")
     assert proc.returncode == 1
     assert "verification failed: 2 problem(s)" in proc.stderr
     report = json.loads(proc.stdout)
     bad = {(a["component"], a["format"], a["precision"]): a["problem"] for a in report["artifacts"] if a["verdict"] != "pass"}
-    assert set(bad) == {("talker_decode", "onnx", "fp32"), ("code2wav", "pte", "fp32")}
+    assert set(bad) == {("talker_decode", "onnx", "fp32"), ("latent2wav", "pte", "fp32")}
     assert "sha256" in bad[("talker_decode", "onnx", "fp32")]
-    assert "bytes" in bad[("code2wav", "pte", "fp32")]
+    assert "bytes" in bad[("latent2wav", "pte", "fp32")]
     good = [a for a in report["artifacts"] if a["verdict"] == "pass"]
     assert len(good) == len(cpu_export_artifacts(ROLES)) - 2 and all(a["files"] == "ok" and a["method"] == "runtime" for a in good)
     assert all(a["min_snr_db"] >= a["threshold_db"] for a in good)
@@ -62,17 +62,27 @@ def _swap_layer_caches(model) -> None:
         node.input[:] = [swap.get(i, i) for i in node.input]
 
 
+@pytest.fixture(scope="module")
+def spark_decode_onnx():
+    """Spark-X2.5's decode step as ONNX fp32, exported once for every worker; it passed its gate (exit 0)."""
+
+    def make(out):
+        proc = run_cli("export", "spark-x2.5", "--preset", "tiny", "-c", "decode", "-f", "onnx", "-p", "fp32",
+                       "--out", str(out), "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once("spark-decode-onnx", make) / "spark-x2.5" / "cpu"
+
+
 @pytest.mark.parametrize("tamper", [_silence_layer0_mlp, _swap_layer_caches], ids=["mlp-silenced", "layer-caches-swapped"])
-def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_updated(tmp_path, tamper):
+def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_updated(spark_decode_onnx, tmp_path, tamper):
     """Hashes are not the only line: the ONNX file tampered with inside (`tamper`), the manifest's
     sha256 and sizes rewritten to match, and verify's re-run parity still fails it. The untampered
-    export passed its gate (exit 0)."""
+    export passed its gate."""
     import onnx
 
-    proc = run_cli("export", "spark-x2.5", "--preset", "tiny", "-c", "decode", "-f", "onnx", "-p", "fp32",
-                   "--out", str(tmp_path), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    root = tmp_path / "spark-x2.5" / "cpu"
+    root = tmp_path / "cpu"
+    shutil.copytree(spark_decode_onnx, root)
     manifest = json.loads((root / "manifest.json").read_text())
     (entry,) = manifest["artifacts"]
     path = root / entry["files"][0]["path"]

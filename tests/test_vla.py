@@ -115,7 +115,7 @@ def test_diffusion_mish_lowers_on_the_htp_in_w8a16(tmp_path):
     import onnxruntime as ort
 
     from edgex.component import Component, TensorSpec
-    from edgex.exporters.qnn import quantize_qdq
+    from edgex.exporters.qnn_quantize import quantize_qdq
     from edgex.qnn import htp_session
     from edgex.recipes.diffusion_policy.graphs import mish
 
@@ -207,6 +207,7 @@ def test_smolvla_fp16_builds_on_the_htp(smolvla_htp_fp16):
     assert conv["snr_db"] == "inf"
 
 
+@pytest.mark.benchmark  # in the suite: test_policy_configs.py's SmolVLA 2cams-2shapes case gates its own .pte at 100 dB
 def test_smolvla_vision_encoder_on_executorch_fp32(tmp_path):
     """ExecuTorch's XNNPACK lowers F.gelu(approximate="tanh") as the erf GELU (76 dB); the graph
     writes SigLIP's tanh GELU out, so the .pte meets the fp32 bar like the other formats."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import built_once, run_cli
 
 COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav",
               "speaker_encoder", "speech_encoder")
@@ -27,33 +27,37 @@ TRANSCRIPT = [1, 2, 3, 4, 5]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    import torch
-    from scipy.io import wavfile
-
+def base():
+    """The Base checkpoint, its reference audio, its export and its voice prompt: built once for
+    every worker that runs a test of this module (the model itself is rebuilt from its seed)."""
     from edgex.recipes.qwen3_tts import official
 
-    root = tmp_path_factory.mktemp("voice-prompt")
     model = official.build("base", seed=0)
-    checkpoint = official.write_checkpoint(model, root / "checkpoint")
-    _write_tokenizer(checkpoint)
-    codes = torch.from_numpy(np.random.default_rng(4).integers(0, 2048, (1, 16, REFERENCE_FRAMES)))
-    with torch.no_grad():
-        audio = model.decoder(codes).reshape(-1).numpy()  # exactly the graphs' reference length
-    wav = root / "reference.wav"
-    wavfile.write(str(wav), 24000, np.round(np.clip(audio, -1, 1) * 32767).astype(np.int16))
-    out = root / "out"
-    components = [arg for c in COMPONENTS for arg in ("--component", c)]
-    proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(out), *components,
-                   "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--set", f"reference_frames={REFERENCE_FRAMES}",
-                   "--jobs", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    npz = root / "voice.npz"
-    made = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(checkpoint), "--audio", str(wav), "--out", str(npz),
-                   "--ids", ",".join(map(str, TRANSCRIPT)), "--json")
-    assert made.returncode == 0, made.stderr[-2000:]
-    return {"model": model, "checkpoint": checkpoint, "wav": wav, "folder": out / "qwen3-tts" / "cpu", "voice": npz,
-            "written": json.loads(made.stdout)}
+
+    def make(root: Path) -> None:
+        import torch
+        from scipy.io import wavfile
+
+        checkpoint = official.write_checkpoint(model, root / "checkpoint")
+        _write_tokenizer(checkpoint)
+        codes = torch.from_numpy(np.random.default_rng(4).integers(0, 2048, (1, 16, REFERENCE_FRAMES)))
+        with torch.no_grad():
+            audio = model.decoder(codes).reshape(-1).numpy()  # exactly the graphs' reference length
+        wavfile.write(str(root / "reference.wav"), 24000, np.round(np.clip(audio, -1, 1) * 32767).astype(np.int16))
+        components = [arg for c in COMPONENTS for arg in ("--component", c)]
+        proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
+                       *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE,
+                       "--set", f"reference_frames={REFERENCE_FRAMES}", "--jobs", "2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        made = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(checkpoint), "--audio", str(root / "reference.wav"),
+                       "--out", str(root / "voice.npz"), "--ids", ",".join(map(str, TRANSCRIPT)), "--json")
+        assert made.returncode == 0, made.stderr[-2000:]
+        (root / "written.json").write_text(made.stdout)
+
+    root = built_once("voice-prompt", make)
+    return {"model": model, "checkpoint": root / "checkpoint", "wav": root / "reference.wav",
+            "folder": root / "out" / "qwen3-tts" / "cpu", "voice": root / "voice.npz",
+            "written": json.loads((root / "written.json").read_text())}
 
 
 WORDS = {"[UNK]": 0, "hello": 1, "world": 2, "again": 3}

@@ -65,3 +65,15 @@ def unchanged(folder: Path, key: dict) -> dict | None:
         return None
     return {**manifest, "manifest_path": str(path), "reused": True}
 
+
+
+def unchanged_export(plan: ExportPlan, *, seed: int, settings: dict[str, str] | None, min_db: dict[str, float] | None,
+                     threads: int | None, allow_unverified: list[str]) -> dict | None:
+    """The manifest of an unchanged earlier export into the plan's folder (`unchanged`), found
+    before the export pipeline (torch, the toolchains) is imported: a hit takes about a second.
+    Gate overrides are checked first, as `export_model` checks them: bad input fails either way."""
+    from ..parity.gates import check_overrides
+
+    check_overrides(min_db, set(plan.recipe.components.values()))
+    key = export_key(plan, seed=seed, settings=settings, min_db=min_db, threads=threads, allow_unverified=allow_unverified)
+    return unchanged(plan.out_dir, key)

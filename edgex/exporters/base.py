@@ -105,9 +105,9 @@ class Exporter(ABC):
 
     def scheme_reference(self, component: Component, precision: str, files: list[Path], **options) -> "Reference | None":
         """The reference an artifact's lowering is gated against (`edgex.parity.scheme`): by default
-        the eager model with what `stored_scheme` reads back swapped in. A format whose scheme is a
-        graph that runs exactly elsewhere (QNN's QDQ ONNX on ONNX Runtime CPU) returns that instead.
-        None for fp32."""
+        the eager model with what `stored_scheme` reads back swapped in. A format overrides it where
+        its scheme's numbers come from elsewhere (QNN: the QDQ graph the binary was compiled from,
+        read as data and applied in eager PyTorch, never run). None for fp32."""
         from ..parity.scheme import build
 
         scheme = self.stored_scheme(component, precision, files, **options)

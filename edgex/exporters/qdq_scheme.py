@@ -5,7 +5,8 @@ The integers, scales and zero points of every DequantizeLinear of a constant are
 DequantizeLinear defines them ((q - zero point) x scale, per tensor or along `axis`). Each is paired
 with the float constant it was made from (the fp32 graph's initializer of the same name, which
 ONNX Runtime's quantizer suffixes `_quantized`) and checked against the independent quantizer
-(`edgex.parity.quantizer.QDQ_SCHEMES`, by the integer type); an int32 bias against round(b / s) x s
+(`edgex.parity.quantizer.QDQ_SCHEMES` / `QDQ_CHANNEL_SCHEMES`, by the integer type and whether the
+constant has one scale or one per channel); an int32 bias against round(b / s) x s
 at the scale the graph records for it. The eager model then runs with those weights swapped in and
 every linear layer's input fake-quantized at the scale and zero point the graph records there (`qdq_stored_scheme`); which linear emitted a MatMul / Gemm is read from the fp32
 graph's name scopes (`pkg.torch.onnx.name_scopes`), as the quantizer keeps node names.
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from ..component import Component
 
-_OWN_BIAS = re.compile(r"\.edgex_bias\d+$")  # `qnn._own_biases` copies
+_OWN_BIAS = re.compile(r"\.edgex_bias\d+$")  # `qnn_bias.own_biases` copies
 _LINEAR_OPS = ("MatMul", "Gemm")
 
 
@@ -78,7 +79,7 @@ def qdq_tensors(model: "onnx.ModelProto", float_model: "onnx.ModelProto") -> dic
     """Every quantized constant of the QDQ graph as a `QuantizedTensor` beside the fp32 graph's
     constant it was made from."""
     from ..parity.quantized import QuantizedTensor, blockwise
-    from ..parity.quantizer import QDQ_SCHEMES, QNN_MIN_RANGE, RANGE_WITH_ZERO, WeightScheme, with_block
+    from ..parity.quantizer import QDQ_CHANNEL_SCHEMES, QDQ_SCHEMES, QNN_MIN_RANGE, RANGE_WITH_ZERO, WeightScheme, with_block
 
     originals = _arrays(float_model)
     found = {}
@@ -98,7 +99,7 @@ def qdq_tensors(model: "onnx.ModelProto", float_model: "onnx.ModelProto") -> dic
             found[name] = QuantizedTensor(stored.reshape(1, -1), original.reshape(1, -1), None, fixed=want.reshape(1, -1),
                                           scheme_name="QDQ int32 bias at its recorded scale")
             continue
-        scheme = QDQ_SCHEMES.get(dtype)
+        scheme = (QDQ_CHANNEL_SCHEMES if scale.size > 1 else QDQ_SCHEMES).get(dtype)
         if scheme is None:
             info = np.iinfo(q.dtype)
             scheme = WeightScheme(f"QDQ {dtype} per {'channel' if scale.size > 1 else 'tensor'}", info.bits, int(info.min),

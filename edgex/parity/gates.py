@@ -47,22 +47,28 @@ DEFAULT_DB = {"fp32": 60.0, "fp16": 30.0, "8da8w": 15.0, "8da4w": 5.0, "w8": 20.
 
 
 # Artifact vs its scheme reference, tiny preset (docs/parity.md, "Scheme vs lowering, every
-# component"; scripts/scheme_table.py): fp32-compute runtimes reproduce the scheme to 38-134 dB
-# (ExecuTorch 8da8w, MNN on the talker / predictor: >128 dB, the scheme modelled exactly; ExecuTorch
-# 8da4w 38-43 dB; llama.cpp, which also rounds activations to 8 bits in its dot products and keeps
-# an F16 KV cache, 30-44 dB); fp16 arithmetic (Core ML's compressed programs, fp16 files) 50-67 dB.
+# component"; scripts/scheme_table.py): fp32-compute runtimes reproduce the scheme to 30-136 dB
+# (ExecuTorch 8da8w / 8da4w, MNN on the talker / predictor: >126 dB, the scheme modelled exactly;
+# ExecuTorch 8da4w on Spark-X2.5's decode 36.5 dB; llama.cpp, which also rounds activations to 8
+# bits in its dot products and keeps an F16 KV cache, 30-44 dB); fp16 arithmetic (Core ML's
+# compressed programs, fp16 files) 50-67 dB.
 # Broken lowerings measured: ExecuTorch w8 -52 dB, a llama.cpp RoPE base 40 % off 17 dB, broken
 # graphs in general 0-6 dB. 30 dB sits under the noisiest faithful lowering of those.
 # Static QDQ (w8a16 / w8a8 / w4a16): the reference is the eager model with the QDQ graph's weights
-# and linear-input scales (the graph is not run; tiny talker_decode w8a16: lowering 23.4 dB). The
-# figures that follow were measured against another reference, the QDQ graph run on ONNX Runtime CPU
-# (which quantizes every activation), not against this one. Faithful HTP binaries scored 16-44 dB against it (w8a16 /
-# w8a8: talker_prefill 44 / 29, code_predictor_step 31 / 27, Spark-X2.5 prefill 22 / 17, decode 30 / 17; the lowest,
-# talker_decode 16 dB, is one sample's value cache where the activation leaves its calibrated
-# range: ONNX Runtime's QuantizeLinear saturates it there, the HTP does not). Broken ones: a binary
-# compiled with one wrong weight scale -6 dB, the HTP's int4-weight (w4a16) lowering 4-8 dB against
-# its own QDQ graph (which scores 12-14 dB against fp32 on qwen3-tts). 12 dB: 4 dB under the saturation case,
-# 4 dB above the highest broken figure (7.7 dB).
+# and linear-input scales (the graph is not run), so the lowering figure also holds the graph's other
+# activation quantization. Faithful w8a16 HTP binaries against it, tiny, s25-htp
+# (scripts/scheme_table.py -s qnn:w8a16, benchmarks/bench_planted_graph.py): smolvla prefix 14.6 dB,
+# code_predictor_step 16.7, talker_decode 18.1, diffusion-policy action_loop 18.7, Spark-X2.5 decode 20.5,
+# code_predictor 20.7, smolvla action_loop 26.6, minicpm-o tts_decode 31.4, talker_prefill 34.4, act
+# policy 35.0. Broken: a binary compiled with one weight scale x4 -6 dB; graph bugs planted at w8a16
+# 0.7-7.5 dB (a skipped denoising step or unnormalization in Diffusion Policy's loop, a dropped head
+# in minicpm-o's TTS decode), but 15.2 (a dropped head in ACT), 15.3 (in SmolVLA's prefix) and 18.8
+# (one Euler step of SmolVLA's loop zeroed): there the faithful and broken figures overlap, and other
+# figures fail the bugs (`ACTION_ERROR`; the fp32 graph the QDQ graph was made from, gated at 60 dB
+# against eager). The HTP's lowering of asymmetric int4 weights (w4a16)
+# scored 3.7 dB against this reference; int4 weights are quantized symmetric (17.8 dB). 12 dB: 2.6 dB under the lowest faithful figure, above
+# every broken figure the lowering alone can separate; raising it into the overlap would fail
+# faithful graphs before it failed those bugs.
 LOWERING_DB = {p: 30.0 for p in ("fp16", "8da8w", "8da4w", "w8", "w4", "f16", "q8_0", "q4_0")}
 LOWERING_DB |= {p: 12.0 for p in ("w8a16", "w8a8", "w4a16")}
 LOWERING = "lowering"  # `--min-db lowering=DB` / `--min-db lowering:PRECISION=DB`

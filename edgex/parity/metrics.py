@@ -8,6 +8,7 @@ Python's `min`. `lowest` is the one minimum over figures that parity takes.
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
@@ -26,6 +27,11 @@ def lowest(figures) -> float | None:
     dropped or picked by position as Python's `min` does."""
     values = [-math.inf if math.isnan(f) else f for f in figures]
     return min(values) if values else None
+
+
+def median(values) -> float | None:
+    """The median of per-step figures or times, rounded to 3 places; None for none."""
+    return round(statistics.median(values), 3) if values else None
 
 
 def snr_db(ref: np.ndarray, out: np.ndarray) -> float:

@@ -23,8 +23,10 @@ The schemes, each from the format's own documentation or reference implementatio
 - ONNX QDQ (QuantizeLinear as the ONNX spec defines it: round half to even, saturate; scale and
   zero point as ONNX Runtime's static quantizer derives them, `compute_scale_zp`): per channel or
   per tensor, range widened to include 0 and, for the HTP, to at least 1e-4 (its
-  `min_real_range`); asymmetric uint8 [0, 255] / int4 [-8, 7] with zero point
-  round(qmin - min / scale); symmetric int8 [-127, 127] with zero point 0. Scales fp32.
+  `min_real_range`); asymmetric uint8 [0, 255] with zero point round(qmin - min / scale);
+  symmetric (range made [-absmax, absmax], scale 2 absmax / (qmax - qmin), zero point
+  round((qmin + qmax) / 2)) int4 [-8, 7] at 0, every per-channel constant (uint8 [0, 255] at 128),
+  and int8 [-127, 127] at 0. Scales fp32.
 - torchao's affine weight quantization as ExecuTorch's 8da8w / 8da4w use it (symmetric
   `choose_qparams_affine`): scale = absmax / ((qmax - qmin) / 2), codes round-half-even in
   [-128, 127] per channel (int8) or [-8, 7] per group of 32 (int4). The codes use the fp32 scale;
@@ -56,6 +58,8 @@ ABSMAX = "absmax"  # scale = absmax / divisor, zero point 0 (or `offset` stored 
 SIGNED_MAX = "signed_max"  # scale = (value of largest magnitude, sign kept) / divisor (ggml Q4_0, MLAS symmetric)
 RANGE_WITH_ZERO = "range_with_zero"  # [min(min, 0), max(max, 0)] onto [qmin, qmax], integer zero point
 RANGE = "range"  # [min, max] onto [0, 2^b - 1], stored as code x scale + min (no integer zero point)
+# [-absmax, absmax] of the range widened to include 0 onto [qmin, qmax], zero point round((qmin + qmax) / 2)
+SYMMETRIC_RANGE = "symmetric_range"
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class WeightScheme:
     bits: int
     qmin: int
     qmax: int
-    scale_rule: str  # ABSMAX | SIGNED_MAX | RANGE_WITH_ZERO | RANGE
+    scale_rule: str  # ABSMAX | SIGNED_MAX | RANGE_WITH_ZERO | SYMMETRIC_RANGE | RANGE
     divisor: float = 1.0  # ABSMAX / SIGNED_MAX: scale = value / divisor
     offset: int = 0  # codes stored as q + offset (an implied zero point)
     block: int | None = None  # values per scale along the last axis; None: one scale per row
@@ -75,11 +79,11 @@ class WeightScheme:
     codes_from_stored_scale: bool = True  # False: codes use the fp32 scale, the file keeps it rounded (ggml)
     weight_dtype: str = "float32"  # the precision the format quantizes and dequantizes in (Core ML: fp16 programs)
     exact: bool = True  # the format's quantizer is deterministic to this definition: codes must agree
-    min_range: float = 0.0  # RANGE_WITH_ZERO: the range is widened to at least this (max = min + min_range)
+    min_range: float = 0.0  # RANGE_WITH_ZERO / SYMMETRIC_RANGE: the range is widened to at least this (max = min + min_range)
 
     @property
     def zero_point(self) -> bool:
-        return self.scale_rule == RANGE_WITH_ZERO
+        return self.scale_rule in (RANGE_WITH_ZERO, SYMMETRIC_RANGE)
 
 
 def _round(x: np.ndarray, rounding: str) -> np.ndarray:
@@ -131,10 +135,13 @@ def quantize(weight: np.ndarray, scheme: WeightScheme) -> Quantized:
         scale = np.maximum(-low, high) / np.float32(scheme.divisor)
     elif scheme.scale_rule == SIGNED_MAX:
         scale = np.where(-low > high, low, high) / np.float32(scheme.divisor)
-    elif scheme.scale_rule == RANGE_WITH_ZERO:
+    elif scheme.scale_rule in (RANGE_WITH_ZERO, SYMMETRIC_RANGE):
         low, high = np.minimum(low, 0), np.maximum(high, 0)
         if scheme.min_range:
             high = np.maximum(high, low + np.float32(scheme.min_range))
+        if scheme.scale_rule == SYMMETRIC_RANGE:
+            high = np.maximum(-low, high)
+            low = -high
         scale = ((high.astype(np.float64) - low) / (scheme.qmax - scheme.qmin)).astype(np.float32)
     else:  # RANGE
         scale = (high - low) / np.float32(scheme.qmax - scheme.qmin)
@@ -145,6 +152,9 @@ def quantize(weight: np.ndarray, scheme: WeightScheme) -> Quantized:
         if scheme.scale_rule == RANGE_WITH_ZERO:
             zero = np.clip(_round(scheme.qmin - low.astype(np.float64) / used, scheme.rounding), scheme.qmin, scheme.qmax)
             zero = np.where(used > 0, zero, 0).astype(np.float32)
+            scaled = blocks / used
+        elif scheme.scale_rule == SYMMETRIC_RANGE:
+            zero = np.full_like(low, np.round((scheme.qmin + scheme.qmax) / 2.0))
             scaled = blocks / used
         elif scheme.scale_rule == RANGE:
             scaled = (blocks - low) / used
@@ -201,15 +211,25 @@ SCHEMES: dict[tuple[str, str], WeightScheme] = {
 }
 
 # ONNX QDQ weight types (QuantizeLinear's output type) -> the scheme ONNX Runtime's static quantizer
-# gives them for the HTP: asymmetric for unsigned and int4 weights, symmetric for int8, per tensor
-# or per channel as the graph's scales say. The HTP needs a range of at least 1e-4 (the QNN quantizer
-# config's `MinimumRealRange`): a constant of smaller range, an RMSNorm's eps of 1e-6, is stored at
-# scale 1e-4 / (qmax - qmin) (uint8: code 3 for 1e-6, 1.18e-6).
+# gives a per-tensor constant for the HTP (`QDQ_SCHEMES`) and a per-channel one (`QDQ_CHANNEL_SCHEMES`):
+# per tensor, uint8 asymmetric and int4 symmetric (edgex asks for symmetric int4 weights, which the
+# HTP needs: `exporters/qnn.py`), int8 symmetric; per channel, always symmetric (ONNX Runtime's
+# `QDQQuantizer` makes every per-channel initializer symmetric: uint8 at zero point 128, int4 at 0,
+# int8 on [-127, 127]). The HTP needs a range of at least 1e-4 (the QNN quantizer config's
+# `MinimumRealRange`), applied before the range is made symmetric: a constant of smaller range, an
+# RMSNorm's eps of 1e-6, is stored at scale 1e-4 / (qmax - qmin) (uint8: code 3 for 1e-6, 1.18e-6).
 QNN_MIN_RANGE = 1e-4
+_QDQ_INT8 = WeightScheme("QDQ int8 symmetric", 8, -127, 127, ABSMAX, divisor=127.0)
+_QDQ_INT4 = WeightScheme("QDQ int4 symmetric", 4, -8, 7, SYMMETRIC_RANGE, min_range=QNN_MIN_RANGE)
 QDQ_SCHEMES = {
     "uint8": WeightScheme("QDQ uint8 asymmetric", 8, 0, 255, RANGE_WITH_ZERO, min_range=QNN_MIN_RANGE),
-    "int4": WeightScheme("QDQ int4 asymmetric", 4, -8, 7, RANGE_WITH_ZERO, min_range=QNN_MIN_RANGE),
-    "int8": WeightScheme("QDQ int8 symmetric", 8, -127, 127, ABSMAX, divisor=127.0),
+    "int4": _QDQ_INT4,
+    "int8": _QDQ_INT8,
+}
+QDQ_CHANNEL_SCHEMES = {
+    "uint8": WeightScheme("QDQ uint8 symmetric per channel", 8, 0, 255, SYMMETRIC_RANGE, min_range=QNN_MIN_RANGE),
+    "int4": _QDQ_INT4,
+    "int8": _QDQ_INT8,
 }
 
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import EdgexError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ..component import Component
 
 
@@ -214,6 +216,57 @@ class Recipe(ABC):
         decode steps), `stream_frames` (frames of the streaming-schedule comparison), each None for
         the recipe's default."""
         raise EdgexError(f"{self.name} has no in-situ pipeline yet")
+
+
+def build_component(facts: RecipeFacts, name: str, module: nn.Module, input_names, outputs, reference: Callable,
+                    samples: dict, calibration: Callable | None = None, *, keep_reference_outputs: bool,
+                    metadata: dict | None = None, **fields) -> Component:
+    """Component `name` of `facts`' recipe, the one way every recipe builds one: its role and spectral
+    outputs from `facts`, its input specs from its first sample and its output specs from the
+    reference's outputs on that sample (shapes and dtypes written nowhere else), every sample
+    checked against the specs.
+
+    `outputs`: per output, its name or `(name, kind[, sampled_from])` (`TensorSpec`).
+    `keep_reference_outputs`: keep the reference's outputs on the first sample for parity
+    (`Component.keep_reference_outputs`) instead of parity running the reference on it again.
+    `fields`: the other `Component` fields as the recipe declares them (`written`, `layouts`,
+    `tables`, `forced_reference`, `calibration_size`, `description`, `actions`, `float_only`)."""
+    import torch
+
+    from ..component import Component, TensorSpec
+
+    def spec(declared, tensor) -> TensorSpec:
+        name, *kind = (declared,) if isinstance(declared, str) else declared
+        return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), *kind)
+
+    first_name, first = next(iter(samples.items()))
+    with torch.no_grad():
+        computed = tuple(reference(*first))
+    component = Component(name, facts.components[name], module.eval(), [spec(n, t) for n, t in zip(input_names, first)],
+                          [spec(d, t) for d, t in zip(outputs, computed)], reference, samples, metadata=dict(metadata or {}),
+                          calibration=calibration, spectral=facts.spectral_outputs.get(name, ()), **fields)
+    for sample in samples.values():
+        component.check_inputs(sample)
+    if keep_reference_outputs:
+        component.keep_reference_outputs(first_name, computed)
+    return component
+
+
+def spread_calibration(make: Callable[[str, int], tuple], per_utterance: int, *, ends: bool) -> Callable[[int], list]:
+    """A component's `calibration(n)`: `n` input sets `make("cal<u>", k)`, k < `per_utterance`
+    (the positions one calibration utterance u = 0, 1, ... offers), spread evenly over the positions
+    of as many utterances as `n` needs. With `ends`, the very first and last position are always
+    among them (a quantizer calibrated on early positions only clips the ranges of later ones)."""
+
+    def draw(n: int) -> list:
+        slots = -(-n // per_utterance) * per_utterance
+        if ends:
+            picked = [round(i * (slots - 1) / (n - 1)) for i in range(n)] if n > 1 else [0]
+        else:
+            picked = [i * slots // n for i in range(n)]
+        return [make(f"cal{s // per_utterance}", s % per_utterance) for s in picked]
+
+    return draw
 
 
 def read_config_json(path: Path) -> dict:

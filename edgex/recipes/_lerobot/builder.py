@@ -7,20 +7,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...component import DEFAULT_CALIBRATION_SIZE, Component, TensorSpec
+from ...component import DEFAULT_CALIBRATION_SIZE, Component
+from ..base import RecipeFacts, build_component
 from .policy import Policy
 
-SEEDS = {"obs_a": 1, "obs_b": 2}
-ACTIONS = "actions"  # the output of a graph that returns unnormalized actions  # sample seed offsets; calibration uses 100 +
+SEEDS = {"obs_a": 1, "obs_b": 2}  # sample seed offsets; calibration uses 100 +
+ACTIONS = "actions"  # the output of a graph that returns unnormalized actions
+
+
+def build_policy_component(facts: RecipeFacts, policy: Policy, name: str, module: nn.Module, input_names, samples: dict,
+                           reference, output_names, description: str, calibration, metadata: dict, **fields) -> Component:
+    """A LeRobot policy's graph (`build_component`): its `actions` output (unnormalized) is scored
+    by its action error too, against the spread of each action dimension in the policy's data."""
+    return build_component(facts, name, module, input_names, output_names, reference, samples, calibration,
+                           keep_reference_outputs=False, description=description, metadata=metadata,
+                           actions={n: policy.action_spread for n in output_names if n == ACTIONS}, **fields)
 
 
 class FlowBuilder:
-    """Subclasses set `roles` (component -> role), `vision_graph` (the vision encoder's graph class,
+    """Subclasses set `facts` (their recipe's `RecipeFacts`), `vision_graph` (the vision encoder's graph class,
     built from the policy, its statistics and the cameras) with `vision_description`, and write
     `observation(seed)`, `image_tokens(image, camera)`, `prefix_outputs(obs)` and `velocity(x, t,
     *velocity_inputs(obs), keys, values, valid)` from their policy."""
 
-    roles: dict[str, str]
+    facts: RecipeFacts
     vision_graph: type[nn.Module]
     vision_description: str
 
@@ -30,19 +40,8 @@ class FlowBuilder:
         self.model = policy.policy.model
         self._cache: dict = {}
 
-    def _component(self, name, module, input_names, samples, reference, output_names, description, calibration, metadata,
-                   tables=None, calibration_size=DEFAULT_CALIBRATION_SIZE):
-        first = next(iter(samples.values()))
-        outs = reference(*first)
-        comp = Component(
-            name, self.roles[name], module.eval(),
-            [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(input_names, first)],
-            [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(output_names, outs)],
-            reference, samples, description=description, metadata=metadata, calibration=calibration, tables=tables or {},
-            calibration_size=calibration_size, actions={n: self.p.action_spread for n in output_names if n == ACTIONS})
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        return comp
+    def _component(self, name, *args, **fields) -> Component:
+        return build_policy_component(self.facts, self.p, name, *args, **fields)
 
     def _obs(self, offset: int) -> dict:
         key = ("obs", offset)

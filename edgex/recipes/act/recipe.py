@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ...component import Component, TensorSpec
+from ...component import Component
 from ...errors import EdgexError
 from .. import RECIPES
+from .._lerobot.builder import build_policy_component
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, random_stats,
                                read_config, read_stats, seeded_weights)
@@ -85,21 +86,11 @@ def policy_component(policy: Policy, seed: int) -> Component:
         return (policy.chunk(policy.observation(state, list(images))),)
 
     samples = {name: observation(policy, 1000 * seed + off) for name, off in _SAMPLES.items()}
-    first = next(iter(samples.values()))
-    out = reference(*first)[0]
-    names = ["state"] + [f"image_{n}" for n in policy.camera_names]
-    comp = Component(
-        "policy", ROLES["policy"], ActPolicyGraph(policy.policy, policy.stats, cameras).eval(),
-        [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(names, first)],
-        [TensorSpec("actions", tuple(out.shape), "float32")],
-        reference, samples,
-        description="raw state + RGB [0,1] images -> unnormalized action chunk (normalization inside)",
-        metadata={"chunk": policy.config.chunk_size, "n_action_steps": policy.config.n_action_steps,
-                  "cameras": cameras, "camera_shapes": {n: list(policy.camera_shape(c)) for n, c in zip(policy.camera_names, cameras)},
-                  "normalization": "inside the graph (inputs raw, actions unnormalized)"},
-        calibration=lambda n: [observation(policy, 1000 * seed + 100 + i) for i in range(n)],
-        actions={"actions": policy.action_spread},
-    )
-    for sample in samples.values():
-        comp.check_inputs(sample)
-    return comp
+    return build_policy_component(
+        FACTS, policy, "policy", ActPolicyGraph(policy.policy, policy.stats, cameras),
+        ["state"] + [f"image_{n}" for n in policy.camera_names], samples, reference, ["actions"],
+        "raw state + RGB [0,1] images -> unnormalized action chunk (normalization inside)",
+        lambda n: [observation(policy, 1000 * seed + 100 + i) for i in range(n)],
+        {"chunk": policy.config.chunk_size, "n_action_steps": policy.config.n_action_steps,
+         "cameras": cameras, "camera_shapes": {n: list(policy.camera_shape(c)) for n, c in zip(policy.camera_names, cameras)},
+         "normalization": "inside the graph (inputs raw, actions unnormalized)"})

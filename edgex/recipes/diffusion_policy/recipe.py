@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ...component import Component, TensorSpec
+from ...component import Component
 from ...errors import EdgexError
 from .. import RECIPES
-from .._lerobot.builder import ACTIONS
+from .._lerobot.builder import build_policy_component
 from .._lerobot.lerobot_import import lerobot_modules
 from .._lerobot.policy import (Policy, check_stats, features, load_weights, needed_stats, parse_config, random_stats,
                                read_config, read_stats, seeded_weights)
@@ -108,17 +108,8 @@ class _Builder:
     def global_cond(self, obs: dict) -> torch.Tensor:
         return self._conditioning(obs["state"], obs["images"])
 
-    def _component(self, name, module, input_names, samples, reference, output_name, description, calibration, metadata=None):
-        first = next(iter(samples.values()))
-        out = reference(*first)[0]
-        comp = Component(
-            name, ROLES[name], module.eval(), [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(input_names, first)],
-            [TensorSpec(output_name, tuple(out.shape), "float32")], reference, samples, description=description,
-            metadata=metadata or {}, calibration=calibration,
-            actions={output_name: self.p.action_spread} if output_name == ACTIONS else {})
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        return comp
+    def _component(self, name, module, input_names, samples, reference, output_name, *args) -> Component:
+        return build_policy_component(FACTS, self.p, name, module, input_names, samples, reference, [output_name], *args)
 
     def vision_features(self, images: list[torch.Tensor]) -> torch.Tensor:
         """[1, cams * D] for one observation step: LeRobot's conditioning of a one-step history, the

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, Component, TensorSpec
+from ...component import LOGITS, SIGNAL, Component
 from ...errors import EdgexError
 from .. import RECIPES
-from ..base import LoadedModel, Recipe
+from ..base import LoadedModel, Recipe, build_component, spread_calibration
 from . import encoder, flow, hift, tts
 from .facts import FACTS, ROLES
 from .gguf import DECODE_FEED, PREFILL_FEED, head_layout
@@ -32,8 +32,13 @@ DEFAULT_MAX_PROMPT = 150  # the longest voice prompt the streaming graphs take, 
 STREAM_CHUNKS = 4  # calls per streaming sample utterance
 
 
-def _spec(name, tensor, kind=SIGNAL) -> TensorSpec:
-    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind)
+# Parity runs the reference on every sample itself (the outputs computed to declare the specs are not kept).
+_component = partial(build_component, FACTS, keep_reference_outputs=False)
+
+
+def _draw(make, per_utterance: int):
+    """Calibration sets spread evenly over the positions of the calibration utterances."""
+    return spread_calibration(make, per_utterance, ends=False)
 
 
 @RECIPES.register(FACTS.name)
@@ -118,64 +123,39 @@ class _ComponentBuilder:
                                                  self.options["steps"], self._seed(which), last)
         return self._streams[which]
 
-    def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   calibration_size=DEFAULT_CALIBRATION_SIZE, written=None, layouts=None, tables=None, **metadata) -> Component:
-        first = next(iter(samples.values()))
-        with torch.no_grad():
-            outputs = reference(*first)
-        inputs = [_spec(n, t) for n, t in zip(input_names, first)]
-        outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
-        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration, calibration_size=calibration_size, written=written or {},
-                         layouts=layouts or {}, tables=tables or {}, spectral=FACTS.spectral_outputs.get(name, ()))
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        return comp
-
-    @staticmethod
-    def _draw(make, per_utterance: int):
-        """`n` calibration sets `make("cal<u>", k)`, spread evenly over the positions of as many
-        calibration utterances as needed."""
-
-        def draw(n: int) -> list:
-            slots = -(-n // per_utterance) * per_utterance
-            return [make(f"cal{s // per_utterance}", s % per_utterance) for s in (i * slots // n for i in range(n))]
-
-        return draw
-
     # -- TTS head ---------------------------------------------------------------------------
     def tts_prefill(self) -> Component:
         head = self.models.tts
-        return self._component(
+        return _component(
             "tts_prefill", tts.TTSPrefill(head), ["inputs_embeds"],
             [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
             partial(tts.prefill_reference, head),
             {"utterance_a": (self.head_utt("a").prefill_embeds,), "utterance_b": (self.head_utt("b").prefill_embeds,)},
-            self._draw(lambda u, _k: (self.head_utt(u).prefill_embeds,), 1),
+            _draw(lambda u, _k: (self.head_utt(u).prefill_embeds,), 1),
             layouts={"gguf": head_layout(head, PREFILL_FEED)},
-            prefill_len=self.options["prefill_len"],
+            metadata={"prefill_len": self.options["prefill_len"]},
         )
 
     def tts_decode(self) -> Component:
         head = self.models.tts
-        return self._component(
+        return _component(
             "tts_decode", tts.TTSDecode(head), ["inputs_embeds", "position", "past_key", "past_value"],
             [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
             partial(tts.decode_reference, head),
             {"utterance_a_step3": self.head_utt("a").steps[3], "utterance_b_step11": self.head_utt("b").steps[11],
              "utterance_b_step0": self.head_utt("b").steps[0]},
-            self._draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
+            _draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
             # 32 sets over 3 calibration utterances: the QDQ w8a16 graph scored 8.3-16.3 dB with 8
             # (activation ranges of a few positions), 27.7-35.4 dB with 32 (tiny, ONNX Runtime CPU)
             calibration_size=32,
             layouts={"gguf": head_layout(head, DECODE_FEED)},
-            max_context=self.options["max_context"],
+            metadata={"max_context": self.options["max_context"]},
         )
 
     # -- Token2wav streaming token encoder ----------------------------------------------------
     def flow_encoder(self) -> Component:
         flow_model = self.models.flow
-        return self._component(
+        return _component(
             "flow_encoder", encoder.FlowEncoder(flow_model, self.encoder_slots),
             ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "last_chunk"],
             [("mu", SIGNAL), ("new_att1", SIGNAL), ("new_att2", SIGNAL), ("new_cnn_cache", SIGNAL)],
@@ -183,8 +163,8 @@ class _ComponentBuilder:
             {"utterance_a_chunk0": self.stream("a").chunks[0]["inputs"],
              "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["inputs"],
              "utterance_b_chunk1": self.stream("b").chunks[1]["inputs"]},
-            self._draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
-            calibration_size=STREAM_CHUNKS, slots=self.encoder_slots, max_prompt=self.options["max_prompt"],
+            _draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
+            calibration_size=STREAM_CHUNKS, metadata={"slots": self.encoder_slots, "max_prompt": self.options["max_prompt"]},
             tables={"input_embedding": flow_model.input_embedding.weight},  # a chunk reads 28 of its rows
         )
 
@@ -192,33 +172,33 @@ class _ComponentBuilder:
 
     def flow_encoder_last(self) -> Component:
         flow_model = self.models.flow
-        return self._component(
+        return _component(
             "flow_encoder_last", encoder.FlowEncoderLast(flow_model, self.encoder_slots),
             ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "length"], [("mu", SIGNAL)],
             partial(encoder.encoder_last_reference, flow_model),
             {name: self.stream(u).chunks[-1]["last_inputs"] for name, u in self._LAST_SAMPLES.items()},
-            self._draw(lambda u, _k: self.stream(u).chunks[-1]["last_inputs"], 1),
-            slots=self.encoder_slots, max_prompt=self.options["max_prompt"],
-            max_tokens=encoder.CHUNK + encoder.LOOKAHEAD,
+            _draw(lambda u, _k: self.stream(u).chunks[-1]["last_inputs"], 1),
+            metadata={"slots": self.encoder_slots, "max_prompt": self.options["max_prompt"],
+                      "max_tokens": encoder.CHUNK + encoder.LOOKAHEAD},
             tables={"input_embedding": flow_model.input_embedding.weight},
         )
 
     def flow_chunk_last(self) -> Component:
         cfm, steps = self.models.flow.decoder, self.options["steps"]
         slots = int(self.models.flow.up_rate) * self.encoder_slots
-        return self._component(
+        return _component(
             "flow_chunk_last", flow.FlowChunkLast(cfm, steps, slots),
             ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len", "frames"], [("mel", SIGNAL)],
             partial(flow.chunk_last_reference, cfm, steps),
             {name: self.stream(u).chunks[-1]["last_flow_inputs"] for name, u in self._LAST_SAMPLES.items()},
-            self._draw(lambda u, _k: self.stream(u).chunks[-1]["last_flow_inputs"], 1),
-            steps=steps, slots=slots,
+            _draw(lambda u, _k: self.stream(u).chunks[-1]["last_flow_inputs"], 1),
+            metadata={"steps": steps, "slots": slots},
         )
 
     def flow_chunk(self) -> Component:
         cfm, steps = self.models.flow.decoder, self.options["steps"]
         slots = int(self.models.flow.up_rate) * self.encoder_slots
-        return self._component(
+        return _component(
             "flow_chunk", flow.FlowChunk(cfm, steps, slots),
             ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len"],
             [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
@@ -226,21 +206,21 @@ class _ComponentBuilder:
             {"utterance_a_chunk0": self.stream("a").chunks[0]["flow_inputs"],
              "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["flow_inputs"],
              "utterance_b_chunk1": self.stream("b").chunks[1]["flow_inputs"]},
-            self._draw(lambda u, k: self.stream(u).chunks[k]["flow_inputs"], STREAM_CHUNKS),
-            calibration_size=STREAM_CHUNKS, steps=steps, slots=slots,
+            _draw(lambda u, k: self.stream(u).chunks[k]["flow_inputs"], STREAM_CHUNKS),
+            calibration_size=STREAM_CHUNKS, metadata={"steps": steps, "slots": slots},
         )
 
     # -- Token2wav flow matching ------------------------------------------------------------
     def flow_step(self) -> Component:
         cfm, steps = self.models.flow.decoder, self.options["steps"]
-        return self._component(
+        return _component(
             "flow_step", flow.FlowStep(cfm), ["x", "mu", "spks", "cond", "t", "dt"], [("x_next", SIGNAL)],
             partial(flow.step_reference, cfm),
             {"utterance_a_step0": self.voc_utt("a").states[0], "utterance_b_step4": self.voc_utt("b").states[4 % steps],
              "utterance_b_last": self.voc_utt("b").states[-1]},
-            self._draw(lambda u, k: self.voc_utt(u).states[k], steps),
+            _draw(lambda u, k: self.voc_utt(u).states[k], steps),
             calibration_size=steps,
-            frames=self.options["frames"],
+            metadata={"frames": self.options["frames"]},
         )
 
     def flow(self) -> Component:
@@ -250,12 +230,12 @@ class _ComponentBuilder:
             u = self.voc_utt(which)
             return u.noise, u.mu, u.spks, u.cond
 
-        return self._component(
+        return _component(
             "flow", flow.Flow(cfm, steps), ["noise", "mu", "spks", "cond"], [("mel", SIGNAL)],
             partial(flow.flow_reference, cfm, steps),
             {"utterance_a_official_noise": sample("a"), "utterance_b": sample("b")},
-            self._draw(lambda u, _k: sample(u), 1),
-            steps=steps, frames=self.options["frames"],
+            _draw(lambda u, _k: sample(u), 1),
+            metadata={"steps": steps, "frames": self.options["frames"]},
         )
 
     # -- HiFT ------------------------------------------------------------------------------
@@ -295,7 +275,7 @@ class _ComponentBuilder:
         width = self.hift_stream_frames
         up = int(self.models.flow.up_rate)
         calls = [(50, False), (hift.CACHE_FRAMES + up * 18, True), (hift.CACHE_FRAMES + 50, True), (up * 1, False)]
-        return self._component(
+        return _component(
             "hift_stream", hift.HiFTStream(self.models.hift, width), ["mel", "noise", "cache_source", "use_cache", "frames"],
             [("wav", SIGNAL), ("source", SIGNAL)],
             partial(hift.hift_stream_reference, self.models.hift, layers),
@@ -303,20 +283,20 @@ class _ComponentBuilder:
              "utterance_b_cached_flush18": self._hift_stream_sample("b", hift.CACHE_FRAMES + up * 18, True),
              "utterance_b_cached_regular": self._hift_stream_sample("b", hift.CACHE_FRAMES + 50, True),
              "utterance_a_flush1_alone": self._hift_stream_sample("a", up, False)},
-            self._draw(lambda u, k: self._hift_stream_sample(u, *calls[k]), len(calls)),
-            frames=width,
+            _draw(lambda u, k: self._hift_stream_sample(u, *calls[k]), len(calls)),
+            metadata={"frames": width},
         )
 
     def hift(self) -> Component:
         layers = stepaudio2_modules().hifigan_layers
         frames = self.options["frames"]
-        return self._component(
+        return _component(
             "hift", hift.HiFT(self.models.hift, frames), ["mel", "noise", "cache_source", "use_cache"],
             [("wav", SIGNAL), ("source", SIGNAL)],
             partial(hift.hift_reference, self.models.hift, layers),
             {"utterance_a_first_chunk": self._hift_sample("a", False), "utterance_b_cached": self._hift_sample("b", True)},
-            self._draw(lambda u, k: self._hift_sample(u, k == 1), 2),
-            frames=frames,
+            _draw(lambda u, k: self._hift_sample(u, k == 1), 2),
+            metadata={"frames": frames},
         )
 
 

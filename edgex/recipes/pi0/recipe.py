@@ -149,7 +149,7 @@ class Builder(FlowBuilder):
     """Samples from the eager pipeline: seeded observations -> image tokens and prefix K/V from
     LeRobot's code -> its own Euler trajectory."""
 
-    roles = facts.ROLES
+    facts = facts.FACTS
     vision_graph = PI0Vision
     vision_description = "every camera's RGB [0,1] image at its own shape -> its image tokens (per-camera normalization, LeRobot's resize-with-pad, [-1,1], SigLIP, projector inside)"
 

@@ -53,6 +53,18 @@ COARSE = {
         "q4_0": _PREFILL_4BIT.format(figure="scheme 15.7 dB, 13 of 15 flips not ties, top-1 0.44; lowering 41.8 dB"),
         "w4": _PREFILL_4BIT.format(figure="scheme 16.7 dB, 9 of 12 flips not ties, top-1 0.62; lowering 61.8 dB"),
     },
+    # benchmarks/bench_planted_graph.py, faithful row: its failure is the scheme's, as a planted bug's would be
+    "code_predictor": {
+        "w4": ("int4 weights alone flip the unrolled predictor's codes beyond the tie margin (tiny: scheme 12.9 dB, "
+               "27 of 35 flips not ties, worst 16.0 x the margin, codes agreement 0.47; lowering 60.3 dB); "
+               "code_predictor_step passes at the same scheme"),
+        # `edgex export qwen3-tts --target s25-htp --precision w8a16 -c code_predictor` (tiny): the
+        # sampling add and argmax stay float (`sampling_nodes`), and the sampled sample's worst flip
+        # (1.3 x the margin end to end) is of the size the scheme's own flips reach, not a clipped noise's
+        "w8a16": ("static int8 weights / int16 activations alone flip the unrolled predictor's top-1 beyond the tie "
+                  "margin (tiny, s25-htp: scheme 25.1 dB, 2 of 9 flips not ties, worst 1.98 x the margin; "
+                  "lowering 20.7 dB, 6 of 11 not ties, worst 1.69 x); code_predictor_step passes at the same scheme"),
+    },
 }
 
 FACTS = RecipeFacts(

@@ -17,14 +17,13 @@ Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
 from __future__ import annotations
 
 import math
-import statistics
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ...parity.check import flips, tie_margin
-from ...parity.metrics import snr_db
+from ...parity.metrics import median, snr_db
 from . import predictor, talker, utterance
 from . import code2wav
 from .code2wav import receptive_field_frames
@@ -61,10 +60,6 @@ def chunks(schedule: tuple[int, ...], frames: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
-
-
-def _median(values) -> float | None:
-    return round(statistics.median(values), 3) if values else None
 
 
 class _StepLoop:
@@ -245,8 +240,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         for flip in flips(logits + rec["noise"].numpy(), logits, got["codes"], stages["code_predictor"].tie_db):
             tf_flips.append({"frame": f, "codebook": flip.pop("position") + 1, **flip})
     tf["talker_decode"] = {"hidden_db_min": min(hidden_db, default=None), "logits_db_min": min(logits_db, default=None),
-                           "hidden_db_median": _median(hidden_db)}
-    tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": _median(pred_db), "codes_agreement": float(np.mean(agree)),
+                           "hidden_db_median": median(hidden_db)}
+    tf["code_predictor"] = {"component": stages["code_predictor"].component, "logits_db_min": min(pred_db), "logits_db_median": median(pred_db), "codes_agreement": float(np.mean(agree)),
                             "flips": tf_flips}
     streamed = utterance.streaming_decoder(stages)(eager_codes)
     decoder_gate = max(gates["code2latent"], gates["latent2wav"])
@@ -288,18 +283,18 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
                         f"the decoder's {decoder_gate:.1f} dB gate")
 
     # timing: the artifacts of the free-running pass, the eager model on the same work
-    ms = {n: _median(stages[n].times_ms) for n in STAGES}
+    ms = {n: median(stages[n].times_ms) for n in STAGES}
     frame_ms = ms["talker_decode"] + ms["code_predictor"]
     decode_chunks = math.ceil(frames / CHUNK)
     eager = _eager_times(models, utt, eager_frames, frames, slots)
-    eager["code_predictor"] = _median(eager_predictor_ms)
+    eager["code_predictor"] = median(eager_predictor_ms)
     eager_frame_ms = eager["talker_decode"] + eager["code_predictor"]
     timing = {"artifact_ms": ms, "eager_ms": eager, "eager_over_artifact": {n: round(eager[n] / ms[n], 2) for n in ms if ms[n]},
               "per_frame_ms": {"artifact": round(frame_ms + (ms["code2latent"] + ms["latent2wav"]) / CHUNK, 3),
                                "eager": round(eager_frame_ms + (eager["code2latent"] + eager["latent2wav"]) / CHUNK, 3)},
               "free_running_wall_s": round(artifact_s, 3)}
     if looped:  # code_predictor: one frame's 16 calls of the step graph, summed
-        timing["predictor_step_call_ms"] = _median(stages["code_predictor"].step.times_ms)
+        timing["predictor_step_call_ms"] = median(stages["code_predictor"].step.times_ms)
     for who, per, table in (("artifact", frame_ms, ms), ("eager", eager_frame_ms, eager)):
         total = table["talker_prefill"] + frames * per + decode_chunks * (table["code2latent"] + table["latent2wav"])
         timing[f"{who}_rtf"] = round(total / 1000 / (frames * FRAME_SECONDS), 3)
@@ -313,7 +308,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     for s in (stages["code2latent"], stages["latent2wav"]):
         s.times_ms.clear()
     exact = utterance.streaming_decoder(stages)(all_codes.numpy())
-    pair_s = (_median(stages["code2latent"].times_ms) + _median(stages["latent2wav"].times_ms)) / 1000
+    pair_s = (median(stages["code2latent"].times_ms) + median(stages["latent2wav"].times_ms)) / 1000
     whole = chunks((), stream_frames)
     streaming = {"exact pair in 25-frame chunks (artifacts)": {
         "chunks": [e - s for s, e in whole], "db": snr_db(offline, exact),
@@ -363,7 +358,7 @@ def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) 
         key, value = utt.cache(rec["position"])
         steps.append(timed(talker.decode_reference, models.talker, rec["next_embeds"], torch.tensor([rec["position"]]),
                            padded_cache(key, slots), padded_cache(value, slots))[0])
-    out["talker_decode"] = _median(steps)
+    out["talker_decode"] = median(steps)
     dec = models.decoder
     cfg, context = dec.config, receptive_field_frames(dec)
     codes = utt.codes
@@ -378,5 +373,5 @@ def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) 
         c2l.append(ms)
         latents = torch.cat((latents, latent), dim=-1)[..., -(context + CHUNK):]
         l2w.append(timed(code2wav.latent2wav_reference, dec, context, latents, torch.tensor([min(start, context)]), warm=start == 0)[0])
-    out["code2latent"], out["latent2wav"] = _median(c2l), _median(l2w)
+    out["code2latent"], out["latent2wav"] = median(c2l), median(l2w)
     return {k: round(v, 3) if v is not None else None for k, v in out.items()}

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ...component import DEFAULT_CALIBRATION_SIZE, LOGITS, SIGNAL, TOKENS, Component, TensorSpec
+from ...component import LOGITS, SIGNAL, TOKENS, Component
 from ...errors import EdgexError
 from .. import RECIPES
-from ..base import LoadedModel, Recipe
+from ..base import LoadedModel, Recipe, build_component, spread_calibration
 from .facts import FACTS, ROLES
 from . import code2wav, predictor, talker, voice
 from . import in_situ as situ
@@ -35,8 +35,16 @@ REFERENCE_FRAMES = 40  # 80 ms frames of reference audio the voice-prompt graphs
 LAST_SAMPLED_FRAME = 30  # the talker decode's fixed samples: frames 10 and 30
 
 
-def _spec(name, tensor, kind=SIGNAL, sampled_from=None) -> TensorSpec:
-    return TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), kind, sampled_from)
+# The reference's outputs on a component's first sample, computed to declare its output specs, serve
+# parity too.
+_component = partial(build_component, FACTS, keep_reference_outputs=True)
+
+
+def _calibration(make, per_utterance: int):
+    """Calibration sets spread over every position of the calibration utterances, the first and
+    the last always among them (early positions only: 1.1 dB on the predictor's step-15 key, 5.8 dB
+    on a 6-set talker_decode that missed its last slots)."""
+    return spread_calibration(make, per_utterance, ends=True)
 
 
 @RECIPES.register(FACTS.name)
@@ -103,47 +111,18 @@ class _ComponentBuilder:
                                           horizon=self.slots - self.prefill_len)
         return self._utts[which]
 
-    def _calibration(self, make, per_utterance: int):
-        """`n` input sets `make(utterance, k)`, k < per_utterance, spread evenly over every position
-        of as many calibration utterances as needed, the first and the last always among them (a
-        quantizer calibrated on early steps only clips the ranges of later ones: measured 1.1 dB on
-        the predictor's step-15 key, 5.8 dB on a 6-set talker_decode that missed its last slots)."""
-
-        def draw(n: int) -> list:
-            slots = -(-n // per_utterance) * per_utterance
-            picked = [round(i * (slots - 1) / (n - 1)) for i in range(n)] if n > 1 else [0]
-            return [make(f"cal{s // per_utterance}", s % per_utterance) for s in picked]
-
-        return draw
-
-    def _component(self, name, module, input_names, output_kinds, reference, samples, calibration=None,
-                   layouts=None, calibration_size=DEFAULT_CALIBRATION_SIZE, forced_reference=None, written=None,
-                   tables=None, **metadata) -> Component:
-        first = next(iter(samples.values()))
-        with torch.no_grad():
-            outputs = reference(*first)
-        inputs = [_spec(n, t) for n, t in zip(input_names, first)]
-        outs = [_spec(declared[0], t, *declared[1:]) for declared, t in zip(output_kinds, outputs)]
-        comp = Component(name, ROLES[name], module.eval(), inputs, outs, reference, samples, metadata=metadata,
-                         calibration=calibration, calibration_size=calibration_size, layouts=layouts or {},
-                         forced_reference=forced_reference, written=written or {}, tables=tables or {})
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        comp.keep_reference_outputs(next(iter(samples)), outputs)
-        return comp
-
     # -- talker -----------------------------------------------------------------------------
     def talker_prefill(self) -> Component:
-        return self._component(
+        return _component(
             "talker_prefill",
             talker.TalkerPrefill(self.talker),
             ["inputs_embeds"],
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.prefill_reference, self.talker),
             {"utterance_a": (self.utt("a").prefill_embeds,), "utterance_b": (self.utt("b").prefill_embeds,)},
-            self._calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
+            _calibration(lambda u, _k: (self.utt(u).prefill_embeds,), 1),
             layouts={"gguf": talker_layout(self.talker, PREFILL_FEED, self.checkpoint)},
-            prefill_len=self.prefill_len,
+            metadata={"prefill_len": self.prefill_len},
         )
 
     def _decode_sample(self, which: str, frame: int, stale_from: str | None = None):
@@ -172,7 +151,7 @@ class _ComponentBuilder:
                 f"utterance_b_frame{last}_last_slot": self._decode_sample("b", last)}
 
     def talker_decode(self) -> Component:
-        return self._component(
+        return _component(
             "talker_decode",
             talker.TalkerDecode(self.talker),
             ["inputs_embeds", "position", "past_key", "past_value"],
@@ -181,9 +160,9 @@ class _ComponentBuilder:
             self._decode_samples(),
             # every position up to the last slot: a static quantizer calibrated on early positions only
             # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
-            self._calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
+            _calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
             layouts={"gguf": talker_layout(self.talker, DECODE_FEED, self.checkpoint)},
-            max_context=self.slots,
+            metadata={"max_context": self.slots},
         )
 
     # -- code predictor ---------------------------------------------------------------------
@@ -193,7 +172,7 @@ class _ComponentBuilder:
         return rec["talker_hidden"], rec["code0"], noise
 
     def code_predictor(self) -> Component:
-        return self._component(
+        return _component(
             "code_predictor",
             predictor.CodePredictorFrame(self.talker),
             ["talker_hidden", "code0", "noise"],
@@ -204,7 +183,7 @@ class _ComponentBuilder:
                 "utterance_b_frame30_sampled": self._frame_sample("b", 30, True),
                 "utterance_b_frame31_greedy": self._frame_sample("b", 31, False),
             },
-            self._calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
+            _calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
             forced_reference=lambda inputs, forced: predictor.frame_reference(self.talker, *inputs, forced_codes=forced["codes"]),
             tables=self._predictor_tables(),
         )
@@ -239,7 +218,7 @@ class _ComponentBuilder:
         return rec["talker_hidden"], code, torch.tensor([step]), key, value
 
     def code_predictor_step(self) -> Component:
-        return self._component(
+        return _component(
             "code_predictor_step",
             predictor.CodePredictorStep(self.talker),
             ["talker_hidden", "code", "step", "past_key", "past_value"],
@@ -251,7 +230,7 @@ class _ComponentBuilder:
                 "utterance_b_frame30_step1": self._step_sample("b", 30, 1),
                 "utterance_b_frame30_step15": self._step_sample("b", 30, 15),
             },
-            self._calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
+            _calibration(lambda u, k: self._step_sample(u, 20, k), PREDICTOR_STEPS),
             calibration_size=PREDICTOR_STEPS,  # one set per codebook step: 8 covered only the even ones (step 15: 5.9 dB)
             tables={"stacked_codec_embedding": self._step_table(), "stacked_heads": self._step_heads()},
         )
@@ -273,7 +252,7 @@ class _ComponentBuilder:
     # -- Code2Wav ---------------------------------------------------------------------------
     def code2wav(self) -> Component:
         frames = WINDOW_CONTEXT + WINDOW_NEW
-        return self._component(
+        return _component(
             "code2wav",
             code2wav.Code2WavWindow(self.decoder, WINDOW_NEW),
             ["codes"],
@@ -283,10 +262,9 @@ class _ComponentBuilder:
                 "utterance_a_frames0_97": (self.utt("a").codes[..., :frames],),
                 "utterance_b_frames3_100": (self.utt("b").codes[..., 3 : 3 + frames],),
             },
-            self._calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
+            _calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
             tables=self._codebook_tables(),
-            context_frames=WINDOW_CONTEXT,
-            new_frames=WINDOW_NEW,
+            metadata={"context_frames": WINDOW_CONTEXT, "new_frames": WINDOW_NEW},
         )
 
     @torch.no_grad()
@@ -324,7 +302,7 @@ class _ComponentBuilder:
         return codes[..., start : start + STREAM_CHUNK], torch.tensor([start]), state, key, value
 
     def code2latent(self) -> Component:
-        return self._component(
+        return _component(
             "code2latent",
             code2wav.Code2Latent(self.decoder),
             ["codes", "start", "conv_state", "past_key", "past_value"],
@@ -335,10 +313,10 @@ class _ComponentBuilder:
                 "utterance_b_chunk0": self._latent_sample("b", 0),
                 "utterance_b_chunk2": self._latent_sample("b", 2),
             },
-            self._calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
+            _calibration(self._latent_sample, UTTERANCE_FRAMES // STREAM_CHUNK),
             written={"key": _last_window_slots, "value": _last_window_slots},
             tables=self._codebook_tables(),
-            chunk_frames=STREAM_CHUNK,
+            metadata={"chunk_frames": STREAM_CHUNK},
         )
 
     @torch.no_grad()
@@ -352,7 +330,7 @@ class _ComponentBuilder:
 
     def latent2wav(self) -> Component:
         context = code2wav.receptive_field_frames(self.decoder)
-        return self._component(
+        return _component(
             "latent2wav",
             code2wav.Latent2Wav(self.decoder, context),
             ["latent", "context_valid"],
@@ -363,9 +341,8 @@ class _ComponentBuilder:
                 "utterance_b_chunk0": self._wav_sample("b", 0, context),
                 "utterance_b_chunk3": self._wav_sample("b", 3, context),
             },
-            self._calibration(lambda u, k: self._wav_sample(u, k, context), UTTERANCE_FRAMES // STREAM_CHUNK),
-            context_frames=context,
-            chunk_frames=STREAM_CHUNK,
+            _calibration(lambda u, k: self._wav_sample(u, k, context), UTTERANCE_FRAMES // STREAM_CHUNK),
+            metadata={"context_frames": context, "chunk_frames": STREAM_CHUNK},
         )
 
 
@@ -388,29 +365,29 @@ class _ComponentBuilder:
     def speaker_encoder(self) -> Component:
         encoder = self._voice_module("speaker_encoder", "speaker_encoder")
         mels = lambda which: (voice.official_mels(self._reference_audio(which)),)  # noqa: E731
-        return self._component(
+        return _component(
             "speaker_encoder",
             voice.SpeakerEncoder(encoder),
             ["mels"],
             [("speaker_embedding", SIGNAL)],
             partial(voice.speaker_reference, encoder),
             {"utterance_a_reference": mels("a"), "utterance_b_reference": mels("b")},
-            self._calibration(lambda u, _k: mels(u), 1),
-            reference_frames=self.reference_frames,
+            _calibration(lambda u, _k: mels(u), 1),
+            metadata={"reference_frames": self.reference_frames},
         )
 
     def speech_encoder(self) -> Component:
         encoder = self._voice_module("speech_encoder", "speech_encoder")
         samples = self.reference_frames * voice.SAMPLES_PER_FRAME
-        return self._component(
+        return _component(
             "speech_encoder",
             voice.SpeechEncoder(encoder, samples),
             ["wav"],
             [("codes", TOKENS), ("latent", SIGNAL)],
             partial(voice.speech_reference, encoder),
             {"utterance_a_reference": (self._reference_audio("a"),), "utterance_b_reference": (self._reference_audio("b"),)},
-            self._calibration(lambda u, _k: (self._reference_audio(u),), 1),
-            reference_frames=self.reference_frames,
+            _calibration(lambda u, _k: (self._reference_audio(u),), 1),
+            metadata={"reference_frames": self.reference_frames},
         )
 
 

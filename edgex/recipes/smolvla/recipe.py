@@ -118,7 +118,7 @@ class Builder(FlowBuilder):
     """Samples from the eager pipeline: seeded observations -> LeRobot's image tokens and prefix
     K/V -> LeRobot's own Euler trajectory."""
 
-    roles = ROLES
+    facts = FACTS
     vision_graph = SmolVLAVision
     vision_description = "every camera's RGB [0,1] image at its own shape -> its image tokens (per-camera normalization, resize-with-pad, SigLIP, connector, sqrt(d) scale inside)"
 

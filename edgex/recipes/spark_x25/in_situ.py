@@ -10,7 +10,6 @@ back) against the eager model generating with the same Gumbel noise.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
@@ -18,7 +17,7 @@ import torch
 
 from ...errors import EdgexError
 from ...parity.check import tie_margin
-from ...parity.metrics import snr_db
+from ...parity.metrics import median, snr_db
 from .graphs import empty_state
 from .model import SparkCache
 from .runner import CacheRunner
@@ -26,10 +25,6 @@ from .runner import CacheRunner
 COMPONENTS = ("prefill", "decode")
 SEED_OFFSET = 500  # neither a parity sample's prompt nor a calibration prompt
 PROMPT_EXTRA = 3  # prompt tokens after the whole prefill chunks: the runner decodes them one by one
-
-
-def _median(values) -> float | None:
-    return round(statistics.median(values), 3) if values else None
 
 
 def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
@@ -77,7 +72,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     decode_db = per_position[prefilled:] + [snr_db(w, g) for w, g in zip(step_logits[1:], got_steps[1:])]
     tf = {"prefill": {"positions": prefilled, "logits_db": snr_db(prompt_logits[:prefilled], got_prompt[:prefilled]),
                       "logits_db_min_position": min(per_position[:prefilled])},
-          "decode": {"positions": len(decode_db), "logits_db_min_position": min(decode_db), "logits_db_median": _median(decode_db)}}
+          "decode": {"positions": len(decode_db), "logits_db_min_position": min(decode_db), "logits_db_median": median(decode_db)}}
     failures = [f"teacher-forced {stage}: {tf[stage]['logits_db_min_position']:.1f} dB below its {gates[stage]:.1f} dB gate"
                 for stage in COMPONENTS if not tf[stage]["logits_db_min_position"] >= gates[stage]]
 
@@ -112,8 +107,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     if agreed and not fr["logits_db_agreed_steps"] >= gates["decode"]:
         failures.append(f"free-running logits over the {agreed} agreed steps: {fr['logits_db_agreed_steps']:.1f} dB below "
                         f"the decode's {gates['decode']:.1f} dB gate")
-    ms = {n: _median(stages[n].times_ms) for n in COMPONENTS}
-    eager = {n: _median(v) for n, v in eager_ms.items()}
+    ms = {n: median(stages[n].times_ms) for n in COMPONENTS}
+    eager = {n: median(v) for n, v in eager_ms.items()}
     timing = {"artifact_ms": ms, "eager_ms": eager, "eager_over_artifact": {n: round(eager[n] / ms[n], 2) for n in ms if ms[n] and eager[n]},
               "artifact_time_to_first_token_ms": round(2 * ms["prefill"] + PROMPT_EXTRA * ms["decode"], 1),
               "eager_time_to_first_token_ms": round(2 * eager["prefill"] + PROMPT_EXTRA * eager["decode"], 1),

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...component import LOGITS, SIGNAL, Component, TensorSpec
+from ...component import LOGITS, SIGNAL, Component
 from ...errors import EdgexError
 from .. import RECIPES
-from ..base import LoadedModel, Recipe
+from ..base import LoadedModel, Recipe, build_component
 from .checkpoint import load_checkpoint
 from .config import CHECKPOINT_CONTEXT, CHECKPOINT_PREFILL, get_preset
 from .facts import FACTS, FLOAT_ONLY, ROLES
@@ -110,26 +110,20 @@ class _ComponentBuilder:
         return (tokens[:, position : position + count], torch.tensor([position]), *state)
 
     def _component(self, name, module, count: int, samples: dict, starts: list[int]) -> Component:
-        first = next(iter(samples.values()))
-        outputs = step_reference(self.model, *first)
-        inputs = [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in zip(INPUTS, first)]
-        outs = [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch."), kind) for (n, kind), t in zip(OUTPUTS, outputs)]
+        """A graph of `count` tokens per call; calibration: prompts 100, 101, ... at the `starts`."""
 
         def calibration(n: int) -> list[tuple[torch.Tensor, ...]]:
             return [self._inputs(_CALIBRATION_SEED + i // _CALIBRATION_PER_PROMPT, starts[i % len(starts)], count) for i in range(n)]
 
         cfg = self.config
-        comp = Component(
-            name, ROLES[name], module.eval(), inputs, outs, lambda *x: step_reference(self.model, *x), samples,
+        return build_component(
+            FACTS, name, module, INPUTS, OUTPUTS, lambda *x: step_reference(self.model, *x), samples, calibration,
+            keep_reference_outputs=True,
             metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
-            calibration=calibration, float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context, self.checkpoint)},
+            float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context, self.checkpoint)},
             written=WRITTEN, tables={"embedding": self.model.model.embedding.weight},
         )
-        for sample in samples.values():
-            comp.check_inputs(sample)
-        comp.keep_reference_outputs(next(iter(samples)), outputs)
-        return comp
 
     def prefill(self) -> Component:
         p, window = self.chunk, self.config.sliding_window

@@ -1,0 +1,113 @@
+"""The QAIRT `.dlc` sidecar read back: its zip members, the weights and quantization it stores, and
+the constants QAIRT folds away when it writes one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+# The .dlc is written by its own backend session (QAIRT's IR backend), holds its own copy of the
+# weights and runs only in QAIRT's tools, so the context binary's parity does not speak for it.
+DLC_UNRUN = ("the .dlc is a separate QAIRT IR build with its own weights; QAIRT's runners (qnn-net-run, SNPE) "
+             "are not installable here, so nothing on this machine runs it (--hub runs it on a device)")
+
+
+# Weight layouts QAIRT stores besides ONNX's own (axis orders of the ONNX initializer): MatMul
+# weights [out, in]; Conv / ConvTranspose kernels channels-last, [kh, kw, in, out] (2-D) and
+# [k, in, out] (1-D, which QNN runs as 2-D) or with in / out swapped for transposed convolutions.
+QAIRT_LAYOUTS = {2: ((1, 0),), 3: ((2, 1, 0), (2, 0, 1)), 4: ((2, 3, 1, 0), (2, 3, 0, 1))}
+
+
+def dlc_members(path: Path) -> dict[str, bytes]:
+    """The members of a `.dlc`, a zip archive of stored (uncompressed) entries: the graph
+    (`model`), its tensor index (`model.params`) and the tensor data (`model.params.bin`). QAIRT
+    writes every member's CRC-32 as 0, so zipfile refuses to read them: each member is read raw
+    from behind its local header."""
+    import struct
+    import zipfile
+
+    members = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"{path.name}: member {info.filename} is compressed, expected stored")
+            f.seek(info.header_offset)
+            name_length, extra_length = struct.unpack("<HH", f.read(30)[26:30])
+            f.seek(info.header_offset + 30 + name_length + extra_length)
+            members[info.filename] = f.read(info.compress_size)
+    return members
+
+
+def mismatch(why: str):
+    import numpy as np
+
+    from ..parity.quantized import QuantizedTensor
+
+    return QuantizedTensor(np.zeros((1,), np.float32), np.zeros((0,), np.float32), None, source=why)
+
+
+def in_dlc(path: Path, model, tensors: dict) -> dict:
+    """`tensors` (the QDQ graph's) as the `.dlc` stores them: each constant's integers must be in
+    `model.params.bin` (as stored or in QAIRT's layouts) and its quantization in the graph member
+    `model`, as QNN's scale-offset pair per tensor or per channel (float32 scale, then int32
+    offset = -zero point; a zero point of 0 is the field's default, which the graph member leaves
+    out, so there the scale alone). Measured on every per-tensor constant of two tiny LLM decode
+    graphs at w8a16, w8a8 and w4a16 (uint8, uint16 and int4), and on per-channel Conv kernels,
+    which the graph member holds as one 16-byte record per channel (bit width, scale, offset), each
+    channel's pair found on its own: uint8 symmetric (offset -128) at w8a16 / w8a8, int4 symmetric
+    (offset 0, left out) at w4a16. Then the graph's dequantized values stand for the `.dlc`'s. A
+    constant missing from either fails (compared with an empty tensor)."""
+    import numpy as np
+
+    from .qdq_scheme import dequantized_constants
+
+    members = dlc_members(path)
+    data, graph = members["model.params.bin"], members["model"]
+    qdq = dequantized_constants(model)
+    for name, tensor in tensors.items():
+        _, q, scale, zero, _axis = qdq[name]
+        layouts = [q, *(q.transpose(p) for p in QAIRT_LAYOUTS.get(q.ndim, ()))]
+        codes = q.size < 2 or any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
+        scales = all(graph.find(pair) >= 0 for pair in _scale_offset_pairs(scale, zero))
+        if not (codes and scales):
+            what = " and ".join(w for w, ok in (("integers", codes), ("scales / zero points", scales)) if not ok)
+            tensors[name] = mismatch(f"{what} not found in the .dlc")
+    return tensors
+
+
+def _scale_offset_pairs(scale, zero) -> list[bytes]:
+    """QNN's scale-offset pair of each channel (one for a per-tensor constant) as the `.dlc`'s graph
+    member stores it: float32 scale, then int32 offset = -zero point, the offset left out where it
+    is 0 (the field's default)."""
+    import numpy as np
+
+    scales = np.asarray(scale, np.float32).reshape(-1)
+    zeros = np.broadcast_to(np.asarray(zero).reshape(-1).astype(np.int64), scales.shape)
+    return [s.tobytes() + (np.int32(-z).tobytes() if z else b"") for s, z in zip(scales, zeros)]
+
+
+FOLDED = ("unverified: read only by nodes whose inputs are all constants, which QAIRT folds into new constants when "
+           "it writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
+
+
+def folded_constants(graph) -> set[str]:
+    """Initializers every reader of which computes from constants only (looking through
+    DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
+    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
+    its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
+    nor the constants around it."""
+    constant = {i.name for i in graph.initializer}
+    for node in graph.node:  # topological order
+        if all(not i or i in constant for i in node.input):
+            constant.update(node.output)
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+
+    def folded(name: str) -> bool:
+        nodes = readers.get(name, [])
+        return bool(nodes) and all(folded(n.output[0]) if n.op_type == "DequantizeLinear" else
+                                   all(not i or i in constant for i in n.input) for n in nodes)
+
+    return {i.name for i in graph.initializer if folded(i.name)}
