@@ -4,7 +4,7 @@ against the eager model in the same process, at a fixed thread count.
     .venv/bin/python benchmarks/bench_cpu.py --preset 0.6b --threads 2 --out out-bench
     .venv/bin/python benchmarks/bench_cpu.py --frame --preset 0.6b --threads 2 --out out-bench-frame  # bench_frame.py
     .venv/bin/python benchmarks/bench_cpu.py --model spark-x2.5 --preset 1.7b --components decode \
-        --formats executorch --precision 8da4w --set context=1024 --threads 2 --out out-bench
+        --formats executorch --precision 8da4w --set max_context=1024 --threads 2 --out out-bench
 
 Per component x format: export seconds, peak RSS during export, artifact bytes, parity (min SNR
 dB), median latency of the artifact in its runtime and of the eager reference (the unmodified

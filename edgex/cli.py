@@ -87,7 +87,7 @@ def export(
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
     threads: Optional[int] = _threads_option(),
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
-    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. context=1024 (see edgex list)"),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. max_context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
     hub_device: Optional[str] = typer.Option(None, "--hub-device", help="AI Hub device name instead of the target's (implies --hub)"),

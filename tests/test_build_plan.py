@@ -37,7 +37,7 @@ targets = "s25-htp"
 components = "decode"
 precisions = ["fp16", "w8a16"]
 calibration = 4
-set = { context = 64 }
+set = { max_context = 64 }
 """)
     ids = [j.id for j in plan.jobs]
     assert ids == [
@@ -53,7 +53,7 @@ set = { context = 64 }
     assert gates["qwen3-tts/cpu/code2wav.fp16.onnx"] == 40 and gates["qwen3-tts/cpu/talker_decode.fp16.onnx"] == 33
     assert gates["qwen3-tts/llama-cpp/talker_decode.q8_0.gguf"] == 26
     w8 = plan.jobs[-1]
-    assert dict(w8.exporter_options)["calibration_size"] == 4 and dict(w8.settings) == {"context": "64"}
+    assert dict(w8.exporter_options)["calibration_size"] == 4 and dict(w8.settings) == {"max_context": "64"}
     assert len(plan.digest) == 64 and plan.digest == plan_of(tmp_path, (tmp_path / "b.toml").read_text()).digest
 
 

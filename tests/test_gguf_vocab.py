@@ -69,7 +69,7 @@ def checkpoint(tmp_path_factory):
 def _gguf(folder, out):
     """The decode component's GGUF, written by edgex's exporter from the loaded checkpoint."""
     recipe = RECIPES.get("spark-x2.5")
-    loaded = recipe.load(None, folder, 0, {"prefill": 4, "context": 16})
+    loaded = recipe.load(None, folder, 0, {"prefill": 4, "max_context": 16})
     (component,) = recipe.components(loaded, ["decode"])
     EXPORTERS.get("gguf").export(component, "f16", out)
     return out

@@ -8,7 +8,9 @@ import json
 import sys
 import time
 import zipfile
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_cli
@@ -321,3 +323,53 @@ def test_a_sidecar_never_run_here_passes_only_by_its_own_device_run_at_the_lower
     assert 10 < float(off["min_snr_db"]) < 30 and off["scheme"]["verdict"] == "pass" and off["lowering"]["verdict"] == "fail"
     assert combined_verdict(unrun["verdict"], None, off["verdict"]) == "fail"
     assert combined_verdict(unrun["verdict"], None, faithful["verdict"]) == "pass"
+
+
+class _Voice(nn.Module):
+    """A sine-source voice: per-sample F0 [1, T] (Hz) integrated into a phase, 8 harmonics. `turn`
+    adds a quarter turn to every harmonic's phase (the same sound); `f0_scale` moves its pitch."""
+
+    def __init__(self, turn: float = 0.0, f0_scale: float = 1.0):
+        super().__init__()
+        self.turn, self.f0_scale = turn, f0_scale
+
+    def forward(self, f0):
+        phase = torch.cumsum(f0 * (self.f0_scale * 2 * torch.pi / 24000), dim=-1)
+        return sum(torch.sin(k * phase + self.turn) * (0.3 / k) for k in range(1, 9))
+
+
+def _voice_reference(f0):
+    """The eager voice, written apart from the graph: numpy in float64."""
+    phase = np.cumsum(f0.double().numpy() * 2 * np.pi / 24000, axis=-1)
+    return (torch.from_numpy(sum(0.3 / k * np.sin(k * phase) for k in range(1, 9))).float(),)
+
+
+@pytest.mark.parametrize("device_build, verdict", [("turned", "pass"), ("low_f0", "fail")])
+def test_a_declared_spectral_output_is_gated_by_its_spectral_figure_on_the_device(ini, tmp_path, device_build, verdict):
+    """One second of a 180 Hz voice with vibrato, its `wav` declared spectral: a device build that
+    turns every harmonic by 90 degrees sounds the same and passes on its spectral figure although its
+    waveform SNR (about -3 dB) fails the gate; a build whose F0 is 20 % low fails. The same device
+    outputs judged by SNR (the output undeclared) fail both."""
+    t = torch.arange(24000, dtype=torch.float32)[None] / 24000
+    samples = {name: (180.0 * (1 + 0.02 * torch.sin(2 * torch.pi * rate * t)),) for name, rate in (("example", 5.0), ("held_out", 3.0))}
+    module = {"turned": _Voice(turn=torch.pi / 2), "low_f0": _Voice(f0_scale=0.8)}[device_build].eval()
+    declared = Component("voice", "decoder", module, [TensorSpec("f0", (1, 24000), "float32")], [TensorSpec("wav", (1, 24000), "float32")],
+                         _voice_reference, samples, spectral=("wav",))
+    files = EXPORTERS.get("onnx").export(declared, "fp32", tmp_path / "voice.fp32.onnx").files
+    local = {"verdict": "pass", "threshold_db": 20.0}
+    blocks = {}
+    with FakeAIHub() as hub:
+        hub.write_config(ini)
+        for name, component in (("declared", declared), ("undeclared", replace(declared, spectral=()))):
+            blocks[name] = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", local,
+                                         tmp_path)
+    spectral, by_snr = blocks["declared"], blocks["undeclared"]
+    assert spectral["method"] == "device" and spectral["verdict"] == verdict, spectral.get("failures")
+    assert by_snr["verdict"] == "fail"
+    scores = [s["wav"] for s in spectral["samples"].values()]
+    assert all("spectral_db" in s for s in scores)
+    if device_build == "turned":
+        assert float(spectral["min_snr_db"]) >= 20 and float(spectral["min_waveform_snr_db"]) < 0
+    else:
+        assert float(spectral["min_snr_db"]) < 10
+    print(f"{device_build}: spectral {float(spectral['min_snr_db']):.1f} dB, waveform SNR {float(spectral['min_waveform_snr_db']):.1f} dB")

@@ -76,3 +76,41 @@ def test_a_denoise_step_wrong_only_mid_trajectory_fails(monkeypatch, tmp_path):
     monkeypatch.setattr(graphs.DiffusionStep, "forward", wrong_mid_trajectory)
     broken = _export(tmp_path / "broken", "diffusion-policy", "denoise_step")
     assert broken["verdict"] == "fail" and _failed_samples(broken) == {"obs_c_step2"}, broken["parity"]["failures"]
+
+
+def _rope_off_beyond(module, slot: int):
+    """`module.rope_cos_sin` with every position beyond `slot` turned 3 positions further."""
+    rope = module.rope_cos_sin
+
+    def off(inv_freq, positions, dtype):
+        return rope(inv_freq, torch.where(positions > slot, positions + 3, positions), dtype)
+
+    return off
+
+
+@pytest.mark.parametrize("model, component, module, slots, broken_beyond, samples", [
+    # Spark-X2.5 tiny holds 128 slots unless told: 160 reaches past them
+    ("spark-x2.5", "decode", "edgex.recipes.spark_x25.graphs", 160, 130,
+     {"prompt_a_pos159_last_slot", "prompt_b_pos7", "prompt_a_pos73_stale_slots"}),
+    # MiniCPM-o tiny's head holds 64 slots unless told
+    ("minicpm-o", "tts_decode", "edgex.recipes.minicpm_o.tts", 128, 100,
+     {"utterance_a_step3", "utterance_b_step11", "utterance_b_step0", "utterance_a_step56_stale_slots",
+      "utterance_b_step113_last_slot"}),
+])
+def test_a_decode_graph_with_rope_wrong_beyond_a_late_slot_fails_at_a_larger_max_context(monkeypatch, tmp_path, model, component,
+                                                                                        module, slots, broken_beyond, samples):
+    import importlib
+
+    faithful = _export(tmp_path / "faithful", model, component, "--set", f"max_context={slots}")
+    assert faithful["verdict"] == "pass", faithful["parity"]["failures"]
+    assert set(faithful["parity"]["samples"]) == samples
+    assert {s["name"]: s["shape"] for s in faithful["inputs"]}["past_key"][3] == slots
+    (last,) = (s for s in samples if s.endswith("_last_slot"))
+
+    graphs = importlib.import_module(module)
+    monkeypatch.setattr(graphs, "rope_cos_sin", _rope_off_beyond(graphs, broken_beyond))
+    broken = _export(tmp_path / "broken", model, component, "--set", f"max_context={slots}")
+    assert broken["verdict"] == "fail"
+    assert _failed_samples(broken) == {last}, broken["parity"]["failures"]
+    print(f"{model} {component} last slot: faithful {float(faithful['parity']['samples'][last]['logits']['snr_db']):.1f} dB, "
+          f"broken {float(broken['parity']['samples'][last]['logits']['snr_db']):.1f} dB")

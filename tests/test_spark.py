@@ -96,7 +96,7 @@ def test_graphs_share_no_numerical_code_with_the_reference(spark, monkeypatch, b
     drops graph-vs-reference parity far below the fp32 bar: the graph computes it all itself, so
     a bug in shared code cannot cancel out of the gate."""
     loaded, components = spark
-    inputs = components["decode"].samples[f"prompt_a_pos{loaded.options['context'] - 1}"]  # the ring has wrapped
+    inputs = components["decode"].samples[f"prompt_a_pos{loaded.options['max_context'] - 1}_last_slot"]  # the ring has wrapped
     with torch.no_grad():
         clean = SparkDecode(build(loaded.models.config, 0))(*inputs)
         REFERENCE_BUGS[bug](monkeypatch)
@@ -115,7 +115,7 @@ def test_decode_after_prefill_equals_full_forward_across_windows(spark):
     model, opts = loaded.models, loaded.options
     prompt = torch.randint(0, model.config.vocab_size, (1, 60), generator=torch.Generator().manual_seed(7))
     runner = CacheRunner(numpy_callable(components["prefill"].module), numpy_callable(components["decode"].module),
-                         [t.numpy() for t in empty_state(model.config, opts["context"])], opts["prefill"])
+                         [t.numpy() for t in empty_state(model.config, opts["max_context"])], opts["prefill"])
     got = runner.feed(prompt[0].numpy())
     decoded = 60 - 2 * opts["prefill"]
     assert decoded > 2 * opts["window"], "the decode steps alone cross more than two sliding windows"
@@ -145,7 +145,7 @@ def test_greedy_tokens_from_the_exported_graphs_match_the_reference(spark, tmp_p
         sessions[name] = RUNTIMES.get("onnxruntime").load(files, 2)
     prompt = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(11))
     runner = CacheRunner(sessions["prefill"].run, sessions["decode"].run,
-                         [t.numpy() for t in empty_state(model.config, opts["context"])], opts["prefill"])
+                         [t.numpy() for t in empty_state(model.config, opts["max_context"])], opts["prefill"])
     got = runner.greedy(prompt[0].numpy(), 64)
     want = model.greedy(prompt, 64)[0].numpy()
     assert len(set(want.tolist())) > 16, "the reference text varies, so agreement means something"
@@ -163,19 +163,19 @@ def test_quantized_executorch_keeps_the_gate_in_float(spark):
     assert type(layer.mlp.down_proj.weight) not in (torch.Tensor, torch.nn.Parameter)
 
 
-def test_mnn_target_with_a_context_option(tmp_path):
+def test_mnn_target_with_a_max_context_option(tmp_path):
     proc = run_cli("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "w8",
-                   "--set", "context=48", "--out", str(tmp_path), "--json")
+                   "--set", "max_context=48", "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert data["settings"] == {"context": "48"} and data["options"]["context"] == 48
+    assert data["settings"] == {"max_context": "48"} and data["options"]["max_context"] == 48
     by_precision = {a["precision"]: a for a in data["artifacts"]}
     for a in by_precision.values():
         assert a["parity"]["method"] == "runtime" and a["verdict"] == "pass", a["parity"]
         assert {s["name"]: s["shape"] for s in a["inputs"]}["past_key"] == [1, 1, 2, 48, 32]
-        assert a["metadata"]["context"] == 48 and a["metadata"]["window"] == 16
+        assert a["metadata"]["max_context"] == 48 and a["metadata"]["window"] == 16
     assert "not honoured" in by_precision["w8"]["details"]["float_only"]
-    # verify rebuilds the graphs with the recorded settings (context 48, not the preset's 128)
+    # verify rebuilds the graphs with the recorded settings (max_context 48, not the preset's 128)
     assert verify_directory(tmp_path)["status"] == "pass"
 
 
@@ -226,9 +226,9 @@ def test_llama_cpp_parity_catches_a_wrong_spark_layout(spark, tmp_path):
 
 
 @pytest.mark.parametrize("setting, fragment", [
-    ("window=8", "unknown option 'window' for spark-x2.5 (known: context, prefill)"),
-    ("context=lots", "bad value 'lots' for option context"),
-    ("context=-4", "expected a positive integer"),
+    ("window=8", "unknown option 'window' for spark-x2.5 (known: max_context, prefill)"),
+    ("max_context=lots", "bad value 'lots' for option max_context"),
+    ("max_context=-4", "expected a positive integer"),
     ("context", "bad --set 'context': expected KEY=VALUE"),
 ])
 def test_bad_options_are_refused(setting, fragment):
@@ -288,7 +288,7 @@ def test_list_shows_presets_components_and_options():
     data = catalog()["models"]["spark-x2.5"]
     assert set(data["presets"]) == {"tiny", "1.7b"}
     assert data["components"] == {"prefill": "llm", "decode": "llm"}
-    assert set(data["options"]) == {"context", "prefill"}
+    assert set(data["options"]) == {"max_context", "prefill"}
 
 
 def test_samples_do_not_depend_on_which_components_are_derived_together():
@@ -311,7 +311,7 @@ def test_fp16_graph_keeps_rope_frequencies_in_float32_at_a_1k_context():
     from edgex.exporters.base import cast_inputs, module_in
 
     recipe = RECIPES.get("spark-x2.5")
-    (comp,) = recipe.components(recipe.load("tiny", None, 0, {"context": 1024}), ["decode"])
+    (comp,) = recipe.components(recipe.load("tiny", None, 0, {"max_context": 1024}), ["decode"])
     sample, inputs = next(iter(comp.samples.items()))
     with torch.no_grad(), module_in(comp, torch.float16) as module:
         assert module.inv_freq_full.dtype == module.inv_freq_sliding.dtype == torch.float32

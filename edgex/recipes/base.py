@@ -47,7 +47,7 @@ class RecipeOption:
 
 
 def parse_settings(values: list[str] | None) -> dict[str, str]:
-    """`--set context=1024 --set prefill=64` -> {"context": "1024", "prefill": "64"}."""
+    """`--set max_context=1024 --set prefill=64` -> {"max_context": "1024", "prefill": "64"}."""
     settings: dict[str, str] = {}
     for value in values or []:
         key, sep, text = value.partition("=")

@@ -62,6 +62,7 @@ FACTS = RecipeFacts(
             "24.9 dB, decode 51.7 / 28.4 dB)")),
     },
     options={
+        "max_context": RecipeOption("KV slots of the TTS head's tts_decode (tiny 64, real presets / checkpoint 512)"),
         "steps": RecipeOption("Euler steps of the `flow` graph (default 10, the official non-streaming count)"),
         "max_prompt": RecipeOption("the longest voice prompt (25 Hz tokens) the streaming graphs take: their caches "
                                    "hold max_prompt + 50 tokens / 2 (max_prompt + 50) frames, any shorter prompt "

@@ -3,7 +3,7 @@
 `HeadUtterance`: random text ids and LLM hidden states (no LLM is part of this recipe) conditioned
 the official way, prefilled right-padded to the graph's chunk, then audio tokens drawn from the
 reference logits at temperature 0.8 with a seeded generator, recording every decode step's input
-embedding, position and the KV cache laid out in the graph's slots.
+embedding, position and the KV cache laid out in the graph's slots, up to the last slot.
 """
 
 from __future__ import annotations
@@ -21,32 +21,47 @@ PAD_ROWS = 2
 
 
 class HeadUtterance:
+    """`step(k)`: the k-th decode call (inputs_embeds, position, past_key, past_value), the cache
+    zero-padded to `slots` as a runner holds it; steps are drawn as they are asked for, up to the
+    last slot (`last_step`). `key` / `value`: the cache of every step drawn so far."""
+
     @torch.no_grad()
-    def __init__(self, head: MiniCPMTTSHead, prefill_len: int, slots: int, steps: int, seed: int):
-        gen = torch.Generator().manual_seed(seed)
+    def __init__(self, head: MiniCPMTTSHead, prefill_len: int, slots: int, seed: int):
+        self._head = head
+        self._gen = torch.Generator().manual_seed(seed)
         text = prefill_len - 2 - PAD_ROWS
-        text_ids = torch.randint(0, head.config["num_text_tokens"], (text,), generator=gen)
-        llm_hidden = torch.randn(text, head.config["llm_dim"], generator=gen) * (LLM_DIM ** -0.5) * 8
+        text_ids = torch.randint(0, head.config["num_text_tokens"], (text,), generator=self._gen)
+        llm_hidden = torch.randn(text, head.config["llm_dim"], generator=self._gen) * (LLM_DIM ** -0.5) * 8
         cond = head.condition(text_ids, llm_hidden)
         self.length = cond.shape[1]
         self.prefill_embeds = torch.cat((cond, cond[:, -1:].expand(1, PAD_ROWS, cond.shape[2])), dim=1)
-        _, key, value = prefill_reference(head, self.prefill_embeds)
+        logits, key, value = prefill_reference(head, self.prefill_embeds)
         self.key = torch.zeros(key.shape[:3] + (slots, key.shape[4]))
         self.value = torch.zeros_like(self.key)
         self.key[:, :, :, : self.length] = key[:, :, :, : self.length]
         self.value[:, :, :, : self.length] = value[:, :, :, : self.length]
-        logits = prefill_reference(head, self.prefill_embeds)[0][:, self.length - 1]
-        self.steps = []  # (inputs_embeds, position, past_key, past_value) per decode step
-        for step in range(steps):
-            probs = torch.softmax(logits.reshape(-1) / TEMPERATURE, dim=-1)
-            token = torch.multinomial(probs, 1, generator=gen).reshape(1, 1)
-            position = torch.tensor([self.length + step])
-            embeds = head.code_embeds(token)
-            self.steps.append((embeds, position, self.key.clone(), self.value.clone()))
-            logits, k, v = decode_reference(head, embeds, position, self.key, self.value)
-            self.key[:, :, :, position] = k
-            self.value[:, :, :, position] = v
-            logits = logits[:, -1]
+        self._logits = logits[:, self.length - 1]
+        self.last_step = slots - 1 - self.length  # the call at the last slot
+        self.steps: list[tuple] = []
+
+    def step(self, k: int) -> tuple:
+        if not 0 <= k <= self.last_step:
+            raise IndexError(f"decode step {k} outside the head's {self.last_step + 1} cache slots after the prompt")
+        while len(self.steps) <= k:
+            self._draw()
+        return self.steps[k]
+
+    @torch.no_grad()
+    def _draw(self) -> None:
+        probs = torch.softmax(self._logits.reshape(-1) / TEMPERATURE, dim=-1)
+        token = torch.multinomial(probs, 1, generator=self._gen).reshape(1, 1)
+        position = torch.tensor([self.length + len(self.steps)])
+        embeds = self._head.code_embeds(token)
+        self.steps.append((embeds, position, self.key.clone(), self.value.clone()))
+        logits, k, v = decode_reference(self._head, embeds, position, self.key, self.value)
+        self.key[:, :, :, position] = k
+        self.value[:, :, :, position] = v
+        self._logits = logits[:, -1]
 
 
 class VocoderUtterance:

@@ -26,7 +26,7 @@ from .stepaudio2_import import stepaudio2_modules
 # (prefill chunk, KV slots) of the head graphs per preset; checkpoints get the real sizes.
 _HEAD_SIZES = {"tiny": (16, 64)}
 _REAL_HEAD_SIZES = (64, 512)
-DECODE_STEPS = 12  # audio tokens recorded per sample utterance
+LAST_FIXED_STEP = 11  # the tts_decode's fixed samples: steps 0, 3 and 11
 DEFAULT_STEPS, DEFAULT_FRAMES = 10, 50
 DEFAULT_MAX_PROMPT = 150  # the longest voice prompt the streaming graphs take, in 25 Hz tokens (6 s)
 STREAM_CHUNKS = 4  # calls per streaming sample utterance
@@ -54,7 +54,11 @@ class MiniCPMORecipe(Recipe):
         else:
             name = preset or self.default_preset
             models, sizes = build_from_preset(get_preset(name), seed), _HEAD_SIZES.get(name, _REAL_HEAD_SIZES)
-        built = {"prefill_len": sizes[0], "max_context": sizes[1], "seed": seed,
+        slots = options.get("max_context", sizes[1])
+        if slots < sizes[0] + LAST_FIXED_STEP + 1:
+            raise EdgexError(f"--set max_context={slots}: at least {sizes[0] + LAST_FIXED_STEP + 1} (the {sizes[0]}-row "
+                             f"prompt and the {LAST_FIXED_STEP + 1} decode steps the tts_decode samples reach)")
+        built = {"prefill_len": sizes[0], "max_context": slots, "seed": seed,
                  "steps": options.get("steps", DEFAULT_STEPS), "frames": options.get("frames", DEFAULT_FRAMES),
                  "max_prompt": options.get("max_prompt", DEFAULT_MAX_PROMPT)}
         return LoadedModel(self.name, models, models.source, built)
@@ -88,8 +92,7 @@ class _ComponentBuilder:
     def head_utt(self, which: str) -> HeadUtterance:
         if which not in self._heads:
             o = self.options
-            self._heads[which] = HeadUtterance(self.models.tts, o["prefill_len"], o["max_context"], DECODE_STEPS,
-                                               self._seed(which))
+            self._heads[which] = HeadUtterance(self.models.tts, o["prefill_len"], o["max_context"], self._seed(which))
         return self._heads[which]
 
     def voc_utt(self, which: str) -> VocoderUtterance:
@@ -136,15 +139,43 @@ class _ComponentBuilder:
             metadata={"prefill_len": self.options["prefill_len"]},
         )
 
+    def _decode_sample(self, which: str, step: int, stale_from: str | None = None) -> tuple:
+        """A tts_decode call: the cache zero-padded as a runner holds it, or with the slots the call
+        ignores (position onwards) holding another utterance's entries, as a runner that does not
+        clear its cache between utterances leaves them."""
+        embeds, position, key, value = self.head_utt(which).step(step)
+        if stale_from is not None:
+            stale = self.head_utt(stale_from)
+            stale.step(stale.last_step)
+            pos = int(position[0])
+            key, value = key.clone(), value.clone()
+            key[:, :, :, pos:], value[:, :, :, pos:] = stale.key[:, :, :, pos:], stale.value[:, :, :, pos:]
+        return embeds, position, key, value
+
+    def _decode_samples(self) -> dict:
+        """Steps 0, 3 and 11; a step half-way through the cache, its ignored slots stale; the last
+        slot (a call at position max_context - 1: the most RoPE rotation and the longest attention
+        the graph computes)."""
+        last = self.head_utt("b").last_step
+        middle = max(LAST_FIXED_STEP + 1, last // 2)
+        return {"utterance_a_step3": self._decode_sample("a", 3), "utterance_b_step11": self._decode_sample("b", LAST_FIXED_STEP),
+                "utterance_b_step0": self._decode_sample("b", 0),
+                f"utterance_a_step{middle}_stale_slots": self._decode_sample("a", middle, stale_from="b"),
+                f"utterance_b_step{last}_last_slot": self._decode_sample("b", last)}
+
     def tts_decode(self) -> Component:
         head = self.models.tts
+        per_utterance = 11  # calibration steps per utterance, spread over every position up to the last slot
+
+        def calibration_step(u: str, k: int) -> tuple:
+            return self._decode_sample(u, k * self.head_utt(u).last_step // (per_utterance - 1))
+
         return _component(
             "tts_decode", tts.TTSDecode(head), ["inputs_embeds", "position", "past_key", "past_value"],
             [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
             partial(tts.decode_reference, head),
-            {"utterance_a_step3": self.head_utt("a").steps[3], "utterance_b_step11": self.head_utt("b").steps[11],
-             "utterance_b_step0": self.head_utt("b").steps[0]},
-            _draw(lambda u, k: self.head_utt(u).steps[k], DECODE_STEPS),
+            self._decode_samples(),
+            _draw(calibration_step, per_utterance),
             # 32 sets over 3 calibration utterances: the QDQ w8a16 graph scored 8.3-16.3 dB with 8
             # (activation ranges of a few positions), 27.7-35.4 dB with 32 (tiny, ONNX Runtime CPU)
             calibration_size=32,

@@ -26,7 +26,7 @@ FACTS = RecipeFacts(
                          "6.6 dB, top-1 0.00, margin 0.26 against a tie margin of 0.051; lowering 43.3 dB)"},
     },
     options={
-        "context": RecipeOption("full-attention KV slots (tiny 128, 1.7b / checkpoint 1024)"),
+        "max_context": RecipeOption("full-attention KV slots (tiny 128, 1.7b / checkpoint 1024)"),
         "prefill": RecipeOption("tokens per prefill call (tiny 12, 1.7b / checkpoint 128)"),
     },
     reference_packages=("safetensors",),

@@ -25,13 +25,26 @@ from .runner import CacheRunner
 COMPONENTS = ("prefill", "decode")
 SEED_OFFSET = 500  # neither a parity sample's prompt nor a calibration prompt
 PROMPT_EXTRA = 3  # prompt tokens after the whole prefill chunks: the runner decodes them one by one
+DEFAULT_STEPS = 48
+
+
+def default_steps(chunk: int, context: int) -> int:
+    """Decode steps of a default in-situ run (its prompt: two prefill chunks and PROMPT_EXTRA tokens)."""
+    return min(DEFAULT_STEPS, context - (2 * chunk + PROMPT_EXTRA))
+
+
+def last_decode_position(chunk: int, context: int) -> int | None:
+    """Position of a default in-situ run's last decode call (the decode graph samples it too); None
+    where the context holds no run."""
+    steps = default_steps(chunk, context)
+    return 2 * chunk + PROMPT_EXTRA + steps - 2 if steps > 0 else None
 
 
 def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     model, options = loaded.models, loaded.options
-    chunk, context = options["prefill"], options["context"]
+    chunk, context = options["prefill"], options["max_context"]
     prompt_len = 2 * chunk + PROMPT_EXTRA
-    steps = settings.get("frames") or min(48, context - prompt_len)
+    steps = settings.get("frames") or default_steps(chunk, context)
     if not 0 < steps <= context - prompt_len:
         raise EdgexError(f"--frames (decode steps) must be 1..{context - prompt_len} (context {context}, prompt {prompt_len})")
     gen = torch.Generator().manual_seed(1000 * options["seed"] + SEED_OFFSET)

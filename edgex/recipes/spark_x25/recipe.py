@@ -5,7 +5,7 @@ Components (role `llm`; both run the same layers, a target places them alike):
   decode    one token against the cache state -> logits, updated ring, new full K/V
 
 The sliding layers' window lives in a ring buffer the graphs maintain; the full layers' cache has
-`context` slots (`--set context=N`, and `--set prefill=N` for the chunk). See `graphs.py` for the
+`max_context` slots (`--set max_context=N`, and `--set prefill=N` for the chunk). See `graphs.py` for the
 state contract and `runner.py` for a runner. Samples and calibration data are real eager
 activations: cache states from running the reference model over seeded prompts.
 """
@@ -65,10 +65,10 @@ class SparkRecipe(Recipe):
             model = build(p.config, seed)
             source, sizes = {"preset": p.name, "seed": seed}, (p.prefill, p.context)
         options = options or {}
-        prefill, context = options.get("prefill", sizes[0]), options.get("context", sizes[1])
+        prefill, context = options.get("prefill", sizes[0]), options.get("max_context", sizes[1])
         if prefill > context:
-            raise EdgexError(f"prefill chunk {prefill} is larger than the context {context}")
-        sizes = {"prefill": prefill, "context": context, "window": model.config.sliding_window, "seed": seed}
+            raise EdgexError(f"prefill chunk {prefill} is larger than max_context {context}")
+        sizes = {"prefill": prefill, "max_context": context, "window": model.config.sliding_window, "seed": seed}
         return LoadedModel(self.name, model, source, sizes)
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
@@ -86,7 +86,7 @@ class _ComponentBuilder:
     def __init__(self, loaded: LoadedModel):
         self.model = loaded.models
         self.config = self.model.config
-        self.chunk, self.context = loaded.options["prefill"], loaded.options["context"]
+        self.chunk, self.context = loaded.options["prefill"], loaded.options["max_context"]
         self.seed = loaded.options["seed"]
         self.checkpoint = loaded.source.get("checkpoint")  # its tokenizer goes into the GGUF
         self._runs: dict[int, tuple[torch.Tensor, SparkCache]] = {}
@@ -104,10 +104,16 @@ class _ComponentBuilder:
             self._runs[prompt_seed] = (tokens, cache)
         return self._runs[prompt_seed]
 
-    def _inputs(self, prompt_seed: int, position: int, count: int) -> tuple[torch.Tensor, ...]:
+    def _inputs(self, prompt_seed: int, position: int, count: int, stale_from: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The call at `position`: the state zero-padded as a runner starts it, or with the full
+        layers' slots the call ignores (position onwards) holding another prompt's entries, as a
+        runner that does not clear its cache between prompts leaves them."""
         tokens, cache = self._run(prompt_seed)
-        state = state_from_cache(self.config, cache, position, self.context)
-        return (tokens[:, position : position + count], torch.tensor([position]), *state)
+        ring_key, ring_value, past_key, past_value = state_from_cache(self.config, cache, position, self.context)
+        if stale_from is not None:
+            _, _, stale_key, stale_value = state_from_cache(self.config, self._run(stale_from)[1], self.context, self.context)
+            past_key[..., position:, :], past_value[..., position:, :] = stale_key[..., position:, :], stale_value[..., position:, :]
+        return (tokens[:, position : position + count], torch.tensor([position]), ring_key, ring_value, past_key, past_value)
 
     def _component(self, name, module, count: int, samples: dict, starts: list[int]) -> Component:
         """A graph of `count` tokens per call; calibration: prompts 100, 101, ... at the `starts`."""
@@ -119,7 +125,7 @@ class _ComponentBuilder:
         return build_component(
             FACTS, name, module, INPUTS, OUTPUTS, lambda *x: step_reference(self.model, *x), samples, calibration,
             keep_reference_outputs=True,
-            metadata={"tokens_per_call": count, "window": cfg.sliding_window, "context": self.context,
+            metadata={"tokens_per_call": count, "window": cfg.sliding_window, "max_context": self.context,
                       "sliding_layers": cfg.sliding_layers, "full_layers": cfg.full_layers},
             float_only=FLOAT_ONLY, layouts={"gguf": spark_layout(self.model, self.context, self.checkpoint)},
             written=WRITTEN, tables={"embedding": self.model.model.embedding.weight},
@@ -134,10 +140,16 @@ class _ComponentBuilder:
         return self._component("prefill", SparkPrefill(self.model), p, samples, starts)
 
     def decode(self) -> Component:
+        """The last slot (the example: the most RoPE rotation, the longest attention), the ring half
+        full, and the default in-situ run's last decode call with stale entries in the slots it ignores."""
         window = self.config.sliding_window
-        late, early = self.context - 1, min(window // 2, self.context) - 1  # full context (the example); ring half full
-        samples = {f"prompt_a_pos{late}": self._inputs(_SAMPLE_SEEDS["a"], late, 1),
+        late, early = self.context - 1, min(window // 2, self.context) - 1
+        in_situ_last = situ.last_decode_position(self.chunk, self.context)
+        samples = {f"prompt_a_pos{late}_last_slot": self._inputs(_SAMPLE_SEEDS["a"], late, 1),
                    f"prompt_b_pos{early}": self._inputs(_SAMPLE_SEEDS["b"], early, 1)}
+        if in_situ_last is not None:
+            samples[f"prompt_a_pos{in_situ_last}_stale_slots"] = self._inputs(_SAMPLE_SEEDS["a"], in_situ_last, 1,
+                                                                                stale_from=_SAMPLE_SEEDS["b"])
         starts = [j * (self.context - 1) // (_CALIBRATION_PER_PROMPT - 1) for j in range(_CALIBRATION_PER_PROMPT)]
         return self._component("decode", SparkDecode(self.model), 1, samples, starts)
 
