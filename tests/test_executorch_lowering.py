@@ -153,28 +153,22 @@ def test_weight_slices_folded_into_constants_keep_their_own_rows(tmp_path):
     assert min(snr_db(e.numpy(), o) for e, o in zip(expected, outs)) >= 100.0
 
 
-class _MelConv(nn.Module):
-    """A conv over time of a [1, frames, bins] spectrogram, as a speaker encoder reads its mels."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv1d(16, 8, 3, padding=1, padding_mode="reflect")
-
-    def forward(self, mels):
-        return self.conv(mels.transpose(1, 2)).mean(-1)
-
 
 def test_an_example_input_that_is_a_transposed_view_gives_a_program_that_runs(tmp_path):
-    """A recipe's example mels made as [1, bins, frames] and transposed (a view, not contiguous):
-    ExecuTorch records the example's memory layout as the input's, and a program exported from it
+    """Qwen3-TTS's speaker encoder (the official ECAPA-TDNN at the tiny preset's widths) on example
+    mels made as [1, bins, frames] and transposed, as the official mel spectrogram is (a view, not
+    contiguous): ExecuTorch records the example's memory layout, and the program exported from it
     failed at execution on the contiguous buffers a runner passes (error 0x10)."""
+    from edgex.recipes.qwen3_tts.models import speaker_encoder_module
+    from edgex.recipes.qwen3_tts.presets import PRESETS
+
     torch.manual_seed(0)
-    module = _MelConv().eval()
-    mels = torch.randn(1, 16, 20).transpose(1, 2)
+    module = speaker_encoder_module(PRESETS["tiny"].speaker_encoder)
+    mels = torch.randn(1, 128, 24).transpose(1, 2)
     assert not mels.is_contiguous()
-    component = Component("mel_conv", "voice", module, [TensorSpec("mels", (1, 20, 16), "float32")],
-                          [TensorSpec("y", (1, 8), "float32")], reference=lambda m: (module(m),), samples={"s": (mels,)})
-    result = ExecuTorchExporter().export(component, "fp32", tmp_path / "mel_conv.pte")
+    component = Component("speaker", "voice", module, [TensorSpec("mels", (1, 24, 128), "float32")],
+                          [TensorSpec("embedding", (1, 64), "float32")], reference=lambda m: (module(m),), samples={"s": (mels,)})
+    result = ExecuTorchExporter().export(component, "fp32", tmp_path / "speaker.pte")
     (out,) = ExecuTorchRuntime().load(result.files, 1).run([mels.numpy()])
     with torch.no_grad():
         assert snr_db(module(mels).numpy(), out) > 100

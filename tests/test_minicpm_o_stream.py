@@ -52,8 +52,9 @@ class _Noise:
 
 
 def _stream(exported, prompt: int, count: int, seed: int, flush=None):
-    """(official waveform, graph waveform, calls) of an utterance of `count` random tokens after a
-    `prompt`-token voice prompt; `flush(tokens) -> tokens` replaces the last call's tokens."""
+    """(official waveform, graph waveform, calls, the graphs' stream) of an utterance of `count`
+    random tokens after a `prompt`-token voice prompt; `flush(tokens) -> tokens` replaces the last
+    call's tokens."""
     loaded, comps, graphs = exported
     flow, hift, steps = loaded.models.flow, loaded.models.hift, loaded.options["steps"]
     gen = torch.Generator().manual_seed(seed)
@@ -76,13 +77,13 @@ def _stream(exported, prompt: int, count: int, seed: int, flush=None):
     for a, b, last in calls:
         chunk = tokens[a:b] if not (last and flush) else flush(tokens[a:b])
         got.append(ours(chunk, last))
-    return ref.numpy(), torch.cat(got, dim=1).numpy(), calls
+    return ref.numpy(), torch.cat(got, dim=1).numpy(), calls, ours
 
 
 @pytest.mark.parametrize("last", [1, 18, 25])
 def test_whole_utterance_with_its_flush_matches_the_official_stream(exported, last):
     count = last if last == 1 else 25 + last  # 1: the flush is the only call; else one 28-token call first
-    ref, got, calls = _stream(exported, 10, count, 40 + last)
+    ref, got, calls, _ = _stream(exported, 10, count, 40 + last)
     assert calls[-1][2] and calls[-1][1] - calls[-1][0] == last
     assert ref.shape == got.shape, (ref.shape, got.shape)
     db = spectral_db(ref, got)
@@ -90,7 +91,7 @@ def test_whole_utterance_with_its_flush_matches_the_official_stream(exported, la
     assert db >= STREAM_DB
     if last < 25:  # the flush padded with silence tokens to a 25-token last call, cut to the official length
         padded = lambda t: t + [SILENCE_TOKEN] * (25 - len(t))  # noqa: E731
-        _, wrong, _ = _stream(exported, 10, count, 40 + last, flush=padded)
+        _, wrong, _, _ = _stream(exported, 10, count, 40 + last, flush=padded)
         wrong_db = spectral_db(ref, wrong[:, :ref.shape[1]])
         print(f"padded with silence: {wrong_db:.1f} dB")
         assert wrong_db < STREAM_DB - 15
@@ -98,7 +99,7 @@ def test_whole_utterance_with_its_flush_matches_the_official_stream(exported, la
 
 @pytest.mark.parametrize("prompt", [5, 10, 20, MAX_PROMPT])
 def test_one_export_serves_every_prompt_up_to_its_maximum(exported, prompt):
-    ref, got, calls = _stream(exported, prompt, 3 * 25 + 3 + 18, 60 + prompt)  # 3 regular calls, trimmed caches, a flush
+    ref, got, calls, _ = _stream(exported, prompt, 3 * 25 + 3 + 18, 60 + prompt)  # 3 regular calls, trimmed caches, a flush
     db = spectral_db(ref, got)
     print(f"\nprompt {prompt}: {len(calls)} calls, spectral {db:.1f} dB, SNR {snr_db(ref, got):.1f} dB")
     assert ref.shape == got.shape and db >= STREAM_DB
@@ -107,3 +108,14 @@ def test_one_export_serves_every_prompt_up_to_its_maximum(exported, prompt):
 def test_a_prompt_over_the_maximum_is_a_one_line_error(exported):
     with pytest.raises(EdgexError, match=rf"longer than the export's max_prompt \({MAX_PROMPT} tokens\)"):
         _stream(exported, MAX_PROMPT + 1, 3 * 25 + 3 + 18, 1)  # the third call holds the prompt + 50 rows
+
+
+def test_a_call_after_the_last_one_is_refused(exported):
+    """The last graphs return no caches: a stream ends at its last call, and a further call (of
+    either kind) is a one-line error instead of audio made from stale caches."""
+    *_, stream = _stream(exported, 5, 1, 7)  # the flush is the only call
+    for tokens, last in (([1, 2, 3], True), (list(range(28)), False)):
+        with pytest.raises(EdgexError, match="ended with its last call") as err:
+            stream(tokens, last)
+        assert "\n" not in str(err.value)
+

@@ -169,8 +169,8 @@ def cast_inputs(inputs, dtype: torch.dtype) -> tuple:
     each input's memory layout from the example it is exported with (the tensor's dim order): an
     example that is a transposed view (a log-mel spectrogram [1, frames, mels] made as
     [1, mels, frames] and transposed) gives a program that accepts only that layout, and whose
-    `execute` fails on a contiguous input with error 0x10 (NotSupported: a static tensor cannot be
-    re-laid out). Exported from a contiguous example, every format takes the buffers a runner has."""
+    `execute` fails on a contiguous input with error 0x10 (ExecuTorch's NotSupported). Exported
+    from a contiguous example, every format takes the buffers a runner has."""
     return tuple((t.to(dtype) if t.is_floating_point() else t).contiguous() for t in inputs)
 
 

@@ -251,7 +251,7 @@ class HiFTStream(HiFT):
     def __init__(self, hift: nn.Module, frames: int):
         super().__init__(hift, frames)
         _, _, window = _dft_kernels(self.n_fft)
-        self.register_buffer("window_sq", (window * window)[None, None], persistent=False)
+        self.register_buffer("window_sq", (window * window)[None, None])
 
     def forward(self, mel, noise, cache_source, use_cache, frames):
         source = self._source(self._f0(mel, _keep(mel.shape[2], frames, mel.dtype)), noise, frames)
