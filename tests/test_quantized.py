@@ -283,7 +283,8 @@ def test_dlc_per_channel_scales_and_zero_points_are_each_checked(tmp_path, preci
     from onnx import TensorProto, helper
 
     from edgex.exporters.qdq_scheme import dequantized_constants, qdq_tensors
-    from edgex.exporters.qnn import _in_dlc, quantize_qdq
+    from edgex.exporters.qnn_dlc import in_dlc
+    from edgex.exporters.qnn_quantize import quantize_qdq
     from edgex.parity.quantized import score
     from edgex.qnn import htp_session
     from edgex.targets import get_target
@@ -308,7 +309,7 @@ def test_dlc_per_channel_scales_and_zero_points_are_each_checked(tmp_path, preci
     assert scale.size == 16 and set(np.asarray(zero).reshape(-1).tolist()) == {128 if precision == "w8a16" else 0}
 
     def checked(path):
-        return {name: score(t) for name, t in _in_dlc(path, model, qdq_tensors(model, float_model)).items()}
+        return {name: score(t) for name, t in in_dlc(path, model, qdq_tensors(model, float_model)).items()}
 
     good = checked(dlc)
     assert all(t["verdict"] == "pass" for t in good.values()) and good["w_quantized"]["agreement_db"] == np.inf, good
