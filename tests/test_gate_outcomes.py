@@ -128,3 +128,26 @@ def test_scheme_and_lowering_each_passing_do_not_pass_an_artifact_under_the_end_
     session.calls = 0
     passing = measure_split(component, session, "toy", "float32", 7.0, 12.0, scheme)
     assert passing.verdict == "pass" and passing.gate["figure"] == "lowering", passing.gate
+
+
+class _FailedFloatGraph(NoisyScheme):
+    """A scheme reference whose own check failed: the fp32 graph it was quantized from scored 15.9 dB
+    against eager (a QDQ graph made from a broken float graph inherits the bug, so its lowering
+    figure passes)."""
+
+    failures = ["the fp32 graph the QDQ graph was made from: min SNR 15.9 dB < 60.0 dB"]
+
+    def to_json(self):
+        return {"source": self.label, "float_graph": {"min_snr_db": 15.9, "threshold_db": 60.0, "verdict": "fail"}}
+
+
+def test_a_failed_reference_check_is_named_as_the_gate_that_decided():
+    """End-to-end, scheme and lowering figures all pass; the fp32-graph check failed the artifact,
+    and the report names that check (not the passing figure closest to its gate)."""
+    component = _component()
+    scheme = _FailedFloatGraph(component, 40.0)
+    session = _Run(lambda _call, inputs: [t.numpy() for t in scheme(tuple(torch.from_numpy(x) for x in inputs))])
+    report = measure_split(component, session, "toy", "float32", 10.0, 12.0, scheme)
+    assert report.scheme["verdict"] == "pass" and report.lowering["verdict"] == "pass"
+    assert report.verdict == "fail" and report.failures == [f"reference: {scheme.failures[0]}"], report.failures
+    assert report.gate == {"figure": "fp32 graph", "min_snr_db": 15.9, "threshold_db": 60.0}, report.gate

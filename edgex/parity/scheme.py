@@ -22,6 +22,7 @@ through another layer) are reported as unmatched rather than guessed.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -326,6 +327,17 @@ class _Eager(Session):
 _FIGURES = ("threshold_db", "min_snr_db", "min_waveform_snr_db", "min_token_agreement", "min_top1_agreement", "max_action_error", "samples", "divergences", "failures", "verdict")
 
 
+REFERENCE_CHECK = "fp32 graph"  # the figure a scheme reference's own check failed on
+
+
+def _reference_check(reference: Reference) -> tuple[float | None, float, bool]:
+    """A failed check of the scheme reference itself, as a deciding figure: the fp32 graph a QDQ
+    graph was quantized from, run against eager (`details["float_graph"]`); no figure where the
+    reference records none, so it decides as a failure without a margin."""
+    graph = reference.to_json().get("float_graph") or {}
+    return graph.get("min_snr_db"), graph.get("threshold_db", math.nan), True
+
+
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
                   lowering_db: float, reference: Reference, method: str = "runtime",
                   simulator: str | None = None, accepted: str | None = None) -> ParityReport:
@@ -366,7 +378,10 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
         report.waived = [f for f in policy if f not in kept]
         report.failures = [f for f in report.failures if f not in report.waived]
         figures = {"lowering": figures["lowering"]}
-    report.failures += [f"reference: {f}" for f in getattr(reference, "failures", [])]
+    reference_failures = getattr(reference, "failures", [])
+    report.failures += [f"reference: {f}" for f in reference_failures]
+    if reference_failures:
+        figures[REFERENCE_CHECK] = _reference_check(reference)
     report.verdict = "fail" if report.failures else "pass"
     report.gate = deciding_gate(figures)
     report.seconds += scheme.seconds
