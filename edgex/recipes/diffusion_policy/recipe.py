@@ -108,8 +108,9 @@ class _Builder:
     def global_cond(self, obs: dict) -> torch.Tensor:
         return self._conditioning(obs["state"], obs["images"])
 
-    def _component(self, name, module, input_names, samples, reference, output_name, *args) -> Component:
-        return build_policy_component(FACTS, self.p, name, module, input_names, samples, reference, [output_name], *args)
+    def _component(self, name, module, input_names, samples, reference, output_name, *args, **fields) -> Component:
+        return build_policy_component(FACTS, self.p, name, module, input_names, samples, reference, [output_name], *args,
+                                      **fields)
 
     def vision_features(self, images: list[torch.Tensor]) -> torch.Tensor:
         """[1, cams * D] for one observation step: LeRobot's conditioning of a one-step history, the
@@ -186,4 +187,8 @@ class _Builder:
             samples, reference, "actions",
             f"raw state history + image features + initial noise -> unnormalized actions ({self.steps} DDIM steps, eta 0)",
             lambda n: [sample(1000 * self.seed + 100 + i) for i in range(n)],
-            {"steps": self.steps, "sampler": "DDIM eta 0", "normalization": "state normalization and action unnormalization inside"})
+            {"steps": self.steps, "sampler": "DDIM eta 0", "normalization": "state normalization and action unnormalization inside"},
+            # One set is one observation run through every DDIM step; with 8, a quarter of the tiny
+            # loop's 2142 activations left their ranges on a held-out observation and the w8a16
+            # artifact's action error was 0.227 of the spread (gate 0.25); with 32: 0.054, lowering 18.7 -> 39.3 dB.
+            calibration_size=32)
