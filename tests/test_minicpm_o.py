@@ -166,6 +166,21 @@ def test_scheme_reference_reads_the_output_weight_the_file_stores(minicpm):
     assert torch.equal(comp.module.head_weight.detach(), weight)  # restored after
 
 
+def test_every_weight_core_ml_compresses_in_the_encoder_is_one_the_component_names(minicpm, tmp_path):
+    """Core ML w8 compresses each constant of the program; a constant the converter folded from two
+    of the graph's (a projection of a constant table) stands for no module tensor, so its stored
+    bytes cannot be checked and the faithful file failed its stored check. The projected distance
+    tables are the encoder's own named buffers: every compressed constant is paired and exact."""
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.quantized import quantized_parity
+
+    comp, exporter = minicpm[1]["flow_encoder"], EXPORTERS.get("coreml")
+    files = exporter.export(comp, "w8", tmp_path / "flow_encoder.w8.mlpackage").files
+    assert exporter.stored_scheme(comp, "w8", files).notes == []
+    block = quantized_parity(exporter, comp, files, "w8")
+    assert block["verdict"] == "pass" and block["tensors_checked"] > 0, block["failures"][:2]
+
+
 # -- the vocoder references are the official entry points -------------------------------------------
 def test_flow_reference_is_the_official_non_streaming_call(minicpm):
     """`flow.inference` (what Token2wav's non-streaming call runs, with its hard-coded 10 steps) slices

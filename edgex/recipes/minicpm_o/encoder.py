@@ -62,12 +62,20 @@ class _RelAttentionStack(nn.Module):
         self.new, self.slots = new, slots
         # query i sits at key position slots + i; distance r = slots + i - j, from -(new-1) to slots + new - 1
         self.min_r = -(new - 1)
-        self.register_buffer("table", _distance_table(slots + new - 1, self.min_r, self.heads * self.d_k), persistent=False)
         i, j = torch.arange(new)[:, None], torch.arange(slots + new)[None]
         self.register_buffer("index", (slots + i - j - self.min_r).expand(self.heads, new, slots + new).contiguous(),
                              persistent=False)
+        # Each layer's projected distance table, p^T [H, dk, R]: `linear_pos` of a constant is a
+        # constant, which converters fold into an unnamed tensor (Core ML then compresses it at
+        # w8 / w4 as a weight no module tensor names, and its stored bytes could not be checked).
+        # Computed once here in float32, as the graph computed it, and stored under its own name.
+        table = _distance_table(slots + new - 1, self.min_r, self.heads * self.d_k)
+        with torch.no_grad():
+            for n, layer in enumerate(layers):
+                p = layer.self_attn.linear_pos(table).reshape(-1, self.heads, self.d_k).permute(1, 2, 0)
+                self.register_buffer(f"distance_keys_{n}", p.contiguous(), persistent=False)
 
-    def _attention(self, attn, x, cache, keep):
+    def _attention(self, attn, distance_keys, x, cache, keep):
         b, t, _ = x.shape
         h, dk = self.heads, self.d_k
 
@@ -77,9 +85,8 @@ class _RelAttentionStack(nn.Module):
         q, k_new, v_new = heads(attn.linear_q), heads(attn.linear_k), heads(attn.linear_v)
         k = torch.cat((cache[..., :dk], k_new), dim=2)
         v = torch.cat((cache[..., dk:], v_new), dim=2)
-        p = attn.linear_pos(self.table).reshape(-1, h, dk).transpose(0, 1)  # [H, R, dk]
         ac = torch.matmul(q + attn.pos_bias_u[None, :, None], k.transpose(2, 3))
-        bd_all = torch.matmul(q + attn.pos_bias_v[None, :, None], p.transpose(1, 2))  # [1, H, T, R]
+        bd_all = torch.matmul(q + attn.pos_bias_v[None, :, None], distance_keys)  # [1, H, T, R]
         bd = torch.gather(bd_all, 3, self.index[None])
         scores = (ac + bd) / math.sqrt(dk)
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -95,9 +102,10 @@ class _RelAttentionStack(nn.Module):
         if new_valid is not None:
             keep = keep & (slot < self.slots + new_valid)
         written = []
-        for layer, cache in zip(self.layers, caches):
+        for n, (layer, cache) in enumerate(zip(self.layers, caches)):
             norm = layer.norm_mha
-            out, entry = self._attention(layer.self_attn, _layer_norm(x, norm, norm.eps), cache, keep)
+            distance_keys = getattr(self, f"distance_keys_{n}")
+            out, entry = self._attention(layer.self_attn, distance_keys, _layer_norm(x, norm, norm.eps), cache, keep)
             x = x + out
             written.append(entry)
             norm, ff = layer.norm_ff, layer.feed_forward
