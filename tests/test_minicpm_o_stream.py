@@ -122,6 +122,7 @@ def test_the_driver_call_after_a_last_28_token_call_matches_the_official_stream(
     print(f"\nlast 28-token call, then 3: spectral {db:.1f} dB, SNR {snr_db(ref, got):.1f} dB")
     assert db >= STREAM_DB
 
+
 LAST_GRAPHS = ("flow_encoder_last", "flow_chunk_last", "hift_stream")
 
 
