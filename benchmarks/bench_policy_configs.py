@@ -1,11 +1,13 @@
-"""Benchmark (not a test): every SmolVLA and pi0 checkpoint config of tests/test_policy_configs.py,
-the ones the suite leaves to benchmarks included, with each config's end-to-end figure.
+"""Benchmark (not a test): every ACT, Diffusion Policy, SmolVLA and pi0 checkpoint config of
+tests/test_policy_configs.py, the ones the suite leaves to benchmarks included, with each config's
+end-to-end figure.
 
-    .venv/bin/python benchmarks/bench_policy_configs.py [-k smolvla]
+    .venv/bin/python benchmarks/bench_policy_configs.py [-k "test_act or test_diffusion"]
 
 Runs the tests in one process (`-m "benchmark or not benchmark"`, JUnit XML to a private temporary
 folder) and prints one row per config: the chained ONNX files against LeRobot's `select_action` over
-two chunks, the `.pte` camera graph against the ONNX one where the config exports it, and the time.
+two chunks, the `.pte` file against the ONNX one where the config exports it (ACT: the policy graph's
+second chunk; the others: the camera graph), and the time.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-TESTS = ("tests/test_policy_configs.py::test_smolvla_checkpoint_configs_reproduce_select_action",
-         "tests/test_policy_configs.py::test_pi0_checkpoint_configs_reproduce_select_action")
+TESTS = tuple(f"tests/test_policy_configs.py::test_{family}_checkpoint_configs_reproduce_select_action"
+              for family in ("act", "diffusion", "smolvla", "pi0"))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-k", default=None, help="pytest -k expression (e.g. smolvla, pi0, 3cams)")
+    ap.add_argument("-k", default=None, help="pytest -k expression (e.g. test_smolvla, test_pi0, 3cams)")
     args = ap.parse_args()
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
@@ -36,7 +38,7 @@ def main() -> int:
         print("|---|---|---|---|---|---|")
         for case in cases:
             props = {p.get("name"): float(p.get("value")) for p in case.iter("property")}
-            family = "smolvla" if "smolvla" in case.get("name") else "pi0"
+            family = case.get("name").split("_")[1]
             config = case.get("name").split("[", 1)[1].rstrip("]")
             result = "fail" if case.find("failure") is not None or case.find("error") is not None else "pass"
             snr, pte = props.get("select_action_snr_db"), props.get("pte_vs_onnx_snr_db")

@@ -1,8 +1,9 @@
 """MiniCPM-o streaming end to end: whole utterances through the exported ONNX fp32 graphs, driven
 call by call as MiniCPM-o's Token2wav loop drives Token2wav's `stream`, against that official
 `stream` (stepaudio2) on the same tiny checkpoint, judged by the spectral figure of the whole
-waveform: utterances whose last call (the flush) brings 1, 18 and 25 tokens, and prompts of 5, 10,
-20 and the declared maximum through one export."""
+waveform: utterances whose last call (the flush) brings 1, 18 and 25 tokens, a last 28-token call
+and the driver's call after it, and prompts of 5, 10, 20 and the declared maximum through one
+export; the last call's graphs also as `.pte` files."""
 
 import pytest
 import torch
@@ -110,12 +111,37 @@ def test_a_prompt_over_the_maximum_is_a_one_line_error(exported):
         _stream(exported, MAX_PROMPT + 1, 3 * 25 + 3 + 18, 1)  # the third call holds the prompt + 50 rows
 
 
-def test_a_call_after_the_last_one_is_refused(exported):
-    """The last graphs return no caches: a stream ends at its last call, and a further call (of
-    either kind) is a one-line error instead of audio made from stale caches."""
-    *_, stream = _stream(exported, 5, 1, 7)  # the flush is the only call
-    for tokens, last in (([1, 2, 3], True), (list(range(28)), False)):
-        with pytest.raises(EdgexError, match="ended with its last call") as err:
-            stream(tokens, last)
-        assert "\n" not in str(err.value)
+def test_the_driver_call_after_a_last_28_token_call_matches_the_official_stream(exported):
+    """MiniCPM-o's driver flags a 28-token call last when its last token fills it, then flushes the
+    tokens from the 26th on (the 3 lookahead tokens, voiced already) in one more last call: the
+    stream goes on from the caches the last call left, as Token2wav's does."""
+    ref, got, calls, _ = _stream(exported, 10, 25 + 28, 47)
+    assert calls == [(0, 28, False), (25, 53, True), (50, 53, True)]
+    assert ref.shape == got.shape, (ref.shape, got.shape)
+    db = spectral_db(ref, got)
+    print(f"\nlast 28-token call, then 3: spectral {db:.1f} dB, SNR {snr_db(ref, got):.1f} dB")
+    assert db >= STREAM_DB
 
+
+LAST_GRAPHS = ("flow_encoder_last", "flow_chunk_last", "hift_stream")
+
+
+def test_the_flush_through_pte_graphs_matches_the_official_stream(tmp_path):
+    """The last call's graphs and HiFT's streaming graph as ExecuTorch (XNNPACK fp32) `.pte` files
+    of a target-`cpu` export, the regular call's graphs as ONNX: an utterance of one 28-token call
+    and a flush of 18, its whole waveform against Token2wav's `stream` (2 Euler steps: the DiT
+    graph XNNPACK lowers is a fifth of the 10-step one)."""
+    recipe = RECIPES.get("minicpm-o")
+    loaded = recipe.load("tiny", None, 0, {"max_prompt": MAX_PROMPT, "steps": 2})
+    comps, graphs = {c.name: c for c in recipe.components(loaded, list(GRAPHS))}, {}
+    for name, comp in comps.items():
+        fmt, runtime = ("executorch", "executorch") if name in LAST_GRAPHS else ("onnx", "onnxruntime")
+        path = tmp_path / f"{name}.fp32.{'pte' if fmt == 'executorch' else 'onnx'}"
+        session = RUNTIMES.get(runtime).load(EXPORTERS.get(fmt).export(comp, "fp32", path).files)
+        graphs[name] = lambda *xs, s=session: tuple(torch.from_numpy(o) for o in s.run([x.numpy() for x in xs]))
+    ref, got, calls, _ = _stream((loaded, comps, graphs), 10, 25 + 18, 58)
+    assert calls == [(0, 28, False), (25, 43, True)]
+    assert ref.shape == got.shape, (ref.shape, got.shape)
+    db = spectral_db(ref, got)
+    print(f"\n.pte flush of 18: spectral {db:.1f} dB, SNR {snr_db(ref, got):.1f} dB vs the official stream")
+    assert db >= STREAM_DB

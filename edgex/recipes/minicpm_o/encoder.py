@@ -155,15 +155,23 @@ class FlowEncoder(nn.Module):
         return h.transpose(1, 2), new1, new2, cnn
 
 
+def _columns(x, start, width: int):
+    """Columns start .. start + width - 1 of x [1, C, T], `start` a [1] tensor."""
+    return torch.index_select(x, 2, start + torch.arange(width))
+
+
 class FlowEncoderLast(FlowEncoder):
     """The stream's last call (`inference_chunk(..., last_chunk=True)`, the official driver's flush):
     tokens [1, 28] (the first `length` real, 1..28, the rest any id), the caches and cache_len as
     `FlowEncoder` takes them, length [1] -> mu [1, 80, 56], its first 2 `length` frames real and
-    the rest zero. The official call embeds the `length` tokens, pads 3 zero rows after them (no
-    lookahead follows) and runs every row; here the rows past `length` are zeroed before the
-    lookahead conv (so the real rows see the same zeros), and are no keys in either conformer stack
-    (the convs are causal: the real rows never read them). Nothing follows a last call, so the
-    caches it would write are not outputs."""
+    the rest zero; the new att rows [L1,1,H,28,2dk] / [L2,1,H,56,2dk] (the first `length` / 2
+    `length` real, the rest zero) and the new cnn_cache, the caches the official call leaves (the
+    official driver calls once more after a last 28-token call). The official call embeds the
+    `length` tokens, pads 3 zero rows after them (no lookahead follows) and runs every row; here the
+    rows past `length` are zeroed before the lookahead conv (so the real rows see the same zeros),
+    and are no keys in either conformer stack (the convs are causal: the real rows never read them);
+    the conv caches are the rows at the real end. After a 1-token call the official pre-lookahead
+    cache holds one row (its next call fails); here it holds the cached row before it too."""
 
     def __init__(self, flow: nn.Module, slots: int):
         super().__init__(flow, slots)
@@ -178,15 +186,19 @@ class FlowEncoderLast(FlowEncoder):
         la = self.lookahead
         padded = F.pad(x.transpose(1, 2), (0, LOOKAHEAD))  # the official zero lookahead rows
         y = F.leaky_relu(F.conv1d(padded, la.conv1.weight, la.conv1.bias), 0.01)  # [1, C, 28]
-        y2 = F.conv1d(torch.cat((cnn_cache[:, :, :2], y), dim=2), la.conv2.weight, la.conv2.bias)
+        y = torch.cat((cnn_cache[:, :, :2], y), dim=2)
+        y2 = F.conv1d(y, la.conv2.weight, la.conv2.bias)
         x = y2.transpose(1, 2) + x
-        x, _ = self.first(x, att_cache1, cache_len, length)
+        x, new1 = self.first(x, att_cache1, cache_len, length)
         up = torch.repeat_interleave(x.transpose(1, 2), self.stride, dim=2)
-        x = F.conv1d(torch.cat((cnn_cache[:, :, 2:], up), dim=2), self.up.conv.weight, self.up.conv.bias).transpose(1, 2)
-        x, _ = self.second(self._embed(self.up_embed, x), att_cache2, cache_len * self.stride, length * self.stride)
+        up = torch.cat((cnn_cache[:, :, 2:], up), dim=2)
+        x = F.conv1d(up, self.up.conv.weight, self.up.conv.bias).transpose(1, 2)
+        x, new2 = self.second(self._embed(self.up_embed, x), att_cache2, cache_len * self.stride, length * self.stride)
         h = self.proj(_layer_norm(x, self.after_norm, self.after_norm.eps))
-        frames = (torch.arange(self.capacity * self.stride) < length * self.stride).to(h.dtype)[None, :, None]
-        return (h * frames).transpose(1, 2)
+        frames = (torch.arange(self.capacity * self.stride) < length * self.stride).to(h.dtype)
+        rows = (torch.arange(self.capacity) < length).to(h.dtype)
+        cnn = torch.cat((_columns(y, length, 2), _columns(up, self.stride * length, 2 * self.stride)), dim=2)
+        return (h * frames[None, :, None]).transpose(1, 2), new1 * rows[:, None], new2 * frames[:, None], cnn
 
 
 TRIM_FRAMES = 100  # Token2wav's `stream` keeps the prompt + the last 100 frames of each attention cache
@@ -256,10 +268,17 @@ def encoder_reference(flow, tokens, att_cache1, att_cache2, cnn_cache, cache_len
 @torch.no_grad()
 def encoder_last_reference(flow, tokens, att_cache1, att_cache2, cnn_cache, cache_len, length):
     """The official `encoder.forward_chunk(last_chunk=True)` + `encoder_proj` on the first `length`
-    tokens and the valid part of the caches; mu zero-padded to the graph's 2 x 28 frames."""
+    tokens and the valid part of the caches; mu and the new att rows zero-padded to the graph's 28
+    tokens / 56 frames, and the new cnn_cache (its pre-lookahead rows behind the input's, which
+    only a 1-token call reaches)."""
     n, count = int(cache_len.reshape(-1)[0]), int(length.reshape(-1)[0])
-    h, _, _ = flow.encoder.forward_chunk(flow.input_embedding(tokens[:, :count]), last_chunk=True,
-                                         cnn_cache=cnn_cache if n else None,
-                                         att_cache=official_cache(att_cache1, att_cache2, n))
+    h, cnn, att = flow.encoder.forward_chunk(flow.input_embedding(tokens[:, :count]), last_chunk=True,
+                                             cnn_cache=cnn_cache if n else None,
+                                             att_cache=official_cache(att_cache1, att_cache2, n))
     mu = flow.encoder_proj(h).transpose(1, 2)
-    return (F.pad(mu, (0, 2 * tokens.shape[1] - mu.shape[2])),)
+    width, layers1 = tokens.shape[1], att_cache1.shape[0]
+    new1 = F.pad(att[:layers1, :, :, n:n + count], (0, 0, 0, width - count))
+    new2 = F.pad(att[layers1:, :, :, att.shape[3] - 2 * count:], (0, 0, 0, 2 * (width - count)))
+    before = cnn_cache[:, :, :2] if n else torch.zeros_like(cnn_cache[:, :, :2])
+    lookahead = torch.cat((before, cnn[:, :, :cnn.shape[2] - 4]), dim=2)[:, :, -2:]
+    return F.pad(mu, (0, 2 * width - mu.shape[2])), new1, new2, torch.cat((lookahead, cnn[:, :, -4:]), dim=2)

@@ -64,13 +64,14 @@ def _silu(x):
     return x * torch.sigmoid(x)
 
 
-def _causal_conv(conv: nn.Conv1d, x, cache=None):
-    """[B, T, C] -> [B, T, C'] and the last kernel - 1 input rows; left-padded by those rows of the
-    previous chunk (`cache` [B, kernel - 1, C]) or by zeros."""
+def _causal_conv(conv: nn.Conv1d, x, cache=None, end=None):
+    """[B, T, C] -> [B, T, C'] and the last kernel - 1 input rows (those before row `end` [1] of x
+    when given: the real rows end there); left-padded by those rows of the previous chunk (`cache`
+    [B, kernel - 1, C]) or by zeros."""
     pad = conv.kernel_size[0] - 1
     x = F.pad(x, (0, 0, pad, 0)) if cache is None else torch.cat((cache, x), dim=1)
     y = F.conv1d(x.transpose(1, 2), conv.weight, conv.bias)
-    return y.transpose(1, 2), x[:, -pad:]
+    return y.transpose(1, 2), x[:, -pad:] if end is None else torch.index_select(x, 1, end + torch.arange(pad))
 
 
 class DiTVelocity(nn.Module):
@@ -103,20 +104,22 @@ class DiTVelocity(nn.Module):
         out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, t, heads * hd)
         return attn.proj(out), new
 
-    def _conv_block(self, block, x, cache=None):
+    def _conv_block(self, block, x, cache=None, end=None):
         """Two causal k=3 convs; `cache` [B, C1 + C2, 2]: the last two input rows of each conv from
-        the previous chunk (zeros: the non-streaming left padding). Returns the new cache too."""
+        the previous chunk (zeros: the non-streaming left padding). Returns the new cache too (the
+        rows before frame `end` when given)."""
         seq = block.block
         c1 = seq[1].in_channels
         first, second = (None, None) if cache is None else (cache[:, :c1].transpose(1, 2), cache[:, c1:].transpose(1, 2))
-        x, tail1 = _causal_conv(seq[1], x, first)
+        x, tail1 = _causal_conv(seq[1], x, first, end)
         x = _mish(_layer_norm(x, seq[3], seq[3].eps))
-        x, tail2 = _causal_conv(seq[6], x, second)
+        x, tail2 = _causal_conv(seq[6], x, second, end)
         return x, torch.cat((tail1, tail2), dim=2).transpose(1, 2)
 
-    def forward(self, x, mu, spks, cond, t, att_cache=None, cnn_cache=None, keep=None):
+    def forward(self, x, mu, spks, cond, t, att_cache=None, cnn_cache=None, keep=None, end=None):
         """Velocity; with the streaming caches (per block: att_cache [depth, B, H, S, 2 hd], cnn_cache
-        [depth, B, 2 C, 2], `keep` the real key slots) it also returns each block's new rows."""
+        [depth, B, 2 C, 2], `keep` the real key slots, `end` [1] the real frames when fewer than T)
+        it also returns each block's new rows."""
         est = self.est
         args = (t * T_SCALE)[:, None] * self.freqs[None]
         mlp = est.t_embedder.mlp
@@ -133,7 +136,7 @@ class DiTVelocity(nn.Module):
                                         att_cache[i] if streaming else None, keep)
             h = h + gate_a * out
             out, tail = self._conv_block(blk.conv, _layer_norm(h) * (1 + scale_c) + shift_c,
-                                         cnn_cache[i] if streaming else None)
+                                         cnn_cache[i] if streaming else None, end)
             h = h + gate_c * out
             h = h + gate_m * blk.mlp.fc2(_gelu_tanh(blk.mlp.fc1(_layer_norm(h) * (1 + scale_m) + shift_m)))
             new_att.append(rows)
@@ -150,10 +153,10 @@ class _Guided(nn.Module):
         self.velocity = DiTVelocity(cfm.estimator)
         self.rate = float(cfm.inference_cfg_rate)
 
-    def step(self, x, mu, spks, cond, t, dt, att_cache=None, cnn_cache=None, keep=None):
+    def step(self, x, mu, spks, cond, t, dt, att_cache=None, cnn_cache=None, keep=None, end=None):
         out = self.velocity(torch.cat((x, x)), torch.cat((mu, torch.zeros_like(mu))),
                             torch.cat((spks, torch.zeros_like(spks))), torch.cat((cond, torch.zeros_like(cond))),
-                            torch.cat((t, t)), att_cache, cnn_cache, keep)
+                            torch.cat((t, t)), att_cache, cnn_cache, keep, end)
         both, rows = (out, None) if att_cache is None else (out[0], out[1:])
         v_cond, v_uncond = both[:1], both[1:]
         x = x + dt * ((1.0 + self.rate) * v_cond - self.rate * v_uncond)
@@ -213,21 +216,25 @@ class FlowChunk(_Guided):
 class FlowChunkLast(FlowChunk):
     """The stream's last call of the CFM: noise, mu [1, 80, F] (F = 56, two frames per token of the
     28 a last call can hold; the first `frames` real), spks, att_cache, cnn_cache, cache_len as
-    `FlowChunk` takes them, frames [1] -> mel [1, 80, F], its first `frames` real and the rest zero.
-    Frames past `frames` are no keys (the DiT's convs are causal: the real frames never read them),
-    so the real frames are those of an official call on `frames` frames. Nothing follows a last
-    call: the caches it writes are not outputs."""
+    `FlowChunk` takes them, frames [1] -> mel [1, 80, F], its first `frames` real and the rest zero;
+    the new rows [N * depth, 2, H, F, 2 hd] (the first `frames` real, the rest zero) and the new
+    cnn_cache (the conv rows at the real end), the caches the official call leaves. Frames past
+    `frames` are no keys (the DiT's convs are causal: the real frames never read them), so the real
+    frames are those of an official call on `frames` frames."""
 
     def forward(self, noise, mu, spks, att_cache, cnn_cache, cache_len, frames):
         width = noise.shape[2]
         real = torch.arange(width) < frames
         keep = torch.cat((real, torch.arange(self.slots) < cache_len))
         depth = len(self.velocity.est.blocks)
-        x, cond = noise, torch.zeros_like(mu)
+        x, cond, rows, tails = noise, torch.zeros_like(mu), [], []
         for i, (t, dt) in enumerate(self.schedule):
-            x = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype),
-                          att_cache[i * depth:(i + 1) * depth], cnn_cache[i], keep)[0]
-        return x * real.to(x.dtype)
+            x, new, tail = self.step(x, mu, spks, cond, torch.full((1,), t, dtype=x.dtype), torch.full((1,), dt, dtype=x.dtype),
+                                     att_cache[i * depth:(i + 1) * depth], cnn_cache[i], keep, frames)
+            rows.append(new)
+            tails.append(tail)
+        real = real.to(x.dtype)
+        return x * real, torch.cat(rows) * real[:, None], torch.stack(tails)
 
 
 @torch.no_grad()
@@ -252,10 +259,12 @@ def chunk_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cach
 @torch.no_grad()
 def chunk_last_reference(cfm, steps: int, noise, mu, spks, att_cache, cnn_cache, cache_len, frames):
     """The official `forward_chunk` on the first `frames` frames of mu (its noise the first
-    `frames` of `noise`), the mel zero-padded to the graph's width."""
+    `frames` of `noise`): the mel and the rows it wrote zero-padded to the graph's width, its conv
+    cache."""
     count = int(frames.reshape(-1)[0])
-    mel = chunk_reference(cfm, steps, noise[..., :count], mu[..., :count], spks, att_cache, cnn_cache, cache_len)[0]
-    return (F.pad(mel, (0, noise.shape[2] - count)),)
+    mel, rows, cnn = chunk_reference(cfm, steps, noise[..., :count], mu[..., :count], spks, att_cache, cnn_cache, cache_len)
+    pad = noise.shape[2] - count
+    return F.pad(mel, (0, pad)), F.pad(rows, (0, 0, 0, pad)), cnn
 
 
 @torch.no_grad()

@@ -205,7 +205,8 @@ class _ComponentBuilder:
         flow_model = self.models.flow
         return _component(
             "flow_encoder_last", encoder.FlowEncoderLast(flow_model, self.encoder_slots),
-            ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "length"], [("mu", SIGNAL)],
+            ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "length"],
+            [("mu", SIGNAL), ("new_att1", SIGNAL), ("new_att2", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(encoder.encoder_last_reference, flow_model),
             {name: self.stream(u).chunks[-1]["last_inputs"] for name, u in self._LAST_SAMPLES.items()},
             _draw(lambda u, _k: self.stream(u).chunks[-1]["last_inputs"], 1),
@@ -219,7 +220,8 @@ class _ComponentBuilder:
         slots = int(self.models.flow.up_rate) * self.encoder_slots
         return _component(
             "flow_chunk_last", flow.FlowChunkLast(cfm, steps, slots),
-            ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len", "frames"], [("mel", SIGNAL)],
+            ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len", "frames"],
+            [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(flow.chunk_last_reference, cfm, steps),
             {name: self.stream(u).chunks[-1]["last_flow_inputs"] for name, u in self._LAST_SAMPLES.items()},
             _draw(lambda u, _k: self.stream(u).chunks[-1]["last_flow_inputs"], 1),

@@ -8,8 +8,10 @@ chunks. The numbers come from the graphs it is given (`flow_encoder`, `flow`, `h
 modules or as artifacts behind the same call), never from the official modules.
 
 `GraphStream` is the whole call: a regular call (25 + 3 lookahead tokens) runs `flow_encoder` ->
-`flow_chunk`, the last one (1..28 tokens, the driver's flush) `flow_encoder_last` ->
+`flow_chunk`, a last one (1..28 tokens, the driver's flush) `flow_encoder_last` ->
 `flow_chunk_last`, and every call `hift_stream` (its frames zero-padded to the graph's width).
+Every call grows the caches as the official one does, a last call too: MiniCPM-o's driver calls
+once more after a last-flagged 28-token call, with the tokens from its 26th on.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class GraphStream:
     `hift_stream` to callables on torch tensors returning a tuple of outputs (torch modules or
     artifacts behind that call); `noise_buffer` is the CFM's `rand_noise` (sliced from the DiT
     cache's length, as the official call slices it), `spks` the projected speaker embedding,
-    `hift_noise(samples)` the sine source noise of each call. A stream ends at its last call."""
+    `hift_noise(samples)` the sine source noise of each call."""
 
     def __init__(self, graphs: dict, setup_cache: dict, prompt_frames: int, *, layers1: int, steps: int, slots: int,
                  up: int, noise_buffer, spks, hift_noise, hift_frames: int, upsample: int):
@@ -136,15 +138,12 @@ class GraphStream:
         self.encoder = EncoderCaches(setup_cache, prompt_frames, layers1, slots, up)
         self.dit = DiTCaches(setup_cache, prompt_frames, steps, up * slots)
         self.vocoder = VocoderStream(fixed_width(graphs["hift_stream"], hift_frames, upsample), upsample)
-        self.ended = False
 
     def _noise(self, frames: int):
         return self.noise_buffer[:, :, self.dit.offset:self.dit.offset + frames]
 
     def __call__(self, tokens, last_chunk: bool) -> torch.Tensor:
         count, capacity = len(tokens), CHUNK + LOOKAHEAD
-        if self.ended:
-            raise EdgexError("this stream ended with its last call: start a new stream (set_stream_cache) for more tokens")
         if not last_chunk and count != capacity:
             raise EdgexError(f"a streaming call takes {CHUNK} + {LOOKAHEAD} lookahead tokens unless it is the last (got {count})")
         if not 1 <= count <= capacity:
@@ -158,11 +157,13 @@ class GraphStream:
             self.dit.update(rows, tails)
         else:
             padded = F.pad(ids, (0, capacity - count))
-            mu = g["flow_encoder_last"](padded, *self.encoder.inputs(), torch.tensor([count]))[0]
+            mu, new1, new2, cnn = g["flow_encoder_last"](padded, *self.encoder.inputs(), torch.tensor([count]))
             frames = self.up * count
-            mel = g["flow_chunk_last"](self._noise(mu.shape[2]), mu, self.spks, *self.dit.inputs(),
-                                       torch.tensor([frames]))[0][:, :, :frames]
-            self.ended = True
+            self.encoder.update(new1[..., :count, :], new2[..., :frames, :], cnn)
+            mel, rows, tails = g["flow_chunk_last"](self._noise(mu.shape[2]), mu, self.spks, *self.dit.inputs(),
+                                                    torch.tensor([frames]))
+            mel = mel[:, :, :frames]
+            self.dit.update(rows[..., :frames, :], tails)
         start = len(self.vocoder.out)
         mel_frames = mel.shape[2] + (0 if self.vocoder.mel is None else self.vocoder.mel.shape[2])
         self.vocoder.push(mel, self.hift_noise(mel_frames * self.vocoder.upsample), last_chunk)
