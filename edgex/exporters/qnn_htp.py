@@ -25,7 +25,7 @@ def fp16_on_htp(source: Path) -> list[str]:
     - An RMSNorm's statistic, x * x -> mean (`rms_norm`'s MatMul against its mean column) -> + eps:
       one value per token, whose static range min / max calibration takes from the few tokens it
       sees; a held-out token's larger mean square is clipped to it and every value the norm puts out
-      scales by the square root of the clip (measured: a MiniCPM-o head decode graph at w8a16 whose
+      scales by the square root of the clip (measured: a tiny speech model's head decode graph at w8a16 whose
       first norm's statistic was calibrated to [0, 0.257] met 0.39 on a held-out first step, which
       then scored 15.2 dB against its independent reference, 25.7-34.1 dB at the other positions)."""
     import onnx
