@@ -10,7 +10,8 @@ tiny preset's widths; `official.build`), its EOS row set so the variant's defaul
 talker_prefill, talker_decode and code_predictor_step in every `--format`, the decoder pair in ONNX
 fp32. Then for every request kind and format, `utterance.compare` (what `edgex pipeline` reports):
 frames compared, codes equal, the first difference (and whether it is a near-tie of the official
-scores at the in-situ tie level), the waveform's SNR over the agreed frames. Requests other than the
+scores at the in-situ tie level), the waveform over the agreed frames: the figure the decoder is gated
+on (the spectral figure, `FACTS.spectral_outputs`) with its SNR in brackets. Requests other than the
 default run until EOS or `--frames` (the EOS row is placed for the default request only). The default
 request also runs sampled with the official defaults, both sides drawing from one seeded generator
 (`utterance.SharedDraws`).
@@ -94,6 +95,17 @@ def voice_requests(model, folder: Path, checkpoint: Path, text) -> dict[str, rn.
             "voice from audio, official modules (edgex voice-prompt), in-context": rn.Request(text, language="english", voice=official)}
 
 
+def waveform(report: dict) -> str:
+    """The waveform figure the decoder's gate judges (`utterance.gated_wav_figure`: the spectral
+    figure where the recipe declares the decoder's wav spectral), with its SNR in brackets."""
+    if report["wav_db"] is None:
+        return "-"
+    figure, _ = utterance.gated_wav_figure(report, "wav")
+    if "wav_spectral_db" not in report:
+        return f"{figure:.1f} (SNR)"
+    return f"{figure:.1f} (SNR {report['wav_db']:.1f})"
+
+
 def export(checkpoint: Path, out: Path, formats: list[str], voice: bool = False) -> Path:
     places = [f"{role}={fmt}" for fmt in formats for role in ("talker", "code_predictor_step")] + ["decoder=onnx:fp32"]
     graphs = GRAPHS + (VOICE_GRAPHS if voice else ())
@@ -137,6 +149,8 @@ def main() -> None:
     torch.set_num_threads(2)
     recipe, rows = RECIPES.get("qwen3-tts"), []
     formats = args.format or list(FORMATS)
+    print("| variant | request | format | frames compared | official frames | codes equal | first difference "
+          "| waveform dB: spectral (SNR) |", flush=True)
     for variant in args.variant or list(off.VARIANTS):
         started = time.perf_counter()
         model = off.build(variant, seed=0)
@@ -158,7 +172,7 @@ def main() -> None:
                 d = report["first_difference"]
                 rows.append({"variant": variant, "request": name, "format": fmt, **report})
                 diff = "-" if d is None else f"f{d['frame']} cb{d['codebook']} {'tie' if d['tie'] else 'NOT a tie'} ({d['margin']:.3g} vs {d['tie_margin']:.3g})"
-                wav = "-" if report["wav_db"] is None else f"{report['wav_db']:.1f}"
+                wav = waveform(report)
                 print(f"| {variant} | {name} | {fmt} | {report['frames_compared']} | {report['official_frames']}"
                       f"{' EOS' if report['official_stopped'] else ''} | {'yes' if report['codes_equal'] else 'no'} | {diff} | {wav} |",
                       flush=True)

@@ -13,7 +13,8 @@ pipeline verdict never rests on an artifact that failed its gate.
 
 Every artifact used is re-hashed against the manifest first; the report (`pipeline.json` beside
 the manifest) names each with its sha256, and the manifest gets a `pipeline` block with the
-report's sha256 and the verdict. What is composed and scored is the recipe's (`Recipe.in_situ`).
+report's sha256 and the verdict. What is composed and scored is the recipe's (`Recipe.in_situ`):
+its stages, and its optional components (`Recipe.in_situ_optional`) where the folders hold them.
 """
 
 from __future__ import annotations
@@ -164,7 +165,12 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     if not names:
         raise EdgexError(f"{recipe.name} has no in-situ pipeline yet")
     overrides = manifest.get("gate_overrides") or {}
-    chosen = _choose(manifests, recipe.facts, names, read_placements(placements))
+    placed = read_placements(placements)
+    chosen = _choose(manifests, recipe.facts, names, placed)
+    held = {e["component"] for _, m in manifests for e in m["artifacts"] if "sidecar_of" not in e and e.get("files")}
+    optional = [n for n in recipe.in_situ_optional if n in held]  # composed where exported
+    if optional:
+        chosen |= _choose(manifests, recipe.facts, optional, placed)
     stages = {n: _stage(n, e, root, threads, overrides) for n, (root, e) in chosen.items()}
     source = manifest["source"]
     checkpoint = Path(source["checkpoint"]) if "checkpoint" in source else None

@@ -6,7 +6,9 @@ with the talker, predictor and decoder graphs.
   (`extract_speaker_embedding`, `Qwen3TTSTokenizerV2Model.encode`);
 - the runner's on-device path (`runner.voice_prompt`: its numpy log-mel, the exported encoders)
   gives the same prompt, and a wrong mel spectrogram does not;
-- `edgex pipeline --voice` clones that prompt and speaks the official in-context utterance."""
+- `edgex pipeline --voice` clones that prompt and speaks the official in-context utterance;
+- `edgex pipeline` clones a voice in situ through the exported encoders it finds, and a speaker
+  encoder artifact that reads its mel bins reversed fails it."""
 
 from __future__ import annotations
 
@@ -155,6 +157,11 @@ def test_the_pipeline_clones_a_voice_prompt_as_the_official_generate(base, tmp_p
     official = report["official_utterance"]
     assert official["variant"] == "base" and official["voice_prompt"] == "in-context"
     assert official["codes_equal"] and official["frames_compared"] == FRAMES
+    # the exported encoders the folder holds make the voice in situ, from reference audio
+    clone = report["voice_clone"]
+    assert clone["mode"] == "in-context" and clone["reference_frames"] == REFERENCE_FRAMES
+    assert clone["speaker_embedding_db"] > 60 and clone["reference_codes_equal"]
+    assert clone["utterance"]["codes_equal"] and clone["utterance"]["frames_compared"] == FRAMES
     assert report["verdict"] == "pass", report["failures"]
 
     broken = tmp_path / "broken.npz"
@@ -205,3 +212,52 @@ def test_a_request_file_with_text_runs_against_the_official_generate(base, tmp_p
     request.write_text(json.dumps({"text_ids": [1, 2], "speaker": "vivian"}))
     bad = run_cli("pipeline", "qwen3-tts", str(base["folder"]), "--placement", places, "--frames", "2", "--request", str(request))
     assert bad.returncode == 2 and "speaker 'vivian'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _reverse_mel_bins(folder: Path) -> None:
+    """Rewrite `folder`'s speaker_encoder ONNX graph so it reads its mel bins in reverse order (a
+    plausible porting slip), its manifest entry's hash updated and its verdict left `pass`: an
+    artifact only the composed pipeline can catch."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from edgex.artifacts.files import sha256
+    from edgex.verify import find_manifest
+
+    manifest_path = find_manifest(folder)
+    manifest = json.loads(manifest_path.read_text())
+    entry = next(e for e in manifest["artifacts"] if e["component"] == "speaker_encoder")
+    path = folder / entry["files"][0]["path"]
+    model = onnx.load(str(path))
+    graph = model.graph
+    name = graph.input[0].name
+    for node in graph.node:
+        node.input[:] = [f"{name}_reversed" if i == name else i for i in node.input]
+    constants = {"rev_starts": [-1], "rev_ends": [-(2**62)], "rev_axes": [-1], "rev_steps": [-1]}
+    graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in constants.items())
+    graph.node.insert(0, helper.make_node("Slice", [name, *constants], [f"{name}_reversed"]))
+    onnx.save(model, str(path))  # the weights inline: the .onnx.data beside it is left as it was
+    entry["files"][0].update(sha256=sha256(path), bytes=path.stat().st_size)
+    assert entry["verdict"] == "pass"
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+
+
+def test_a_broken_speaker_encoder_artifact_fails_the_pipeline_voice_clone(base, tmp_path):
+    """`edgex pipeline` composes the exported voice-prompt encoders it finds: a speaker_encoder artifact
+    that reads its mel bins reversed (its manifest verdict still `pass`) makes another voice: the
+    pipeline fails on the speaker embedding, and the utterance no longer equals the official one."""
+    import shutil
+
+    from edgex.in_situ import run_pipeline
+
+    folder = Path(shutil.copytree(base["folder"], tmp_path / "cpu"))
+    _reverse_mel_bins(folder)
+    places = [p for p in PLACE.split(",") if not p.startswith("voice=")]
+    report = run_pipeline([folder], places, frames=FRAMES, stream_frames=FRAMES)
+    clone = report["voice_clone"]
+    assert clone["mode"] == "in-context" and clone["reference_codes_equal"]
+    assert clone["speaker_embedding_db"] < 20 and not clone["utterance"]["codes_equal"]
+    assert "speaker_encoder" in {a["component"] for a in report["artifacts"]}
+    assert report["verdict"] == "fail"
+    assert any(f.startswith("voice clone: the speaker embedding") for f in report["failures"])
+    assert not any(f.startswith("official utterance") for f in report["failures"])

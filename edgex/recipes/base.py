@@ -208,6 +208,10 @@ class Recipe(ABC):
     # The components the model's own pipeline composes (`edgex pipeline`), one per stage; a tuple of
     # names is one stage with alternative components (the first placed one serves); empty: none yet.
     in_situ_components: tuple[str | tuple[str, ...], ...] = ()
+    # Components the pipeline composes where the folders hold them (an app's optional graphs, e.g. a
+    # voice-prompt encoder): one held is chosen like a stage above (a failed one is refused), one
+    # absent is left out and the recipe's `in_situ` sees no stage of that name.
+    in_situ_optional: tuple[str, ...] = ()
 
     def in_situ(self, loaded: LoadedModel, stages: dict, settings: dict, progress) -> dict:
         """Run `stages` (artifacts as float32 numpy callables, `edgex.in_situ.Stage`) composed as the

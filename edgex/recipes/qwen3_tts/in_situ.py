@@ -10,7 +10,10 @@ talker and code predictor, sampling with Gumbel noise) on the same seed and the 
   plus the chunk, kept new samples) and the exact artifact pair in 25-frame chunks, against the
   offline decode, with the playback gap each schedule leaves at this machine's measured speeds;
 - official utterance: the runner (`runner.py`) over the artifacts against the official `generate()`
-  on the checkpoint variant's own request, greedy, until EOS (`utterance.py`).
+  on the checkpoint variant's own request, greedy, until EOS (`utterance.py`);
+- voice clone (Base, where the folders hold the `speaker_encoder` and maybe the `speech_encoder`):
+  the voice prompt made from reference audio through those artifacts, the runner's utterance with it
+  against the official `generate()` with the official modules' prompt from the same audio.
 
 Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 # (`_StepLoop`: what a target that places only the step graph deploys).
 PREDICTOR = ("code_predictor", "code_predictor_step")
 COMPONENTS = ("talker_prefill", "talker_decode", PREDICTOR, "code2latent", "latent2wav")
+# The voice-prompt encoders a Base app clones with, composed where the folders hold them (`voice_clone`).
+VOICE = ("speaker_encoder", "speech_encoder")
 STAGES = ("talker_prefill", "talker_decode", "code_predictor", "code2latent", "latent2wav")  # report keys
 FRAME_SECONDS = 0.08
 SAMPLES_PER_FRAME = 1920
@@ -337,8 +342,14 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     progress("official utterance: the runner against the official generate()")
     official = utterance.compare(loaded, stages, frames, decoder_gate, request, voice=settings.get("voice"))
     failures += official.pop("failures")
+    # (e) a voice cloned in situ: reference audio through the exported voice-prompt encoders
+    voice = {"note": "not run: the folders hold no speaker_encoder artifact"}
+    if "speaker_encoder" in stages:
+        progress("voice clone: reference audio through the exported encoders, against the official generate()")
+        voice = utterance.voice_clone(loaded, stages, frames, decoder_gate, request)
+        failures += voice.pop("failures")
     return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
-            "streaming": streaming, "timing": timing, "official_utterance": official, "failures": failures}
+            "streaming": streaming, "timing": timing, "official_utterance": official, "voice_clone": voice, "failures": failures}
 
 
 def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) -> dict:

@@ -51,6 +51,7 @@ def _calibration(make, per_utterance: int):
 class Qwen3TTSRecipe(Recipe):
     facts = FACTS
     in_situ_components = situ.COMPONENTS
+    in_situ_optional = situ.VOICE
 
     def in_situ(self, loaded, stages, settings, progress) -> dict:
         return situ.in_situ(loaded, stages, settings, progress)

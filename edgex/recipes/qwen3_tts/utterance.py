@@ -15,13 +15,14 @@ instruction, a Base x-vector voice prompt; seeded random text ids (edgex ships n
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ...parity.check import tie_margin
-from ...parity.metrics import snr_db, spectral_db
+from ...parity.metrics import cosine, snr_db, spectral_db
 from . import official as off
 from . import runner as rn
 from .facts import FACTS
@@ -195,17 +196,21 @@ def gated_wav_figure(figures: dict, name: str) -> tuple[float, str]:
     return figures[f"{name}_db"], "SNR"
 
 
-def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None, voice=None) -> dict:
+def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None, voice=None,
+            official_voice: rn.VoicePrompt | None = None) -> dict:
     """The official-utterance block of the pipeline report, with its `failures`: at most `frames`
     frames; a first difference is a tie at the talker's (codebook 0) or the predictor's tie level.
-    `voice`: a voice-prompt file the default request clones (Base)."""
+    `voice`: a voice-prompt file the default request clones (Base). `official_voice`: the official
+    side's voice prompt where it is made apart from the runner's (`voice_clone`: the official modules
+    on the reference audio the runner's prompt came from through the exported encoders)."""
     config = config_of(loaded)
     vocab = rn.Vocabulary.from_config(config)
     seed = int(loaded.options.get("seed", 0))
     request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
+    official_request = request if official_voice is None else replace(request, voice=official_voice)
     official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
     settings = rn.Settings(max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False)
-    ref_codes, hiddens = off.official_run(official, request, settings)
+    ref_codes, hiddens = off.official_run(official, official_request, settings)
     ref_stopped = len(ref_codes) < frames or _picks_eos(official, vocab, settings, ref_codes, hiddens[-1])
     utt = rn.Runner(graphs(stages), tables(loaded.models.talker), vocab).generate(request, settings)
     want, got = _sequence(ref_codes, ref_stopped, vocab.codec_eos), _sequence(utt.codes, utt.stopped, vocab.codec_eos)
@@ -230,7 +235,7 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
     wav = {"wav_db": None}
     if agreed:
         runner_wav = rn.waveform(streaming_decoder(stages), utt.codes[:agreed], request.voice)
-        official_wav = off.official_waveform(official, ref_codes[:agreed], request.voice)
+        official_wav = off.official_waveform(official, ref_codes[:agreed], official_request.voice)
         wav = wav_figures(official_wav, runner_wav, "wav")
         figure, what = gated_wav_figure(wav, "wav")
         if not figure >= decoder_gate_db:
@@ -251,6 +256,63 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
             "runner_stopped": utt.stopped, "frames_compared": agreed if difference else min(len(ref_codes), len(utt.codes)),
             "codes_equal": difference is None and len(want) == len(got), "first_difference": difference,
             **wav, "failures": failures}
+
+
+VOICE_SEED_OFFSET = 800  # the reference audio and transcript of the in-situ voice clone
+
+
+def reference_audio(loaded, frames: int, seed: int) -> np.ndarray:
+    """Reference speech [frames x 1920 samples]: the eager decoder's waveform of seeded codes (the
+    sound the model makes, at the encoders' rate and exactly the voice graphs' length)."""
+    codes = np.random.default_rng(seed + VOICE_SEED_OFFSET).integers(0, rn.AUDIO_CODES, (1, rn.GROUPS, frames))
+    with torch.no_grad():
+        return loaded.models.decoder(torch.from_numpy(codes)).reshape(-1).numpy().astype(np.float32)
+
+
+def voice_clone(loaded, stages: dict, frames: int, decoder_gate_db: float, request: rn.Request | None = None) -> dict:
+    """A Base voice cloned in situ: a voice prompt made from reference audio through the exported
+    `speaker_encoder` (and `speech_encoder`, where exported: then in-context, with a seeded
+    transcript) as a device makes it (`runner.voice_prompt`: its own log-mel, then the graphs), and the
+    runner's utterance with it against the official `generate()` with the prompt the official modules
+    make from the same audio (`official_voice_prompt`, what `edgex voice-prompt` writes). Scored: the
+    speaker embedding against the official one (the speaker encoder's gate), the reference codes
+    (every one equal), and the utterance as `compare` scores it. `request`: its text, language and
+    streaming mode (default: the default request's), with the cloned voice."""
+    from .voice_prompt import official_voice_prompt
+
+    config = config_of(loaded)
+    variant = config.get("tts_model_type") or "custom_voice"
+    if variant != "base":
+        return {"note": f"not run: a {variant} checkpoint clones no voice (its speaker_encoder / speech_encoder "
+                        "artifacts are not composed)", "failures": []}
+    seed = int(loaded.options.get("seed", 0))
+    reference_frames = int(loaded.options["reference_frames"])
+    audio = reference_audio(loaded, reference_frames, seed)
+    speaker, speech = stages["speaker_encoder"], stages.get("speech_encoder")
+    transcript = np.random.default_rng(seed + VOICE_SEED_OFFSET + 1).integers(0, rn.IM_START, 6)
+    ref_ids = None if speech is None else rn.reference_ids(transcript)
+    device = rn.voice_prompt(audio, speaker, speech, ref_ids)
+    official = official_voice_prompt(loaded.models, audio, ref_ids)
+    failures = []
+    embedding_db = snr_db(official.speaker_embedding, device.speaker_embedding)
+    if not embedding_db >= speaker.gate_db:
+        failures.append(f"voice clone: the speaker embedding the exported speaker_encoder made from the reference audio "
+                        f"scores {embedding_db:.1f} dB against the official one, below its {speaker.gate_db:.1f} dB gate")
+    block = {"reference_frames": reference_frames, "mode": "in-context" if device.in_context else "x-vector",
+             "speaker_embedding_db": embedding_db, "speaker_embedding_gate_db": speaker.gate_db,
+             "speaker_embedding_cosine": cosine(official.speaker_embedding, device.speaker_embedding)}
+    if device.in_context:
+        differ = int(np.sum(device.ref_codes != official.ref_codes)) if device.ref_codes.shape == official.ref_codes.shape else None
+        block["reference_codes_equal"] = differ == 0
+        if differ != 0:
+            failures.append("voice clone: the exported speech_encoder's reference codes differ from the official encode's "
+                            + (f"({differ} of {official.ref_codes.size})" if differ is not None else
+                               f"(shape {list(device.ref_codes.shape)} against {list(official.ref_codes.shape)})"))
+    base = request or default_request(config, seed)
+    spoken = compare(loaded, stages, frames, decoder_gate_db, replace(base, speaker=None, instruct=None, voice=device),
+                     official_voice=official)
+    failures += [f"voice clone: {f.removeprefix('official utterance: ')}" for f in spoken.pop("failures")]
+    return {**block, "utterance": spoken, "failures": failures}
 
 
 class SharedDraws:
