@@ -60,7 +60,8 @@ def _rewrite_for_coreml(program: torch.export.ExportedProgram) -> None:
     program.graph_module.recompile()
 
 
-def _compression(precision: str):
+def _compression(precision: str, kept: list[str]):
+    """coremltools' weight compression for `precision`, leaving the constants `kept` in fp16."""
     import coremltools.optimize as cto
 
     if precision == "w8":
@@ -68,7 +69,33 @@ def _compression(precision: str):
     else:
         op = cto.coreml.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_block",
                                                 block_size=W4_BLOCK)
-    return cto.coreml.OptimizationConfig(global_config=op)
+    return cto.coreml.OptimizationConfig(global_config=op, op_name_configs=dict.fromkeys(kept))
+
+
+def _named_tensors(component: Component) -> list[tuple[str, object]]:
+    """Every parameter and buffer of the module under each alias (a wrapper that holds a submodule
+    under a second name, `transformer` for the decoder's `pre_transformer`, is exported under that
+    name, which deduplicated names miss), as the converter spells them in a const's name (`p_<path>` /
+    `b_<path>`), longest first."""
+    module = component.module
+    tensors = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    return sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
+
+
+def _module_tensor(named: list, const_name: str, numel: int):
+    """The module tensor a const of the program was converted from: named in the const's name, with
+    as many elements; None for a constant the converter computed (folded from several tensors, a
+    zeros_like of a buffer), which stands for no one weight."""
+    return next((t for n, t in named if n in const_name and t.numel() == numel), None)
+
+
+def _computed_constants(component: Component, fp16_model) -> list[str]:
+    """The fp16 program's constants that are no module tensor. Compressed, their stored bytes could be
+    checked against nothing (`stored_quantized`); they stay fp16, where the run covers them."""
+    named = _named_tensors(component)
+    consts = [op for op in fp16_model._mil_program.functions["main"].operations if op.op_type == "const"]
+    return [op.name for op in consts if getattr(op.val.val, "size", 1) > 1
+            and _module_tensor(named, op.name, op.val.val.size) is None]
 
 
 def _op_types(model) -> dict[str, int]:
@@ -116,8 +143,9 @@ def _fp16_program(component: Component):
     return _FP16[0][2]
 
 
-def _compressed(fp16_model, precision: str):
-    """The fp16 program with its weights compressed by coremltools' compression pass alone.
+def _compressed(component: Component, fp16_model, precision: str):
+    """The fp16 program with its weights (`_computed_constants` aside) compressed by coremltools'
+    compression pass alone.
     `coremltools.optimize.coreml.linear_quantize_weights` would re-run the whole default pipeline
     on the result (minutes on a big graph, and the skipped pass's crash), so the pass is applied to
     the program read back from the model and converted with an empty main pipeline."""
@@ -126,7 +154,7 @@ def _compressed(fp16_model, precision: str):
     from coremltools.optimize.coreml._quantization_passes import linear_quantize_weights
 
     target = getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET)
-    program = _apply_graph_pass(fp16_model, linear_quantize_weights(config=_compression(precision)),
+    program = _apply_graph_pass(fp16_model, linear_quantize_weights(config=_compression(precision, _computed_constants(component, fp16_model))),
                                 spec_version=target.value, return_pymil_prog=True)
     return ct.convert(program, convert_to="mlprogram", compute_precision=ct.precision.FLOAT32,  # already fp16: no cast pass
                       minimum_deployment_target=target, pass_pipeline=ct.PassPipeline.EMPTY, skip_model_load=True)
@@ -163,14 +191,12 @@ class CoreMLExporter(Exporter):
             return super().stored_scheme(component, precision, files)
         # every alias: a wrapper that holds a submodule under a second name (`transformer` for the
         # decoder's `pre_transformer`) is exported under that name, which deduplicated names miss
-        tensors = (dict(component.module.named_parameters(remove_duplicate=False))
-                   | dict(component.module.named_buffers(remove_duplicate=False)))
-        by_name = sorted(((n.replace(".", "_"), t) for n, t in tensors.items()), key=lambda item: -len(item[0]))
+        named = _named_tensors(component)
         weights, unnamed = {}, []
         for op in self._compressed_ops(files):
             args = [op.inputs[n].val if n in op.inputs else None for n in ("data", "scale", "offset")]
             stored = torch.from_numpy(compression.constexpr_blockwise_shift_scale.decompress(*args).astype("float32"))
-            original = next((t for n, t in by_name if n in op.name and t.numel() == stored.numel()), None)
+            original = _module_tensor(named, op.name, stored.numel())
             if original is None:
                 unnamed.append(op.name)
                 continue
@@ -236,7 +262,7 @@ class CoreMLExporter(Exporter):
         os.environ.setdefault("TQDM_DISABLE", "1")  # coremltools' progress bars would garble --json runs' stderr
         logging.getLogger("coremltools").setLevel(logging.ERROR)
         if precision in ("w8", "w4"):
-            model = _compressed(_fp16_program(component), precision)
+            model = _compressed(component, _fp16_program(component), precision)
         else:
             model = _fp16_program(component) if precision == "fp16" else _convert(component, precision)
         model.save(str(dest))
