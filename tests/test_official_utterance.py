@@ -121,3 +121,31 @@ def test_sampled_utterances_drawing_the_same_noise_are_equal(custom_voice, monke
     monkeypatch.setattr(utterance.SharedDraws, "__init__", lambda self, seed: setattr(self, "rng", np.random.default_rng(seed + 1)))
     other = utterance.sampled_compare(loaded, stages, FRAMES, seed=5)
     assert not other["codes_equal"] and other["first_difference"] is not None
+
+
+class _Sharpened:
+    """A step graph that draws from another distribution: its logits x 1.5 (a temperature baked in),
+    the same arg max, so greedy codes are unchanged."""
+
+    def __init__(self, stage):
+        self.stage, self.entry = stage, stage.entry
+
+    def __call__(self, inputs):
+        logits, key, value = self.stage(inputs)
+        return [logits * 1.5, key, value]
+
+
+def test_a_step_graph_that_draws_from_another_distribution_fails_the_sampled_utterance(custom_voice):
+    """The pipeline's sampled comparison (fp32 artifacts: gated, every drawn code equal): the faithful
+    step graph passes; a sharpened one keeps the greedy utterance official and fails the sampled one."""
+    from edgex.recipes.qwen3_tts import utterance
+
+    loaded, stages = _stages(custom_voice)
+    faithful = utterance.sampled(loaded, stages, FRAMES)
+    assert faithful["gated"] and faithful["predictor_sampling"] and not faithful["failures"], faithful
+    assert faithful["codes_equal"] and faithful["frames_compared"] == faithful["official_frames"] > 2, faithful
+    stages["code_predictor"].step = _Sharpened(stages["code_predictor"].step)
+    assert utterance.compare(loaded, stages, FRAMES, 0.0)["codes_equal"]  # greedy cannot tell
+    broken = utterance.sampled(loaded, stages, FRAMES)
+    assert not broken["codes_equal"] and broken["first_difference"]["codebook"] > 0, broken
+    assert broken["failures"] and broken["failures"][0].startswith("sampled utterance: frame"), broken
