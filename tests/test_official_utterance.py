@@ -4,7 +4,9 @@ runner over those artifacts against the official `generate()`, greedy, until EOS
 
 The checkpoint's EOS row is set so the official utterance stops after `STOP` frames (`official.stop_at`):
 the runner must make the same codes and stop at the same frame. A runner that leaves the language row
-out of the CustomVoice prefix (what made other toolchains' Qwen3-TTS apps unintelligible) fails."""
+out of the CustomVoice prefix (what made other toolchains' Qwen3-TTS apps unintelligible) fails. Sampled
+(the official defaults), both sides drawing from shared draws, fp32 artifacts make every official code:
+a step graph whose distribution is sharpened (the same arg max) passes greedy and fails sampled."""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def test_the_runner_over_onnx_fp32_artifacts_speaks_the_official_utterance(custo
     assert official["official_stopped"] and official["runner_stopped"]
     assert official["codes_equal"] and official["first_difference"] is None
     assert float(official["wav_db"]) > 60  # strict JSON: an exact figure is the string "inf"
+    sampled = report["sampled_utterance"]  # fp32, the step graph: every drawn code the official one
+    assert sampled["gated"] and sampled["predictor_sampling"] and sampled["codes_equal"], sampled
+    assert sampled["frames_compared"] == sampled["official_frames"] == sampled["runner_frames"] > 2, sampled
     assert report["verdict"] == "pass"
 
 
@@ -149,3 +154,8 @@ def test_a_step_graph_that_draws_from_another_distribution_fails_the_sampled_utt
     broken = utterance.sampled(loaded, stages, FRAMES)
     assert not broken["codes_equal"] and broken["first_difference"]["codebook"] > 0, broken
     assert broken["failures"] and broken["failures"][0].startswith("sampled utterance: frame"), broken
+    step = stages["code_predictor"].step  # the same graph declared fp16: the difference is informational
+    step.entry = {**step.entry, "precision": "fp16"}
+    lower = utterance.sampled(loaded, stages, FRAMES)
+    assert not lower["gated"] and not lower["codes_equal"] and not lower["failures"], lower
+    assert lower["note"].startswith("informational, not gated: code_predictor fp16"), lower
