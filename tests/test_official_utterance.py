@@ -4,7 +4,9 @@ runner over those artifacts against the official `generate()`, greedy, until EOS
 
 The checkpoint's EOS row is set so the official utterance stops after `STOP` frames (`official.stop_at`):
 the runner must make the same codes and stop at the same frame. A runner that leaves the language row
-out of the CustomVoice prefix (what made other toolchains' Qwen3-TTS apps unintelligible) fails."""
+out of the CustomVoice prefix (what made other toolchains' Qwen3-TTS apps unintelligible) fails. Sampled
+(the official defaults), both sides drawing from shared draws, fp32 artifacts make every official code:
+a step graph whose distribution is sharpened (the same arg max) passes greedy and fails sampled."""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def test_the_runner_over_onnx_fp32_artifacts_speaks_the_official_utterance(custo
     assert official["official_stopped"] and official["runner_stopped"]
     assert official["codes_equal"] and official["first_difference"] is None
     assert float(official["wav_db"]) > 60  # strict JSON: an exact figure is the string "inf"
+    sampled = report["sampled_utterance"]  # fp32, the step graph: every drawn code the official one
+    assert sampled["gated"] and sampled["predictor_sampling"] and sampled["codes_equal"], sampled
+    assert sampled["frames_compared"] == sampled["official_frames"] == sampled["runner_frames"] > 2, sampled
     assert report["verdict"] == "pass"
 
 
@@ -121,3 +126,36 @@ def test_sampled_utterances_drawing_the_same_noise_are_equal(custom_voice, monke
     monkeypatch.setattr(utterance.SharedDraws, "__init__", lambda self, seed: setattr(self, "rng", np.random.default_rng(seed + 1)))
     other = utterance.sampled_compare(loaded, stages, FRAMES, seed=5)
     assert not other["codes_equal"] and other["first_difference"] is not None
+
+
+class _Sharpened:
+    """A step graph that draws from another distribution: its logits x 1.5 (a temperature baked in),
+    the same arg max, so greedy codes are unchanged."""
+
+    def __init__(self, stage):
+        self.stage, self.entry = stage, stage.entry
+
+    def __call__(self, inputs):
+        logits, key, value = self.stage(inputs)
+        return [logits * 1.5, key, value]
+
+
+def test_a_step_graph_that_draws_from_another_distribution_fails_the_sampled_utterance(custom_voice):
+    """The pipeline's sampled comparison (fp32 artifacts: gated, every drawn code equal): the faithful
+    step graph passes; a sharpened one keeps the greedy utterance official and fails the sampled one."""
+    from edgex.recipes.qwen3_tts import utterance
+
+    loaded, stages = _stages(custom_voice)
+    faithful = utterance.sampled(loaded, stages, FRAMES)
+    assert faithful["gated"] and faithful["predictor_sampling"] and not faithful["failures"], faithful
+    assert faithful["codes_equal"] and faithful["frames_compared"] == faithful["official_frames"] > 2, faithful
+    stages["code_predictor"].step = _Sharpened(stages["code_predictor"].step)
+    assert utterance.compare(loaded, stages, FRAMES, 0.0)["codes_equal"]  # greedy cannot tell
+    broken = utterance.sampled(loaded, stages, FRAMES)
+    assert not broken["codes_equal"] and broken["first_difference"]["codebook"] > 0, broken
+    assert broken["failures"] and broken["failures"][0].startswith("sampled utterance: frame"), broken
+    step = stages["code_predictor"].step  # the same graph declared fp16: the difference is informational
+    step.entry = {**step.entry, "precision": "fp16"}
+    lower = utterance.sampled(loaded, stages, FRAMES)
+    assert not lower["gated"] and not lower["codes_equal"] and not lower["failures"], lower
+    assert lower["note"].startswith("informational, not gated: code_predictor fp16"), lower

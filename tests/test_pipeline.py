@@ -48,6 +48,9 @@ def test_qwen3_tts_pipeline_of_fp32_artifacts_matches_the_eager_pipeline(clean):
     assert min(map(float, figures)) > 60  # strict JSON: an exact figure is the string "inf"
     assert fr["codes_agreement"] == 1.0 and fr["first_divergence"] is None and float(fr["audio_db"]) > 60
     assert float(fr["audio_agreed_frames_spectral_db"]) > 60 and float(report["official_utterance"]["wav_spectral_db"]) > 60
+    sampled = report["sampled_utterance"]  # the frame graph serves the predictor: only the talker samples
+    assert sampled["gated"] and not sampled["predictor_sampling"] and "predictor_note" in sampled
+    assert sampled["codes_equal"] and sampled["frames_compared"] == sampled["official_frames"] > 0, sampled
     streaming = {k: v for k, v in report["streaming"].items() if k != "note"}
     assert len(streaming) == 4 and all(float(v["db"]) > 60 and v["ttfa_ms"] > 0 for v in streaming.values())
     assert [v["chunks"][0] for k, v in streaming.items() if k.startswith(("1 then 25", "ramp"))] == [1, 2]

@@ -10,7 +10,8 @@ talker and code predictor, sampling with Gumbel noise) on the same seed and the 
   plus the chunk, kept new samples) and the exact artifact pair in 25-frame chunks, against the
   offline decode, with the playback gap each schedule leaves at this machine's measured speeds;
 - official utterance: the runner (`runner.py`) over the artifacts against the official `generate()`
-  on the checkpoint variant's own request, greedy, until EOS (`utterance.py`);
+  on the checkpoint variant's own request, greedy, until EOS, and sampled over a few frames with
+  both sides drawing from the same seeded draws (`utterance.py`);
 - voice clone (Base, where the folders hold the `speaker_encoder` and maybe the `speech_encoder`):
   the voice prompt made from reference audio through those artifacts, the runner's utterance with it
   against the official `generate()` with the official modules' prompt from the same audio.
@@ -342,6 +343,9 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     progress("official utterance: the runner against the official generate()")
     official = utterance.compare(loaded, stages, frames, decoder_gate, request, voice=settings.get("voice"))
     failures += official.pop("failures")
+    progress("sampled utterance: the runner against the official sampled generate(), shared draws")
+    sampled = utterance.sampled(loaded, stages, frames, request, voice=settings.get("voice"))
+    failures += sampled.pop("failures")
     # (e) a voice cloned in situ: reference audio through the exported voice-prompt encoders
     voice = {"note": "not run: the folders hold no speaker_encoder artifact"}
     if "speaker_encoder" in stages:
@@ -349,7 +353,8 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
         voice = utterance.voice_clone(loaded, stages, frames, decoder_gate, request)
         failures += voice.pop("failures")
     return {"frames": frames, "stream_frames": stream_frames, "seed": options["seed"] + SEED_OFFSET, "teacher_forced": tf, "free_running": fr,
-            "streaming": streaming, "timing": timing, "official_utterance": official, "voice_clone": voice, "failures": failures}
+            "streaming": streaming, "timing": timing, "official_utterance": official,
+            "sampled_utterance": sampled, "voice_clone": voice, "failures": failures}
 
 
 def _eager_times(models, utt: Utterance, eager_frames, frames: int, slots: int) -> dict:

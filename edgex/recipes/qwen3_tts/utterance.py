@@ -343,11 +343,14 @@ class SharedDraws:
 def sampled_compare(loaded, stages: dict, frames: int, seed: int, request: rn.Request | None = None) -> dict:
     """The official sampled utterance (the official defaults: temperature 0.9, top-k 50, both the
     talker and the code predictor sampling) against the runner's over the artifacts, both drawing
-    from `SharedDraws(seed)`: frames compared, codes equal, the first difference."""
+    from `SharedDraws(seed)`: frames compared, codes equal, the first difference. Where the predictor
+    stage is the frame graph (its Gumbel noise is no draw of the official sampler) codebooks 1-15 are
+    greedy on both sides and only the talker samples (`predictor_sampling` False)."""
     config = config_of(loaded)
     request = request or default_request(config, int(loaded.options.get("seed", 0)))
     official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
-    settings = rn.Settings(max_new_tokens=frames + 1)
+    stepped = graphs(stages).code_predictor_step is not None
+    settings = rn.Settings(max_new_tokens=frames + 1, subtalker_dosample=stepped)
     with SharedDraws(seed):
         ref_codes, _ = off.official_run(official, request, settings)
     utt = rn.Runner(graphs(stages), tables(loaded.models.talker), rn.Vocabulary.from_config(config)).generate(
@@ -360,5 +363,48 @@ def sampled_compare(loaded, stages: dict, frames: int, seed: int, request: rn.Re
             difference = {"frame": f, "codebook": k, "official": int(ref_codes[f, k]), "runner": int(utt.codes[f, k])}
             compared = f
             break
-    return {"seed": seed, "official_frames": len(ref_codes), "runner_frames": len(utt.codes), "frames_compared": compared,
-            "codes_equal": difference is None and len(ref_codes) == len(utt.codes), "first_difference": difference}
+    return {"seed": seed, "predictor_sampling": stepped, "official_frames": len(ref_codes), "runner_frames": len(utt.codes),
+            "frames_compared": compared, "codes_equal": difference is None and len(ref_codes) == len(utt.codes),
+            "first_difference": difference}
+
+
+SAMPLED_FRAMES = 6  # frames of the pipeline's sampled comparison: a few frames draw ~100 codes
+SAMPLED_SEED_OFFSET = 900  # its shared draws: apart from the request's and the in-situ utterance's
+
+
+def _entry(stage) -> dict:
+    return getattr(stage, "step", stage).entry  # in_situ's _StepLoop wraps the step graph's stage
+
+
+def sampled(loaded, stages: dict, frames: int, request: rn.Request | None = None, voice=None) -> dict:
+    """The sampled-utterance block of the pipeline report, with its `failures`: `sampled_compare` over
+    at most `SAMPLED_FRAMES` frames of the greedy comparison's request. Gated where it can mean
+    something: with fp32 talker and predictor artifacts (fp32 in and out) every drawn code equals the
+    official one; at lower precisions a difference may be a draw between near-equal probabilities,
+    which no tie check can tell from a fault, so the block is informational and says so."""
+    config = config_of(loaded)
+    seed = int(loaded.options.get("seed", 0))
+    request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
+    block = sampled_compare(loaded, stages, min(frames, SAMPLED_FRAMES), seed + SAMPLED_SEED_OFFSET, request)
+    used = {n: _entry(stages[n]) for n in ("talker_prefill", "talker_decode", "code_predictor")}
+    precisions = {n: e["precision"] if (e.get("io_float_dtype") or "float32") == "float32" else f"{e['precision']} ({e['io_float_dtype']} I/O)"
+                  for n, e in used.items()}
+    exact = all(p == "fp32" for p in precisions.values())
+    block["precisions"], block["gated"] = precisions, exact
+    if not block["predictor_sampling"]:
+        block["predictor_note"] = ("codebooks 1-15 greedy on both sides: the predictor stage is the frame graph, whose "
+                                   "Gumbel noise is no draw of the official sampler (the step graph samples)")
+    failures = []
+    if not exact:
+        lower = ", ".join(f"{n} {p}" for n, p in precisions.items() if p != "fp32")
+        block["note"] = (f"informational, not gated: {lower}; a sampled code drawn among near-equal probabilities may "
+                         "differ without a fault, and a draw has no tie margin to check")
+    elif block["first_difference"] is not None:
+        d = block["first_difference"]
+        failures.append(f"sampled utterance: frame {d['frame']} codebook {d['codebook']}: the runner drew {d['runner']} where "
+                        f"the official sampled generate() drew {d['official']} from the same draws (fp32 artifacts: every "
+                        "code must be equal)")
+    elif not block["codes_equal"]:
+        failures.append(f"sampled utterance: the official sampled generate() made {block['official_frames']} frames, the "
+                        f"runner {block['runner_frames']} from the same draws (fp32 artifacts: every code must be equal)")
+    return {**block, "failures": failures}
