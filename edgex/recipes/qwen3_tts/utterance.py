@@ -387,8 +387,9 @@ def sampled(loaded, stages: dict, frames: int, request: rn.Request | None = None
     request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
     block = sampled_compare(loaded, stages, min(frames, SAMPLED_FRAMES), seed + SAMPLED_SEED_OFFSET, request)
     used = {n: _entry(stages[n]) for n in ("talker_prefill", "talker_decode", "code_predictor")}
-    precisions = {n: e["precision"] if (e.get("io_float_dtype") or "float32") == "float32" else f"{e['precision']} ({e['io_float_dtype']} I/O)"
-                  for n, e in used.items()}
+    # a stage whose entry names no precision is not known to be fp32: never gated exactly
+    precisions = {n: str(e.get("precision")) if (e.get("io_float_dtype") or "float32") == "float32"
+                  else f"{e.get('precision')} ({e['io_float_dtype']} I/O)" for n, e in used.items()}
     exact = all(p == "fp32" for p in precisions.values())
     block["precisions"], block["gated"] = precisions, exact
     if not block["predictor_sampling"]:
