@@ -206,7 +206,7 @@ def compare(loaded, stages: dict, frames: int, decoder_gate_db: float, request: 
     config = config_of(loaded)
     vocab = rn.Vocabulary.from_config(config)
     seed = int(loaded.options.get("seed", 0))
-    request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
+    request = request or _default(loaded, voice)
     official_request = request if official_voice is None else replace(request, voice=official_voice)
     official = off.wrap(loaded.models.talker, loaded.models.decoder, config)
     settings = rn.Settings(max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False)
@@ -376,15 +376,20 @@ def _entry(stage) -> dict:
     return getattr(stage, "step", stage).entry  # in_situ's _StepLoop wraps the step graph's stage
 
 
+def _default(loaded, voice=None) -> rn.Request:
+    """The checkpoint's default request, cloning `voice` (a voice-prompt file) where one is given."""
+    config, seed = config_of(loaded), int(loaded.options.get("seed", 0))
+    return voice_request(config, seed, voice) if voice is not None else default_request(config, seed)
+
+
 def sampled(loaded, stages: dict, frames: int, request: rn.Request | None = None, voice=None) -> dict:
     """The sampled-utterance block of the pipeline report, with its `failures`: `sampled_compare` over
     at most `SAMPLED_FRAMES` frames of the greedy comparison's request. Gated where it can mean
     something: with fp32 talker and predictor artifacts (fp32 in and out) every drawn code equals the
     official one; at lower precisions a difference may be a draw between near-equal probabilities,
     which no tie check can tell from a fault, so the block is informational and says so."""
-    config = config_of(loaded)
     seed = int(loaded.options.get("seed", 0))
-    request = request or (voice_request(config, seed, voice) if voice is not None else default_request(config, seed))
+    request = request or _default(loaded, voice)
     block = sampled_compare(loaded, stages, min(frames, SAMPLED_FRAMES), seed + SAMPLED_SEED_OFFSET, request)
     used = {n: _entry(stages[n]) for n in ("talker_prefill", "talker_decode", "code_predictor")}
     # a stage whose entry names no precision is not known to be fp32: never gated exactly
