@@ -30,6 +30,7 @@ from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
+from .parity.half_arithmetic import half_arithmetic_gates
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
 from .parity.quantized import quantized_parity
@@ -343,10 +344,17 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
     try:
         session = runtime.load(files, threads)
         reference = scheme_reference() if scheme_reference is not None else None
+        lowering = lowering_db(precision, overrides) if reference is not None else None
+        half = half_arithmetic_gates(component, runtime, precision, overrides, gate, lowering)
+        if half:
+            gate, lowering = half["end_to_end_gate_db"], half.get("lowering_gate_db")
         if reference is None:
-            return measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
-        return measure_split(component, session, runtime.name, io_float_dtype, gate, lowering_db(precision, overrides),
-                             reference, runtime.method, runtime.simulator, coarse)
+            report = measure(component, session, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
+        else:
+            report = measure_split(component, session, runtime.name, io_float_dtype, gate, lowering,
+                                   reference, runtime.method, runtime.simulator, coarse)
+        report.half_arithmetic = half
+        return report
     except Unsupported as exc:
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 

@@ -65,6 +65,9 @@ class ParityReport:
     lowering: dict | None = None
     # The gate that decided the verdict (`deciding_gate`): {"figure", "min_snr_db", "threshold_db"}.
     gate: dict | None = None
+    # fp16 artifacts on a runtime that accumulates in fp16 (`edgex.parity.half_arithmetic`): the
+    # component's floor there and the gates it set; None elsewhere.
+    half_arithmetic: dict | None = None
     seconds: float = 0.0
     verdict: str = "unverified"  # "pass" | "fail" | "unverified"
 

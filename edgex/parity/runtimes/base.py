@@ -52,6 +52,11 @@ class Runtime(ABC):
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ...
 
+    def accumulates_in_half(self) -> bool:
+        """Whether this runtime sums fp16 matrix products in an fp16 accumulator on this machine
+        (`edgex.parity.half_arithmetic`); runtimes that compute fp16 ops in fp32 do not."""
+        return False
+
     def smoke(self, workdir: Path) -> str:
         """Load this runtime's library and run a tiny program through it (x + 1 on SMOKE_INPUT,
         checked with `check_smoke`), so `edgex doctor` reports what actually ran, not what imports.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Sequence
 
@@ -42,6 +43,9 @@ class ExecuTorchRuntime(Runtime):
         program = EtRuntime.get().load_program(Path(files[0]))
         return _Session(program.load_method("forward"))
 
+    def accumulates_in_half(self) -> bool:
+        return _accumulates_in_half()
+
     def smoke(self, workdir: Path) -> str:
         """Lowers x + 1 to XNNPACK the way the exporter does and runs the program: the pybindings
         runtime must load and the XNNPACK backend must be registered in it."""
@@ -62,3 +66,30 @@ class ExecuTorchRuntime(Runtime):
 
     def version(self) -> str | None:
         return version("executorch")
+
+
+@cache
+def _accumulates_in_half() -> bool:
+    """Whether XNNPACK sums fp16 products in fp16 here: it picks its fp16 kernels by the CPU's
+    features (AVX512-FP16, Arm's fp16 arithmetic: fp16 fused multiply-adds; elsewhere fp16 inputs
+    converted and summed in fp32). Measured, not read from CPU flags: a 4096-wide fp16 linear layer
+    lowered as the exporter lowers it, against its exact result. Summed in fp32, only the output's
+    rounding to fp16 remains (~74 dB); in fp16, the running sum's rounding (~40 dB at this width)."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from ..metrics import snr_db
+
+    with native_output_silenced():
+        from executorch.runtime import Runtime as EtRuntime
+    generator = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(4096, 64, bias=False).half().eval()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(64, 4096, generator=generator) * 0.02)
+    x = torch.randn(1, 4096, generator=generator).half()
+    exported = torch.export.export(layer, (x,), strict=False)
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
+    out = EtRuntime.get().load_program(program.buffer).load_method("forward").execute([x])[0]
+    exact = x.double() @ layer.weight.detach().double().T
+    return snr_db(exact.numpy(), out.double().numpy()) < 57.0

@@ -1,0 +1,44 @@
+"""fp16 accumulation: its emulation sums as an fp16 accumulator does, and the gates it sets stay
+between the floor's allowance and `HALF_ARITHMETIC_MIN_DB`, never where the user set them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgex.parity.gates import HALF_ARITHMETIC_MIN_DB, half_arithmetic_db
+from edgex.parity.half_arithmetic import HalfAccumulation, half_arithmetic_gates
+from edgex.recipes import RECIPES
+
+
+def test_products_are_summed_in_an_fp16_accumulator():
+    """4096 ones: an fp16 running sum stops at 2048 (2048 + 1 rounds back to 2048); a bias starts
+    the sum; other dtypes are untouched."""
+    ones = torch.ones(2, 4096, dtype=torch.float16)
+    column = torch.ones(4096, 3, dtype=torch.float16)
+    with HalfAccumulation():
+        summed = ones @ column
+        biased = F.linear(ones, column.T, torch.full((3,), 1024.0, dtype=torch.float16))
+        batched = torch.bmm(ones[None], column[None])
+        full = ones.float() @ column.float()
+    assert summed.dtype == torch.float16 and torch.all(summed == 2048)
+    assert torch.all(biased == 2048) and torch.all(batched == 2048)
+    assert torch.all(full == 4096) and torch.all(ones @ column == 4096)
+
+
+class _HalfRuntime:
+    def accumulates_in_half(self):
+        return True
+
+
+def test_gates_follow_the_floor_within_their_bounds_and_leave_a_users_gate_alone():
+    assert half_arithmetic_db(30.0, 29.0) == 23.0
+    assert half_arithmetic_db(30.0, 60.0) == 30.0
+    assert half_arithmetic_db(30.0, 12.0) == HALF_ARITHMETIC_MIN_DB
+    recipe = RECIPES.get("spark-x2.5")
+    (comp,) = recipe.components(recipe.load("tiny", None, 0), ["decode"])
+    gates = half_arithmetic_gates(comp, _HalfRuntime(), "fp16", None, 30.0, 30.0)
+    assert 35 < gates["floor_db"] < 60 and gates["end_to_end_gate_db"] == gates["lowering_gate_db"] <= 30.0
+    kept = half_arithmetic_gates(comp, _HalfRuntime(), "fp16", {"fp16": 45.0, "lowering": 50.0}, 45.0, 50.0)
+    assert kept["end_to_end_gate_db"] == 45.0 and kept["lowering_gate_db"] == 50.0
+    assert half_arithmetic_gates(comp, _HalfRuntime(), "8da8w", None, 15.0, 30.0) is None
