@@ -91,8 +91,11 @@ def _smoke(name: str, runtime) -> dict:
         try:
             with native_output_silenced():  # runtimes print banners natively; --json owns stdout
                 detail = runtime.smoke(Path(tmp))
+                half = runtime.accumulates_in_half()  # what sets its fp16 artifacts' gates (`parity.half_arithmetic`)
         except EdgexError as exc:  # toolchain not installed
             return {**row, "status": "failed" if runtime.required else "missing", "detail": str(exc)}
         except Exception as exc:  # noqa: BLE001 - any failure of a runtime's own library is the finding
             return {**row, "status": "failed", "detail": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {**row, "status": "ok", "detail": detail}
+    if half:
+        detail += "; sums fp16 products in fp16 on this machine, so fp16 gates follow each component's floor"
+    return {**row, "status": "ok", "detail": detail, "fp16_accumulation": "fp16" if half else "fp32"}

@@ -5,6 +5,7 @@ import sys
 import tempfile
 
 from conftest import run_cli
+from edgex.parity.runtimes import RUNTIMES
 
 
 def test_list_prints_the_registries():
@@ -30,6 +31,10 @@ def test_doctor_runs_every_runtime_s_smoke_program():
     assert data["ok"] and {r["status"] for r in runtimes.values()} == {"ok"}, runtimes
     assert runtimes["onnxruntime"]["required"] and runtimes["executorch"]["required"]
     assert "XNNPACK" in runtimes["executorch"]["detail"] and "simulator" in runtimes["qnn-htp"]["detail"]
+    half = RUNTIMES.get("executorch").accumulates_in_half()  # XNNPACK's fp16 kernels on this CPU
+    assert runtimes["executorch"]["fp16_accumulation"] == ("fp16" if half else "fp32")
+    assert ("sums fp16 products in fp16" in runtimes["executorch"]["detail"]) == half
+    assert runtimes["onnxruntime"]["fp16_accumulation"] == "fp32"
     box = data["machine"]
     assert box["cpus"] == os.cpu_count() and box["temp_dir"] == tempfile.gettempdir()
     assert 0 < box["memory_available_gb"] <= box["memory_gb"] and box["temp_free_gb"] > 0
