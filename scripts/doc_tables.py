@@ -181,9 +181,10 @@ def main() -> None:
     missing: dict[tuple[str, str], list[str]] = {}
     for model, component, scheme in sorted(set(all_placed()) - measured):
         missing.setdefault((model, component), []).append(scheme)
+    not_run = "; ".join(f"{m} {c} ({', '.join(s)})" for (m, c), s in missing.items())
     tables[("parity.md", "scheme-defaults")] += (
-        f"\n\n{len(measured & set(all_placed()))} of {len(all_placed())} default placements measured. Not run: "
-        + "; ".join(f"{m} {c} ({', '.join(s)})" for (m, c), s in missing.items()) + ".")
+        f"\n\n{len(measured & set(all_placed()))} of {len(all_placed())} default placements measured"
+        + (f". Not run: {not_run}." if not_run else "."))
     for (doc, name), text in tables.items():
         print(f"## {doc}: {name}\n{text}\n")
         if args.write:
