@@ -27,6 +27,8 @@ def test_products_are_summed_in_an_fp16_accumulator():
 
 
 class _HalfRuntime:
+    name = "a runtime"
+
     def accumulates_in_half(self):
         return True
 
@@ -39,6 +41,20 @@ def test_gates_follow_the_floor_within_their_bounds_and_leave_a_users_gate_alone
     (comp,) = recipe.components(recipe.load("tiny", None, 0), ["decode"])
     gates = half_arithmetic_gates(comp, _HalfRuntime(), "fp16", None, 30.0, 30.0)
     assert 35 < gates["floor_db"] < 60 and gates["end_to_end_gate_db"] == gates["lowering_gate_db"] <= 30.0
+    assert "note" not in gates
     kept = half_arithmetic_gates(comp, _HalfRuntime(), "fp16", {"fp16": 45.0, "lowering": 50.0}, 45.0, 50.0)
     assert kept["end_to_end_gate_db"] == 45.0 and kept["lowering_gate_db"] == 50.0
     assert half_arithmetic_gates(comp, _HalfRuntime(), "8da8w", None, 15.0, 30.0) is None
+
+
+def test_a_floor_near_the_broken_band_sets_the_minimum_gate_and_says_why(monkeypatch):
+    """The Spark-X2.5 1.7b preset's decode (random weights, 28 layers at hidden 2048) has an 18.5 dB
+    floor: its gates stop at `HALF_ARITHMETIC_MIN_DB`, and the record says fp16 is too coarse there."""
+    from types import SimpleNamespace
+
+    from edgex.parity import half_arithmetic
+
+    monkeypatch.setattr(half_arithmetic, "floor_db", lambda component: 18.5)
+    gates = half_arithmetic_gates(SimpleNamespace(role="llm"), _HalfRuntime(), "fp16", None, 30.0, 30.0)
+    assert gates["end_to_end_gate_db"] == gates["lowering_gate_db"] == HALF_ARITHMETIC_MIN_DB
+    assert "18.5 dB" in gates["note"] and "too coarse" in gates["note"]

@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..component import Component
-from .gates import half_arithmetic_db, overridden
+from .gates import HALF_ARITHMETIC_ALLOWANCE_DB, HALF_ARITHMETIC_MIN_DB, half_arithmetic_db, overridden
 from .metrics import snr_db
 
 _aten = torch.ops.aten
@@ -102,6 +102,9 @@ def half_arithmetic_gates(component: Component, runtime, precision: str, overrid
     out = {"accumulation": "fp16", "floor_db": floor,
            "end_to_end_gate_db": gate_db if overridden(component.role, precision, overrides)
            else half_arithmetic_db(gate_db, floor)}
+    if floor - HALF_ARITHMETIC_ALLOWANCE_DB < HALF_ARITHMETIC_MIN_DB:
+        out["note"] = (f"fp16 sums on {runtime.name} alone hold this component at {floor:.1f} dB, too close to the "
+                       f"band broken graphs score in: fp16 is too coarse for it on this runtime")
     if lowering_db is not None:
         out["lowering_gate_db"] = (lowering_db if overridden(component.role, precision, overrides, lowering=True)
                                    else half_arithmetic_db(lowering_db, floor))
