@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from edgex.artifacts.files import staging_dir
+from edgex.catalog import cpu_features, cpu_model
 from edgex.export import run_parity
 from edgex.exporters import EXPORTERS
 from edgex.exporters.onnx import NBITS, quantize_matmuls
@@ -234,6 +235,7 @@ def main(args) -> int:
     console.log(f"built {args.preset}, components and {args.frames} eager frames in {time.perf_counter() - start:.0f} s")
     bandwidth = bandwidth_gbps(args.threads)
     console.log(f"read bandwidth {bandwidth:.1f} GB/s ({args.threads} threads)")
+    cpu = f"{cpu_model()}; {' '.join(cpu_features())}"
     eager = run_eager(frames, zeros)
     step_b, pred_b = eager_bytes(talker, int(np.median(frames.positions)))
     rows = [dict(engine="eager fp32 (official modules)", talker_ms=1e3 * statistics.median(eager["times"]["talker"]),
@@ -321,7 +323,7 @@ def main(args) -> int:
     eager_frame = rows[0]["frame_ms"]
     eager_talker = rows[0]["talker_ms"]
     table = Table(title=f"qwen3-tts {args.preset} frame on cpu, {args.threads} threads, {args.frames} frames from talker "
-                        f"position {args.context}, medians; read bandwidth {bandwidth:.1f} GB/s")
+                        f"position {args.context}, medians; read bandwidth {bandwidth:.1f} GB/s; every engine on {cpu}")
     for col in ("engine", "talker ms", "predictor ms", "frame ms", "x eager", "MB read", "floor ms", "% of floor",
                 "talker greedy code0", "predictor greedy codes", "gate (min dB)"):
         table.add_column(col)
@@ -336,5 +338,5 @@ def main(args) -> int:
                       f"{floor:.1f}", f"{100 * floor / measured:.0f} %", r["talker_parity"], r["predictor_parity"], r["gate"])
     Console(width=250).print(table)
     (args.out / "bench-frame.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "bandwidth_gbps": bandwidth, "rows": rows}, indent=2, default=str))
+        {"args": {k: str(v) for k, v in vars(args).items()}, "bandwidth_gbps": bandwidth, "cpu": cpu, "rows": rows}, indent=2, default=str))
     return 0

@@ -228,7 +228,8 @@ def doctor_lines(data: dict) -> list:
     """`edgex doctor`: the machine, the packages table, one line per runtime's smoke program."""
     box = data["machine"]
     shown: list = [f"machine: {box['cpus']} cores, {box['memory_gb']} GB memory ({box['memory_available_gb']} GB available), "
-                   f"{box['temp_free_gb']} GB free in {box['temp_dir']}"]
+                   f"{box['temp_free_gb']} GB free in {box['temp_dir']}",
+                   f"cpu: {escape(box['cpu'])}; {' '.join(box['cpu_features']) or 'no SIMD features reported'}"]
     table = Table(title="edgex doctor")
     for col in ("package", "version", "status", "needed for"):
         table.add_column(col)

@@ -1,10 +1,12 @@
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 
 from conftest import run_cli
+from edgex.catalog import SIMD_FEATURES
 from edgex.parity.runtimes import RUNTIMES
 
 
@@ -38,6 +40,9 @@ def test_doctor_runs_every_runtime_s_smoke_program():
     box = data["machine"]
     assert box["cpus"] == os.cpu_count() and box["temp_dir"] == tempfile.gettempdir()
     assert 0 < box["memory_available_gb"] <= box["memory_gb"] and box["temp_free_gb"] > 0
+    assert box["cpu"] and set(box["cpu_features"]) <= set(SIMD_FEATURES)
+    if platform.machine() == "x86_64":  # every x86-64 CPU edgex's wheels run on has AVX2
+        assert "avx2" in box["cpu_features"], box
 
 
 def _doctor_with(code: str, *runtimes: str) -> subprocess.CompletedProcess:
