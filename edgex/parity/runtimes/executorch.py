@@ -51,16 +51,13 @@ class ExecuTorchRuntime(Runtime):
         runtime must load and the XNNPACK backend must be registered in it."""
         ensure_installed("executorch", "running .pte artifacts")
         import torch
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import to_edge_transform_and_lower
 
         class AddOne(torch.nn.Module):
             def forward(self, x):
                 return x + 1.0
 
-        exported = torch.export.export(AddOne(), (torch.from_numpy(SMOKE_INPUT),), strict=False)
         path = workdir / "smoke.pte"
-        path.write_bytes(to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+        path.write_bytes(_xnnpack_program(AddOne(), (torch.from_numpy(SMOKE_INPUT),)))
         check_smoke(self.load([path], 1).run([SMOKE_INPUT]))
         return "ran an XNNPACK-delegated x + 1 program"
 
@@ -73,11 +70,9 @@ def _accumulates_in_half() -> bool:
     """Whether XNNPACK sums fp16 products in fp16 here: it picks its fp16 kernels by the CPU's
     features (AVX512-FP16, Arm's fp16 arithmetic: fp16 fused multiply-adds; elsewhere fp16 inputs
     converted and summed in fp32). Measured, not read from CPU flags: a 4096-wide fp16 linear layer
-    lowered as the exporter lowers it, against its exact result. Summed in fp32, only the output's
+    delegated to XNNPACK, against its exact result. Summed in fp32, only the output's
     rounding to fp16 remains (~74 dB); in fp16, the running sum's rounding (~40 dB at this width)."""
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
 
     from ..metrics import snr_db
 
@@ -88,8 +83,16 @@ def _accumulates_in_half() -> bool:
     with torch.no_grad():
         layer.weight.copy_(torch.randn(64, 4096, generator=generator) * 0.02)
     x = torch.randn(1, 4096, generator=generator).half()
-    exported = torch.export.export(layer, (x,), strict=False)
-    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch()
-    out = EtRuntime.get().load_program(program.buffer).load_method("forward").execute([x])[0]
+    out = EtRuntime.get().load_program(_xnnpack_program(layer, (x,))).load_method("forward").execute([x])[0]
     exact = x.double() @ layer.weight.detach().double().T
     return snr_db(exact.numpy(), out.double().numpy()) < 57.0
+
+
+def _xnnpack_program(module, inputs: tuple) -> bytes:
+    """`module` exported on `inputs` and delegated to XNNPACK with its partitioner: a `.pte` buffer."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(module, inputs, strict=False)
+    return to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
