@@ -16,7 +16,7 @@ The model itself is built by `recipe.py`, which the registry imports only once w
 
 from __future__ import annotations
 
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 from .presets import PRESETS
 
 ROLES = {
@@ -67,6 +67,17 @@ COARSE = {
     },
 }
 
+# A CPU runtime that calls a method in microseconds runs the predictor as the runner's loop over
+# code_predictor_step (docs/runtime-contract.md); the unrolled frame is for runtimes where one graph
+# call costs milliseconds (an NPU context, ONNX Runtime's session). Its XNNPACK lowering is the
+# costliest build of the model (0.6b: 786 s at fp16, a third of the whole export's build time), so
+# ExecuTorch builds it only when placed by name; `edgex pipeline` scores the looped step graph in situ.
+PLACED_PRECISIONS = {"code_predictor": ComponentPrecisions(
+    {"executorch": ()},
+    "ExecuTorch runs the predictor as the runner's loop over code_predictor_step; the unrolled frame's XNNPACK "
+    "lowering is the model's costliest build (0.6b fp16: 786 s) and is built only when placed by name "
+    "(--placement code_predictor=executorch:fp32)")}
+
 FACTS = RecipeFacts(
     name="qwen3-tts",
     description="Qwen3-TTS 12 Hz: talker (prefill + decode), code predictor, Code2Wav (window + streaming)",
@@ -84,4 +95,5 @@ FACTS = RecipeFacts(
     options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)"),
              "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
     reference_packages=("transformers", "qwen-tts", "safetensors"),
+    placed_precisions=PLACED_PRECISIONS,
 )
