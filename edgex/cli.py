@@ -103,7 +103,9 @@ def export(
     of exactly these inputs (edgex source, tool versions, weights or checkpoint bytes, seed, --set,
     the planned jobs, gates, threads, --allow-unverified) and every file it records still has its
     sha256 and size, nothing is loaded or rebuilt: that manifest's table and exit code stand.
-    Anything else exports again and overwrites; --force always does; --hub never reuses."""
+    Otherwise only the jobs whose own inputs changed are built: an artifact whose component, exporter,
+    precision, placement, gates, weights, seed, --set, edgex source and tools are those of an intact
+    entry of that manifest keeps it ("reused"). --force rebuilds everything; --hub never reuses."""
     # Every name is checked from light declarations first: torch and the toolchains load only
     # once there is work to do.
     from .parity.gates import parse_overrides
@@ -153,13 +155,18 @@ def export(
 
                 # reuse=False: looked above already (or --force / --hub)
                 options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
-                               jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified, reuse=False)
+                               jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified, reuse=False,
+                               reuse_jobs=not force)
                 if as_json:
                     manifest = export_model(model, target, out_dir, **options)
                 else:
                     with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
                         manifest = export_model(model, target, out_dir, progress=progress, **options)
             costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
+            kept = sum(1 for a in manifest["artifacts"] if a.get("reused") and "sidecar_of" not in a)
+            if kept:
+                err.print(f"reused {kept} unchanged artifact(s) of the earlier export in this folder, built "
+                          f"{len(checked.jobs) - kept} (--force rebuilds all)", highlight=False, soft_wrap=True)
     except EdgexError as exc:
         _fail(exc)
     if as_json:

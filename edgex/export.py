@@ -6,6 +6,7 @@ A library function: the CLI only parses and renders, tests and programs call `ex
 from __future__ import annotations
 
 import gc
+import json
 import platform
 import tempfile
 import time
@@ -20,7 +21,7 @@ from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
 from .artifacts.keys import tree_sha256
-from .artifacts.reuse import export_key, unchanged
+from .artifacts.reuse import export_key, job_keys, reusable_jobs, unchanged
 from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
@@ -293,8 +294,8 @@ def _worker_job(job: Job, args) -> list[dict]:
     return _export_isolated(job, _WORKER["components"][job.component], *args)
 
 
-def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
-    """Export in `workers` processes (spawned: torch and fork do not mix). ExecuTorch lowering is
+def _export_parallel(plan_jobs, workers, source, args, progress) -> list[list[dict]]:
+    """Each job's entries, in plan order, exported in `workers` processes (spawned: torch and fork do not mix). ExecuTorch lowering is
     single-threaded Python, so on N cores N workers cut the wall time close to N-fold."""
     import multiprocessing
     import os
@@ -314,7 +315,7 @@ def _export_parallel(plan_jobs, workers, source, args, progress) -> list[dict]:
                 raise EdgexError(f"an export worker process died (killed for memory?): rerun with fewer --jobs than {workers}") from None
             job = plan_jobs[i]
             progress(f"{job.component} {job.exporter} {job.precision}: {entries[i][0]['verdict']}", job)
-    return [entry for job_entries in entries for entry in job_entries]
+    return entries
 
 
 def run_parity(component, exporter, files, io_float_dtype, precision, overrides, threads, options=None,
@@ -379,6 +380,7 @@ def export_model(
     settings: dict[str, str] | None = None,
     allow_unverified: list[str] | None = None,
     reuse: bool = True,
+    reuse_jobs: bool = True,
     progress: Callable[[str, Job | None], None] | None = None,
 ) -> dict:
     """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/),
@@ -388,6 +390,9 @@ def export_model(
     intact (`edgex.artifacts.reuse`), that manifest is returned as it stands (`reused` true): no
     model is loaded, nothing is written. `reuse=False` exports regardless (`--force`, or a caller
     that has looked already). The manifest records the export's key (`export_key`) for the next call.
+    Otherwise each job whose own key matches an intact entry of the folder's manifest keeps that entry
+    and its files (`reusable_jobs`, `"reused": true`) unless `reuse_jobs` is False (`--force`); the
+    model is loaded only when some job is left to build.
 
     With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
     Such an export is never reused and records no key: a device run is not reproducible here.
@@ -415,36 +420,57 @@ def export_model(
             return manifest
 
     started = time.perf_counter()
+    keys = dict(zip(plan_jobs, job_keys(key))) if key is not None else {}
+    earlier = reusable_jobs(out_dir, list(keys.values())) if keys and reuse_jobs else {}
+    todo = [job for job in plan_jobs if keys.get(job) not in earlier]
+    for job in plan_jobs:
+        if job not in todo:
+            progress(f"{job.component} {job.exporter} {job.precision}: reused, {earlier[keys[job]][0]['verdict']}", job)
     # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
     # and refuse a folder whose content is no longer this
     checkpoint_sha256 = (key["inputs"].get("checkpoint_sha256") if key else tree_sha256(checkpoint)) if checkpoint else None
-    progress("loading model", None)
-    recipe = RECIPES.get(model)
-    loaded = recipe.load(preset, checkpoint, seed, options)
-    if checkpoint_sha256:
-        loaded.source = {**loaded.source, "checkpoint_sha256": checkpoint_sha256}
-    names = list(dict.fromkeys(j.component for j in plan_jobs))
-    parallel = jobs > 1 and len(plan_jobs) > 1
+    if todo:
+        progress("loading model", None)
+        recipe = RECIPES.get(model)
+        loaded = recipe.load(preset, checkpoint, seed, options)
+        if checkpoint_sha256:
+            loaded.source = {**loaded.source, "checkpoint_sha256": checkpoint_sha256}
+        source, model_options = _described(loaded.source), loaded.options
+    else:  # every job reused: the earlier export's model, whose key inputs are these
+        source, model_options = earlier_model(out_dir)
+    names = list(dict.fromkeys(j.component for j in todo))
+    parallel = jobs > 1 and len(todo) > 1
 
     # The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first and
     # the staged files published after it, so a crash (a manifest that cannot be written included)
-    # never leaves artifacts that look valid without the manifest that vouches for them.
+    # never leaves artifacts that look valid without the manifest that vouches for them. Reused
+    # entries' files stay where they are.
     with staging_dir(out_dir) as stage:
         args = (stage, min_db, threads, connection)
-        if parallel:  # workers build their own components
+        if not todo:
+            made = []
+        elif parallel:  # workers build their own components
             progress(f"{jobs} worker processes: building the model, then exporting", None)
-            entries = _export_parallel(plan_jobs, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
+            made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
-            _warm_up(plan_jobs)
-            entries = []
-            for job in plan_jobs:
+            _warm_up(todo)
+            made = []
+            for job in todo:
                 progress(f"{job.component} -> {job.exporter} {job.precision}", job)
                 job_entries = _export_isolated(job, built[job.component], *args)
-                entries += job_entries
+                made.append(job_entries)
                 progress(f"{job.component} {job.exporter} {job.precision}: {job_entries[0]['verdict']}", job)
-        manifest = _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified, key)
+        made_by = dict(zip(todo, made))
+        entries = []
+        for job in plan_jobs:
+            if job in made_by:
+                entries += [{**entry, **({"job_key": keys[job]} if job in keys else {})} for entry in made_by[job]]
+            else:
+                entries += [{**entry, "reused": True} for entry in earlier[keys[job]]]
+        manifest = _manifest(model, source, model_options, settings, tgt, threads, min_db, connection, entries, started,
+                             allow_unverified, key)
         write_json_atomic(out_dir / MANIFEST, manifest)
         publish(stage, out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
     return {**manifest, "manifest_path": str(out_dir / MANIFEST), "reused": False}
@@ -459,7 +485,15 @@ def _described(source: dict) -> dict:
     return {**source, "weights": PRESET_WEIGHTS} if "preset" in source else dict(source)
 
 
-def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries, started, allow_unverified, key) -> dict:
+def earlier_model(folder: Path) -> tuple[dict, dict]:
+    """The weights' source and model options the folder's manifest records (an export every job of
+    which is reused has the same key inputs, so the same model)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    return manifest["source"], manifest["options"]
+
+
+def _manifest(model, source, model_options, settings, tgt, threads, min_db, connection, entries, started, allow_unverified,
+              key) -> dict:
     """The manifest as written: strict JSON (non-finite figures as strings, `strict_json`)."""
     return strict_json({
         "edgex_version": __version__,
@@ -467,9 +501,9 @@ def _manifest(model, loaded, settings, tgt, threads, min_db, connection, entries
         "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
         "tool_versions": versions(),
         "model": model,
-        "source": _described(loaded.source),
+        "source": source,
         "settings": settings or {},
-        "options": loaded.options,
+        "options": model_options,
         "target": tgt.name,
         "target_facts": tgt.facts,
         "threads": threads,

@@ -63,7 +63,7 @@ class JobCosts:
         estimate. Best effort: a read-only cache only costs the estimate."""
         seconds = []
         for entry in manifest.get("artifacts", []):
-            if "job_seconds" in entry:
+            if "job_seconds" in entry and not entry.get("reused"):
                 self._costs[self._key(entry["component"], entry["exporter"], entry["precision"])] = entry["job_seconds"]
                 seconds.append(entry["job_seconds"])
         if seconds and "seconds" in manifest:

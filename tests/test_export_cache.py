@@ -1,4 +1,5 @@
-"""An unchanged re-export is reused (`edgex.artifacts.reuse`); anything different exports again.
+"""An unchanged re-export is reused (`edgex.artifacts.reuse`); anything different exports again,
+reusing the jobs whose own key is unchanged.
 
 One real export (tiny talker_prefill, ONNX fp32) is shared by the module. Misses are shown without
 paying for an export: the recipe's `load` is made to raise, so a call that gets past the reuse check
@@ -78,8 +79,8 @@ def test_an_unchanged_reexport_is_a_hit_that_loads_nothing(exported, no_load):
     assert export_model("qwen3-tts", "cpu", out, **{**ARGS, "preset": None}, min_db={})["reused"] is True
 
 
-@pytest.mark.parametrize("change", ["seed", "precision", "gate", "lowering-gate", "threads", "allow-unverified", "force",
-                                    "edgex-source", "tool-version"])
+@pytest.mark.parametrize("change", ["seed", "precision", "gate", "lowering-gate", "threads", "force", "edgex-source",
+                                    "tool-version"])
 def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
     out, _ = exported
     before = files_state(out)
@@ -90,14 +91,12 @@ def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
         args["precisions"] = ["fp16"]
     elif change == "gate":
         args["min_db"] = {"talker": 70.0}
-    elif change == "lowering-gate":  # moves no fp32 gate, but is recorded in the manifest's gate_overrides
+    elif change == "lowering-gate":  # an override of the lowering gate is held by the fp32 job too
         args["min_db"] = {"lowering": 35.0}
     elif change == "threads":
         args["threads"] = 2
-    elif change == "allow-unverified":
-        args["allow_unverified"] = ["sidecar"]
     elif change == "force":
-        args["reuse"] = False
+        args.update(reuse=False, reuse_jobs=False)
     elif change == "edgex-source":
         monkeypatch.setattr(edgex.artifacts.keys, "edgex_source_sha256", lambda: "0" * 64)
     else:
@@ -107,24 +106,37 @@ def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
     assert files_state(out) == before
 
 
+def test_a_change_that_moves_no_artifact_rewrites_the_manifest_and_builds_nothing(exported, no_load, tmp_path):
+    """The export key differs (the manifest records the accepted unverified kinds), the job's own key
+    does not: the entry and its file are kept, nothing is loaded, the manifest is written anew."""
+    out, folder = copy_of(exported, tmp_path)
+    first = json.loads((folder / "manifest.json").read_text())
+    artifact = {k: v for k, v in files_state(out).items() if not k.endswith("manifest.json")}
+    args = {**ARGS, "allow_unverified": ["sidecar"]}
+    again = export_model("qwen3-tts", "cpu", out, **args)
+    assert again["reused"] is False and again["allow_unverified"] == ["sidecar"] and again["status"] == "pass"
+    assert again["export_key"]["sha256"] != first["export_key"]["sha256"]
+    (entry,) = again["artifacts"]
+    assert entry["reused"] is True and {k: v for k, v in entry.items() if k != "reused"} == first["artifacts"][0]
+    assert {k: v for k, v in files_state(out).items() if not k.endswith("manifest.json")} == artifact
+    assert export_model("qwen3-tts", "cpu", out, **args)["reused"] is True, "then it is a whole hit"
+
+
 def _no_key(m):
-    del m["export_key"]
+    del m["export_key"], m["artifacts"][0]["job_key"]
 
 
-def _string_key(m):
+def _other_job_key(m):
     m["export_key"] = "abc"
+    m["artifacts"][0]["job_key"] = "0" * 64
 
 
 def _errored(m):
     m["artifacts"][0]["verdict"] = "error"
 
 
-def _bad_status(m):
-    m["status"] = "maybe"
-
-
-@pytest.mark.parametrize("damage", ["flipped-byte", "deleted-file", "no-key", "string-key", "errored-entry", "bad-status",
-                                    "not-json", "a-list", "no-manifest"])
+@pytest.mark.parametrize("damage", ["flipped-byte", "deleted-file", "no-key", "errored-entry", "other-job-key", "not-json",
+                                    "a-list", "no-manifest"])
 def test_a_damaged_folder_or_manifest_is_a_miss_never_a_crash(exported, no_load, tmp_path, damage):
     out, folder = copy_of(exported, tmp_path)
     manifest_path = folder / "manifest.json"
@@ -142,8 +154,8 @@ def test_a_damaged_folder_or_manifest_is_a_miss_never_a_crash(exported, no_load,
         manifest_path.write_text("[]")
     elif damage == "no-manifest":
         manifest_path.unlink()
-    else:  # a manifest of an older edgex (no key), a corrupt key, an entry whose export errored, no known status
-        {"no-key": _no_key, "string-key": _string_key, "errored-entry": _errored, "bad-status": _bad_status}[damage](manifest)
+    else:  # a manifest of an older edgex (no keys), an entry whose export errored, an entry of other inputs
+        {"no-key": _no_key, "errored-entry": _errored, "other-job-key": _other_job_key}[damage](manifest)
         manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(Loaded):
         export_model("qwen3-tts", "cpu", out, **ARGS)
@@ -286,3 +298,23 @@ def test_smolvla_vlm_config_outside_the_checkpoint_is_in_the_key(tmp_path):
     (vlm / "config.json").write_text('{"model_type": "smolvlm", "scale_factor": 2}')
     after = edgex.artifacts.keys.weights_inputs("smolvla", None, checkpoint)
     assert after["checkpoint_sha256"] == before["checkpoint_sha256"] and after != before
+
+
+def test_an_export_with_one_job_changed_builds_that_job_alone(exported, tmp_path):
+    """The shared export plus an fp16 build: the fp32 entry and its file are kept as they were
+    (same inode and bytes), the fp16 artifact is built and gated; the CLI says how many it reused."""
+    out, folder = copy_of(exported, tmp_path)
+    first = json.loads((folder / "manifest.json").read_text())
+    kept = files_state(out)
+    proc = run_cli(*CLI, "-p", "fp16", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reused 1 unchanged artifact(s) of the earlier export in this folder, built 1" in proc.stderr
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fp32, fp16 = manifest["artifacts"]
+    assert fp32["reused"] is True and {k: v for k, v in fp32.items() if k != "reused"} == first["artifacts"][0]
+    assert "reused" not in fp16 and fp16["precision"] == "fp16" and fp16["verdict"] == "pass" and fp16["job_key"]
+    now = files_state(out)
+    assert all(now[name] == state for name, state in kept.items() if not name.endswith("manifest.json"))
+    # --force rebuilds both
+    forced = json.loads(run_cli(*CLI, "-p", "fp16", "--out", str(out), "--json", "--force").stdout)
+    assert not any(a.get("reused") for a in forced["artifacts"]) and forced["status"] == "pass"

@@ -16,6 +16,13 @@ written before export keys existed or by `edgex build` (its folders gather many 
 and record no key), and a missing, unreadable or corrupt manifest. An export with `--hub` records
 no key and never reuses: a device run is not reproducible from here.
 
+A miss still reuses what it can, job by job: every entry records its job's own key (`job_key`: the
+build cache's key of that one artifact, `edgex.build.cache`), and a planned job whose key equals that
+of an earlier entry in the folder's manifest, none of whose entries errored and whose files are all
+intact, keeps those entries and files (`reusable_jobs`, marked `"reused": true`); only the other jobs
+are built. So changing one component's placement, precision or gate rebuilds that component's
+artifacts alone; a change of code, tools, weights, seed or `--set` rebuilds every one.
+
 Light on import (no torch): the CLI looks before it imports the export pipeline, so a hit takes
 about a second.
 """
@@ -46,6 +53,40 @@ def export_key(plan: ExportPlan, *, seed: int, settings: dict[str, str] | None, 
               "jobs": [job_inputs(job, overrides, threads) for job in plan.jobs],
               "gate_overrides": overrides, "allow_unverified": allow_unverified}
     return {"sha256": digest(inputs), "inputs": inputs}
+
+
+# What an export key holds beyond one artifact's key: the plan's jobs, and what changes only the manifest.
+_EXPORT_ONLY = ("jobs", "gate_overrides", "allow_unverified")
+
+
+def job_keys(key: dict) -> list[str]:
+    """Each planned job's own key, in plan order: the export's environment and source inputs with
+    that job's inputs, the same digest the build cache files one artifact under."""
+    common = {k: v for k, v in key["inputs"].items() if k not in _EXPORT_ONLY}
+    return [digest({**common, **job}) for job in key["inputs"]["jobs"]]
+
+
+def reusable_jobs(folder: Path, keys: list[str]) -> dict[str, list[dict]]:
+    """Job key -> the entries (the artifact's, then its sidecars') an earlier export recorded in
+    `folder`'s manifest for a job with that key, for each of `keys` whose entries all passed, failed
+    or stayed unverified (an error may be transient) and whose every recorded file is intact."""
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())
+        grouped: dict[str, list[dict]] = {}
+        for entry in manifest["artifacts"]:
+            if entry.get("job_key") in keys:
+                grouped.setdefault(entry["job_key"], []).append(entry)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable or not a manifest: nothing to reuse
+        return {}
+    return {key: entries for key, entries in grouped.items()
+            if all(e.get("verdict") != "error" for e in entries) and _intact(entries, Path(folder))}
+
+
+def _intact(entries: list[dict], root: Path) -> bool:
+    try:
+        return intact({"artifacts": entries}, root)
+    except (KeyError, TypeError, OSError):
+        return False
 
 
 def unchanged(folder: Path, key: dict) -> dict | None:
