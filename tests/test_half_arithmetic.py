@@ -58,3 +58,31 @@ def test_a_floor_near_the_broken_band_sets_the_minimum_gate_and_says_why(monkeyp
     gates = half_arithmetic_gates(SimpleNamespace(role="llm"), _HalfRuntime(), "fp16", None, 30.0, 30.0)
     assert gates["end_to_end_gate_db"] == gates["lowering_gate_db"] == HALF_ARITHMETIC_MIN_DB
     assert "18.5 dB" in gates["note"] and "too coarse" in gates["note"]
+
+
+def test_the_floor_is_measured_only_for_an_artifact_that_fails_its_fixed_gates(monkeypatch, tmp_path):
+    """The floor only lowers gates: a faithful fp16 graph that passes the fixed ones is not slowed by
+    it (minutes of emulated sums at 0.6b), and says so; a broken one that fails them is re-gated at
+    the floor's gates, which fail it still. ONNX fp16 of the tiny Spark-X2.5 decode, its runtime
+    made to report fp16 sums."""
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+    from edgex.parity import half_arithmetic
+    from edgex.parity.runtimes import RUNTIMES
+    from planted_graph import plant
+
+    recipe = RECIPES.get("spark-x2.5")
+    (comp,) = recipe.components(recipe.load("tiny", None, 0), ["decode"])
+    exporter = EXPORTERS.get("onnx")
+    monkeypatch.setattr(type(RUNTIMES.get(exporter.runtime)), "accumulates_in_half", lambda self: True)
+    floors = []
+    monkeypatch.setattr(half_arithmetic, "floor_db", lambda component: floors.append(component) or 29.0)
+    result = exporter.export(comp, "fp16", tmp_path / "decode.onnx")
+    report = run_parity(comp, exporter, result.files, result.io_float_dtype, "fp16", None, 1)
+    assert report.verdict == "pass" and floors == [] and report.threshold_db == 30.0, report.to_json()
+    assert report.half_arithmetic == {"accumulation": "fp16", "floor_db": None, "why": half_arithmetic.NOT_MEASURED}
+    broken = plant(comp, "head_dropped")
+    result = exporter.export(broken, "fp16", tmp_path / "broken.onnx")
+    report = run_parity(broken, exporter, result.files, result.io_float_dtype, "fp16", None, 1)
+    assert floors == [broken] and report.half_arithmetic["floor_db"] == 29.0
+    assert report.verdict == "fail" and report.threshold_db == 23.0, report.to_json()

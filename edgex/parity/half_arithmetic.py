@@ -89,13 +89,20 @@ def _flat(outputs) -> list[torch.Tensor]:
     return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
 
 
+# Why an fp16 artifact on an fp16-summing runtime records no floor.
+NOT_MEASURED = "passed its fixed gates: the floor, which can only lower them, was not measured"
+
+
 def half_arithmetic_gates(component: Component, runtime, precision: str, overrides: dict[str, float] | None,
-                          gate_db: float, lowering_db: float | None) -> dict | None:
+                          gate_db: float, lowering_db: float | None, measure_floor: bool = True) -> dict | None:
     """The fp16 artifact's gates on `runtime`, where it accumulates in fp16 and the component's floor
     is known: each fixed gate the user did not set, moved to `gates.half_arithmetic_db`. None where
-    the gates stay as they are (another precision, a runtime that accumulates in fp32, no floor)."""
+    the gates stay as they are (another precision, a runtime that accumulates in fp32, no floor).
+    `measure_floor` False (the artifact passed its fixed gates): the record says so, without a floor."""
     if precision != "fp16" or not runtime.accumulates_in_half():
         return None
+    if not measure_floor:
+        return {"accumulation": "fp16", "floor_db": None, "why": NOT_MEASURED}
     floor = floor_db(component)
     if floor is None:
         return None
