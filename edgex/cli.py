@@ -86,7 +86,10 @@ def export(
     placement: Optional[List[str]] = typer.Option(None, "--placement", help=_PLACEMENT_HELP + " (a key given twice is built in both)"),
     calibration: Optional[int] = typer.Option(None, "--calibration", help="calibration input sets for quantized schemes (default: the component's own, 8; 16 for the predictor step)"),
     threads: Optional[int] = _threads_option(),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="export in N worker processes (N x memory)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="jobs side by side, each in a process that shares the eager model "
+                                       "(default: one per core)"),
+    max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help="GB of memory the export may hold: a job starts "
+                                               "beside others only while it fits (default: 85 % of what is free)"),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. max_context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
@@ -129,6 +132,9 @@ def export(
                          precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        from .side_by_side import default_jobs
+
+        jobs = jobs or default_jobs()
         for job in checked.jobs:
             if job.coarse:
                 err.print(coarse_warning(model, job), highlight=False, soft_wrap=True)
@@ -155,7 +161,7 @@ def export(
 
                 # reuse=False: looked above already (or --force / --hub)
                 options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
-                               jobs=jobs, hub=hub_settings, allow_unverified=allow_unverified, reuse=False,
+                               jobs=jobs, max_memory_mb=max_memory * 1024 if max_memory else None, hub=hub_settings, allow_unverified=allow_unverified, reuse=False,
                                reuse_jobs=not force)
                 if as_json:
                     manifest = export_model(model, target, out_dir, **options)

@@ -39,7 +39,8 @@ from .parity.scheme import Reference, measure_split
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
-from .resources import PeakRss, return_free_memory
+from .resources import JobMemory, PeakRss, return_free_memory
+from .side_by_side import auto_budget_mb, run_side_by_side
 from .status import check_unverified_kinds, status
 from .toolchain import versions
 
@@ -205,9 +206,11 @@ def combined_verdict(local: str, tensors: str | None = None, device: str | None 
 def _export_guarded(job: Job, component: Component, stage, overrides, threads, hub) -> list[dict]:
     """One artifact (+ sidecars); a lowering or runtime crash is recorded as verdict "error", never hidden.
     `job_seconds` (export + parity wall time, on the artifact's entry) is what the CLI's next estimate
-    of this job uses."""
+    of this job uses; `job_peak_rss_mb` / `job_added_rss_mb` its process's peak resident memory and
+    what the job added to what it started with (`JobMemory`)."""
     exporter = EXPORTERS.get(job.exporter)
     started = time.perf_counter()
+    memory = JobMemory()
     try:
         entries = _export_one(job, component, exporter, stage, overrides, threads, hub)
     except EdgexError:
@@ -215,6 +218,7 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
     except Exception as exc:
         entries = error_entries(job, exc)
     entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
+    entries[0].update(memory.record(entries[0].get("export_peak_rss_mb")))
     # A lowered program is a web of graph objects in reference cycles that hold the weights they
     # were made from: freed now, before the next artifact is lowered, not whenever the collector runs,
     # and the freed pages handed back to the system rather than kept in the allocator's arenas.
@@ -229,6 +233,17 @@ def error_entries(job: Job, exc: BaseException) -> list[dict]:
     return [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
              "backend": exporter.backend, "precision": job.precision, "verdict": "error",
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
+
+
+def _references(components) -> None:
+    """Every sample's eager reference, computed here on all of torch's threads before the jobs fork
+    (a child runs torch on one thread) and shared with every job of the component. The freed
+    pages of that work go back to the system, as the children would carry them."""
+    for component in components:
+        for sample in component.samples:
+            component.reference_outputs(sample)
+    gc.collect()
+    return_free_memory()
 
 
 _WARM: set[str] = set()  # exporters warmed up in this process
@@ -382,6 +397,7 @@ def export_model(
     calibration_size: int | None = None,
     threads: int | None = None,
     jobs: int = 1,
+    max_memory_mb: float | None = None,
     hub: HubSettings | None = None,
     settings: dict[str, str] | None = None,
     allow_unverified: list[str] | None = None,
@@ -445,7 +461,7 @@ def export_model(
     else:  # every job reused: the earlier export's model, whose key inputs are these
         source, model_options = earlier_model(out_dir)
     names = list(dict.fromkeys(j.component for j in todo))
-    parallel = jobs > 1 and len(todo) > 1
+    spawned = jobs > 1 and len(todo) > 1 and not forking_supported()
 
     # The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first and
     # the staged files published after it, so a crash (a manifest that cannot be written included)
@@ -455,19 +471,22 @@ def export_model(
         args = (stage, min_db, threads, connection)
         if not todo:
             made = []
-        elif parallel:  # workers build their own components
+        elif spawned:  # no fork here: workers build their own components
             progress(f"{jobs} worker processes: building the model, then exporting", None)
             made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
             _warm_up(todo)
-            made = []
-            for job in todo:
-                progress(f"{job.component} -> {job.exporter} {job.precision}", job)
-                job_entries = _export_isolated(job, built[job.component], *args)
-                made.append(job_entries)
-                progress(f"{job.component} {job.exporter} {job.precision}: {job_entries[0]['verdict']}", job)
+            _references(built.values())
+            budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()
+            made = run_side_by_side(
+                todo, lambda job: _export_isolated(job, built[job.component], *args), jobs, budget,
+                added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
+                alone=lambda job: not (EXPORTERS.get(job.exporter).fork_safe and forking_supported()),
+                started=lambda job: progress(f"{job.component} -> {job.exporter} {job.precision}", job),
+                finished=lambda job, entries: progress(f"{job.component} {job.exporter} {job.precision}: "
+                                                       f"{entries[0]['verdict']}", job))
         made_by = dict(zip(todo, made))
         entries = []
         for job in plan_jobs:

@@ -35,6 +35,24 @@ class PeakRss:
         return round(self.peak / 2**20, 1)
 
 
+class JobMemory:
+    """A job's memory, in the process it runs in and the one its lowering ran in: the peak resident
+    set (a forked child's starts at the pages it shares with its parent) and what the job added to
+    the resident set it started with, the figure jobs side by side are budgeted by."""
+
+    def __init__(self):
+        self.start = psutil.Process().memory_info().rss
+
+    def record(self, lowering_peak_mb: float | None = None) -> dict:
+        """`lowering_peak_mb`: the peak of the process the lowering ran in, where that was another
+        one forked from this (`export._lower_apart`), whose pages it shared at its start."""
+        import resource
+
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, psutil.Process().memory_info().rss,
+                   (lowering_peak_mb or 0) * 2**20)
+        return {"job_peak_rss_mb": round(peak / 2**20, 1), "job_added_rss_mb": round(max(0, peak - self.start) / 2**20, 1)}
+
+
 def return_free_memory() -> None:
     """Give the heap's free pages back to the system (glibc `malloc_trim`): glibc keeps freed
     memory in its arenas, so a freed lowering or parity run could still count in the next job's
