@@ -1,0 +1,64 @@
+"""Jobs side by side (`edgex.side_by_side`): never more than the workers, never past the memory
+budget once a job has measured what it adds, one at a time before that, and a job that must run
+in the export's own process with nothing else in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from edgex.side_by_side import run_side_by_side
+
+
+class _Jobs:
+    """Jobs that record how many ran at once; each "adds" the memory its name says."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = 0
+        self.seen: list[tuple[str, int]] = []  # (job, jobs in flight when it started)
+
+    def run(self, job: str) -> dict:
+        with self.lock:
+            self.now += 1
+            self.seen.append((job, self.now))
+        time.sleep(0.05)
+        with self.lock:
+            self.now -= 1
+        return {"job": job, "added": float(job.split(":")[1])}
+
+
+def test_results_keep_the_order_and_no_more_than_the_workers_run_at_once():
+    jobs = _Jobs()
+    names = [f"j{i}:100" for i in range(7)]
+    out = run_side_by_side(names, jobs.run, 3, None, added_mb=lambda r: r["added"])
+    assert [r["job"] for r in out] == names
+    assert max(n for _, n in jobs.seen) == 3
+
+
+def test_the_budget_admits_a_job_only_while_the_largest_addition_fits():
+    jobs = _Jobs()
+    # 1000 MiB held, 1500 MiB budget: jobs adding 400 fit beside one another (1000 + 400 <= 1500),
+    # one adding 600 does not, so every job after it runs alone
+    small = [f"s{i}:400" for i in range(3)]
+    run_side_by_side(small, jobs.run, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
+    assert jobs.seen[0] == ("s0:400", 1) and max(n for _, n in jobs.seen) == 2
+    jobs = _Jobs()
+    large = ["l0:600", "l1:100", "l2:100", "l3:100"]
+    run_side_by_side(large, jobs.run, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
+    assert max(n for _, n in jobs.seen) == 1, jobs.seen
+    # no measurement at all (jobs that report none): one at a time under a budget
+    jobs = _Jobs()
+    run_side_by_side(small, jobs.run, 2, 1e9, added_mb=lambda r: None, held=lambda: 0.0)
+    assert max(n for _, n in jobs.seen) == 1
+
+
+def test_a_job_that_must_run_here_runs_with_nothing_in_flight():
+    jobs = _Jobs()
+    names = ["a:1", "b:1", "here:1", "c:1", "d:1"]
+    started, finished = [], []
+    out = run_side_by_side(names, jobs.run, 2, None, added_mb=lambda r: r["added"], alone=lambda job: job == "here:1",
+                           started=started.append, finished=lambda job, result: finished.append(job))
+    assert dict(jobs.seen)["here:1"] == 1 and sorted(started) == sorted(finished) == sorted(names)
+    assert finished.index("a:1") < started.index("here:1") and finished.index("b:1") < started.index("here:1")
+    assert [r["job"] for r in out] == names
