@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -261,7 +261,8 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
         rows = {n: _row_count(own[n]) for n in changed}
         coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed),
                     "parameters_swapped": {n: f"{r}/{r} rows" for n, r in rows.items()}, "unmatched": {}}
-        return SchemeReference(component, scheme, swaps, coverage)
+        # the stored weights live on in `swaps` only: the read-back copies go (0.9 GB at the 0.6b talker's fp16)
+        return SchemeReference(component, replace(scheme, weights={}), swaps, coverage)
     index: dict[bytes, tuple[str, int, bool]] = {}  # original row bytes -> (stored name, row, transposed)
     stored_rows: dict[tuple[str, bool], torch.Tensor] = {}
     for name, weight in changed.items():

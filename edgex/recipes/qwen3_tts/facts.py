@@ -77,6 +77,16 @@ PLACED_PRECISIONS = {"code_predictor": ComponentPrecisions(
     "ExecuTorch runs the predictor as the runner's loop over code_predictor_step; the unrolled frame's XNNPACK "
     "lowering is the model's costliest build (0.6b fp16: 786 s) and is built only when placed by name "
     "(--placement code_predictor=executorch:fp32)")}
+# XNNPACK sums fp16 products in fp16 where the CPU has fp16 arithmetic (AVX512-FP16, Arm phones):
+# the vocoder's conv stack then loses more than the fp16 gate allows at the published size, and its
+# matmul-only floor (`edgex.parity.half_arithmetic`) does not model convolutions. code2latent (a
+# transformer) keeps its fp16 .pte.
+_VOCODER_FP16 = ComponentPrecisions(
+    {"executorch": ("fp32",)},
+    "XNNPACK's fp16 sums (CPUs with fp16 arithmetic: AVX512-FP16, Arm) are too coarse for the vocoder's conv stack at "
+    "the published size (0.6b preset, AVX512-FP16 host: code2wav fp16 .pte 26.3 dB, latent2wav 27.2 dB against a 30 dB "
+    "gate; ONNX Runtime fp16, fp32 sums: 54.3 / 57.2 dB); --placement COMPONENT=executorch:fp16 builds it")
+PLACED_PRECISIONS["code2wav"] = PLACED_PRECISIONS["latent2wav"] = _VOCODER_FP16
 
 FACTS = RecipeFacts(
     name="qwen3-tts",
