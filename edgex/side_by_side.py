@@ -7,9 +7,9 @@ child runs torch on one thread, so one job at a time leaves the other cores idle
 
 Memory: children share the parent's pages, so a job costs what it adds to them. A job starts only
 while what the export holds now (this process's resident memory and each child's own pages) plus
-the most a finished job of this export added stays within the budget; until one has finished, jobs
-start one at a time, so the first measurement comes from a job that ran alone. A job that must run
-in this process (an exporter that is not fork-safe) runs with no other job in flight.
+the most a finished job of this export added stays within the budget; until one has finished, a
+job is taken to add as much as the export holds. A job that must run in this process (an exporter
+that is not fork-safe) runs with no other job in flight.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, bud
     def fits() -> bool:
         if not running or budget_mb is None:
             return True
-        return largest is not None and held() + largest <= budget_mb
+        now = held()
+        return now + (largest if largest is not None else now) <= budget_mb
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         while pending or running:

@@ -47,10 +47,13 @@ def test_the_budget_admits_a_job_only_while_the_largest_addition_fits():
     large = ["l0:600", "l1:100", "l2:100", "l3:100"]
     run_side_by_side(large, jobs.run, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
     assert max(n for _, n in jobs.seen) == 1, jobs.seen
-    # no measurement at all (jobs that report none): one at a time under a budget
+    # no measurement (jobs that report none): a job is taken to add as much as the export holds
     jobs = _Jobs()
-    run_side_by_side(small, jobs.run, 2, 1e9, added_mb=lambda r: None, held=lambda: 0.0)
+    run_side_by_side(small, jobs.run, 2, 1000.0, added_mb=lambda r: None, held=lambda: 600.0)
     assert max(n for _, n in jobs.seen) == 1
+    jobs = _Jobs()
+    run_side_by_side(small, jobs.run, 2, 1200.0, added_mb=lambda r: None, held=lambda: 600.0)
+    assert max(n for _, n in jobs.seen) == 2
 
 
 def test_a_job_that_must_run_here_runs_with_nothing_in_flight():
