@@ -111,3 +111,23 @@ def test_readme_demo_exports_every_component(tmp_path):
     want = {(c, f, p) for c in ROLES for f in ("pte", "onnx") for p in ("fp32", "fp16")}
     assert {(a["component"], a["format"], a["precision"]) for a in data["artifacts"]} == want
     assert data["status"] == "pass" and all(a["verdict"] == "pass" for a in data["artifacts"])
+
+
+def test_cpu_places_the_looped_predictor_and_fp32_vocoders_on_executorch_unless_placed_by_name(tmp_path):
+    """The recipe's own precisions on ExecuTorch: the runner loops code_predictor_step there (the
+    unrolled frame is the model's costliest lowering) and the vocoders stay fp32 (XNNPACK's fp16
+    sums fail them at the published size); ONNX builds all of them, and a placement by name builds
+    the rest, with the reason recorded."""
+    from edgex.plan import make_plan, read_placements
+
+    built = {(j.component, j.exporter, j.precision): j for j in make_plan("qwen3-tts", "cpu", tmp_path).jobs}
+    assert not any(c == "code_predictor" and e == "executorch" for c, e, _ in built)
+    assert ("code2wav", "executorch", "fp16") not in built and ("latent2wav", "executorch", "fp16") not in built
+    assert {("code2wav", "executorch", "fp32"), ("code2latent", "executorch", "fp16"), ("code_predictor", "onnx", "fp16"),
+            ("code_predictor_step", "executorch", "fp16"), ("latent2wav", "onnx", "fp16")} <= set(built)
+    assert "recipe_precisions" not in dict(built["code_predictor", "onnx", "fp16"].placement)  # ONNX: the role's own
+    assert "26.3 dB" in dict(built["code2wav", "executorch", "fp32"].placement)["recipe_precisions"]
+    named = make_plan("qwen3-tts", "cpu", tmp_path, placements=read_placements(["code_predictor=executorch:fp32",
+                                                                                "code2wav=executorch:fp16"])).jobs
+    assert {(j.component, j.exporter, j.precision) for j in named} >= {("code_predictor", "executorch", "fp32"),
+                                                                       ("code2wav", "executorch", "fp16")}
