@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import json
-import threading
 import platform
 import tempfile
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable
 
 from . import __version__
 from .artifacts.files import (
@@ -236,44 +235,15 @@ def error_entries(job: Job, exc: BaseException) -> list[dict]:
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
 
 
-class _Built:
-    """The components, built one after another in a thread of this process while the jobs of those
-    already built run (`iter_components`): the first artifacts lower while the eager pipeline
-    generates the next component's samples. Each component's eager references are computed here
-    too, on all of torch's threads (a job's child runs torch on one), before its jobs may start.
-    A failure to build is raised by `ready` in the thread that schedules the jobs."""
-
-    def __init__(self, components: Iterator[Component]):
-        self._components: dict[str, Component] = {}
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._build, args=(components,), name="edgex-components", daemon=True)
-        self._thread.start()
-
-    def _build(self, components: Iterator[Component]) -> None:
-        try:
-            for component in components:
-                for sample in component.samples:
-                    component.reference_outputs(sample)
-                gc.collect()
-                return_free_memory()  # the pages of that work go back to the system, not into every child
-                self._components[component.name] = component
-        except BaseException as exc:  # noqa: BLE001 - raised by `ready` in the scheduling thread
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def ready(self, job: Job) -> bool:
-        if self._error is not None:
-            raise self._error
-        if job.component in self._components:
-            return True
-        if self._done.is_set():
-            raise EdgexError(f"component {job.component} was not built")
-        return False
-
-    def __getitem__(self, name: str) -> Component:
-        return self._components[name]
+def _references(components) -> None:
+    """Every sample's eager reference, computed here on all of torch's threads before the jobs fork
+    (a child runs torch on one thread) and shared with every job of the component. The freed
+    pages of that work go back to the system, as the children would carry them."""
+    for component in components:
+        for sample in component.samples:
+            component.reference_outputs(sample)
+    gc.collect()
+    return_free_memory()
 
 
 _WARM: set[str] = set()  # exporters warmed up in this process
@@ -506,11 +476,12 @@ def export_model(
             made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             progress("building components from the eager pipeline", None)
+            built = {c.name: c for c in recipe.components(loaded, names)}
             _warm_up(todo)
-            built = _Built(recipe.iter_components(loaded, names))
+            _references(built.values())
             budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()
             made = run_side_by_side(
-                todo, lambda job: _export_isolated(job, built[job.component], *args), jobs, budget, ready=built.ready,
+                todo, lambda job: _export_isolated(job, built[job.component], *args), jobs, budget,
                 added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
                 alone=lambda job: not (EXPORTERS.get(job.exporter).fork_safe and forking_supported()),
                 started=lambda job: progress(f"{job.component} -> {job.exporter} {job.precision}", job),

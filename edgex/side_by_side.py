@@ -14,7 +14,6 @@ that is not fork-safe) runs with no other job in flight.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Callable, Sequence, TypeVar
@@ -25,7 +24,6 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 MB = 2**20
-WAIT_S = 0.2  # how often a job not yet ready is looked at again
 # The share of the memory available at the start an automatic budget allows the export to fill.
 AUTO_BUDGET_SHARE = 0.85
 
@@ -50,13 +48,11 @@ def auto_budget_mb() -> float:
 def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, budget_mb: float | None,
                      added_mb: Callable[[R], float | None], alone: Callable[[J], bool] = lambda job: False,
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
-                     held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True) -> list[R]:
+                     held: Callable[[], float] = held_mb) -> list[R]:
     """`run(job)` for every job, up to `workers` at once in threads (each forks its job's child),
     results in the order of `jobs`. `added_mb(result)`: what the finished job added to the memory it
     shared (None: unknown). `budget_mb` None: no memory limit. `alone(job)`: it runs in this thread,
-    with nothing else in flight. `ready(job)`: whether it can start yet (its component built; it may
-    raise, which ends the run); jobs start in order as they become ready. `started` / `finished`
-    are called from this thread only."""
+    with nothing else in flight. `started` / `finished` are called from this thread only."""
     results: list = [None] * len(jobs)
     pending = deque(range(len(jobs)))
     running: dict = {}
@@ -70,7 +66,7 @@ def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, bud
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         while pending or running:
-            while pending and len(running) < max(1, workers) and ready(jobs[pending[0]]):
+            while pending and len(running) < max(1, workers):
                 job = jobs[pending[0]]
                 if alone(job):
                     if running:
@@ -86,10 +82,8 @@ def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, bud
                 started(job)
                 running[pool.submit(run, job)] = i
             if not running:
-                if pending:
-                    time.sleep(WAIT_S)  # the next job's component is still being built
                 continue
-            done, _ = wait(running, timeout=WAIT_S, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 i = running.pop(future)
                 results[i] = future.result()

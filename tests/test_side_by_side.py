@@ -65,33 +65,3 @@ def test_a_job_that_must_run_here_runs_with_nothing_in_flight():
     assert dict(jobs.seen)["here:1"] == 1 and sorted(started) == sorted(finished) == sorted(names)
     assert finished.index("a:1") < started.index("here:1") and finished.index("b:1") < started.index("here:1")
     assert [r["job"] for r in out] == names
-
-
-def test_components_built_in_a_thread_are_ready_in_turn_and_a_failure_reaches_the_scheduler():
-    """`export._Built`: a job may start once its component is built; an error building a later one
-    is raised where the jobs are scheduled (the export's one-line error), not lost in the thread."""
-    from types import SimpleNamespace
-
-    import pytest
-
-    from edgex.errors import EdgexError
-    from edgex.export import _Built
-
-    gate = threading.Event()
-
-    def components():
-        yield SimpleNamespace(name="first", samples={})
-        gate.wait(5)
-        raise EdgexError("checkpoint lacks the decoder")
-
-    built = _Built(components())
-    deadline = time.monotonic() + 5
-    while not built.ready(SimpleNamespace(component="first")):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert built["first"].name == "first" and built.ready(SimpleNamespace(component="second")) is False
-    gate.set()
-    with pytest.raises(EdgexError, match="lacks the decoder"):
-        while not built.ready(SimpleNamespace(component="second")):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)

@@ -10,7 +10,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import EdgexError
 
@@ -204,12 +204,6 @@ class Recipe(ABC):
     @abstractmethod
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         """The deployable graphs (all, or those named), each with samples from the eager pipeline."""
-
-    def iter_components(self, loaded: LoadedModel, names: list[str] | None = None) -> Iterator[Component]:
-        """`components`, each handed on as soon as it is built, so an export can lower the first
-        while the eager pipeline still generates the samples of the next. Names are checked before
-        the first is built. A recipe whose components share expensive samples overrides it."""
-        yield from self.components(loaded, names)
 
     # The components the model's own pipeline composes (`edgex pipeline`), one per stage; a tuple of
     # names is one stage with alternative components (the first placed one serves); empty: none yet.

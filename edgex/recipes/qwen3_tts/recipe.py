@@ -5,8 +5,6 @@ The components and their roles are declared in `facts.py` (read without importin
 
 from __future__ import annotations
 
-from typing import Iterator
-
 from functools import partial
 from pathlib import Path
 
@@ -78,17 +76,12 @@ class Qwen3TTSRecipe(Recipe):
                                                               "reference_frames": reference})
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
-        return list(self.iter_components(loaded, names))
-
-    def iter_components(self, loaded: LoadedModel, names: list[str] | None = None) -> Iterator[Component]:
-        """One builder for all: the components share its eager utterances (minutes at 0.6b), and the
-        prompt-only talker_prefill is handed on before they are generated."""
         names = self.facts.default_components() if not names else names
         for n in names:
             if n not in ROLES:
                 raise EdgexError(f"no such component {n!r} in qwen3-tts (known: {', '.join(ROLES)})")
         builder = _ComponentBuilder(loaded)
-        return (getattr(builder, n)() for n in names)
+        return [getattr(builder, n)() for n in names]
 
 
 class _ComponentBuilder:
