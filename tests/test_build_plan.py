@@ -43,7 +43,7 @@ set = { max_context = 64 }
     assert ids == [
         "qwen3-tts/cpu/talker_decode.fp32.executorch", "qwen3-tts/cpu/talker_decode.fp16.executorch",
         "qwen3-tts/cpu/talker_decode.fp32.onnx", "qwen3-tts/cpu/talker_decode.fp16.onnx",
-        "qwen3-tts/cpu/code2wav.fp32.executorch", "qwen3-tts/cpu/code2wav.fp16.executorch",
+        "qwen3-tts/cpu/code2wav.fp32.executorch",  # the recipe keeps the vocoder fp32 on ExecuTorch
         "qwen3-tts/cpu/code2wav.fp32.onnx", "qwen3-tts/cpu/code2wav.fp16.onnx",
         "qwen3-tts/llama-cpp/talker_decode.f16.gguf", "qwen3-tts/llama-cpp/talker_decode.q8_0.gguf",
         "qwen3-tts/llama-cpp/talker_decode.q4_0.gguf",  # llama-cpp does not place the decoder
