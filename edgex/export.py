@@ -27,6 +27,7 @@ from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
 from .isolation import ChildDied, die_with_parent, forking_supported, run_forked
+from .mapped_weights import map_weights
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, measure
@@ -475,6 +476,8 @@ def export_model(
             progress(f"{jobs} worker processes: building the model, then exporting", None)
             made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
+            if forking_supported():  # the jobs fork: they share the weights as page cache
+                map_weights(loaded.models, stage)
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
             _warm_up(todo)
