@@ -125,6 +125,22 @@ class Component:
                 self._reference_outputs[sample] = tuple(self.reference(*self.samples[sample]))
         return self._reference_outputs[sample]
 
+    def compute_references(self, reads: bool = False) -> None:
+        """Every sample's reference outputs; with `reads`, also `reference_reads` and `module_reads`,
+        the reads taken in the same pass over the samples as the outputs rather than in a second
+        one that every job needing them would run again on its one core."""
+        if not reads or "reference" in self._reads:
+            for sample in self.samples:
+                self.reference_outputs(sample)
+        else:
+            def run(sample: str) -> None:
+                outputs = tuple(self.reference(*self.samples[sample]))
+                self._reference_outputs.setdefault(sample, outputs)
+
+            self._reads["reference"] = tensors_read(self.module, [lambda s=s: run(s) for s in self.samples])
+        if reads:
+            self.module_reads()
+
     def keep_reference_outputs(self, sample: str, outputs: Inputs) -> None:
         """Outputs of the eager reference on a named sample that the recipe already ran (to declare
         the output specs): parity reuses them instead of running the eager model on it again."""

@@ -236,13 +236,14 @@ def error_entries(job: Job, exc: BaseException) -> list[dict]:
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
 
 
-def _references(components) -> None:
+def _references(components, reads: bool) -> None:
     """Every sample's eager reference, computed here on all of torch's threads before the jobs fork
-    (a child runs torch on one thread) and shared with every job of the component. The freed
-    pages of that work go back to the system, as the children would carry them."""
+    (a child runs torch on one thread) and shared with every job of the component; with `reads`
+    (some job casts its graph or rounds its reference's weights), the tensors the reference and the
+    module read too (`Component.compute_references`). The freed pages of that work go back to the
+    system, as the children would carry them."""
     for component in components:
-        for sample in component.samples:
-            component.reference_outputs(sample)
+        component.compute_references(reads)
     gc.collect()
     return_free_memory()
 
@@ -481,7 +482,7 @@ def export_model(
             progress("building components from the eager pipeline", None)
             built = {c.name: c for c in recipe.components(loaded, names)}
             _warm_up(todo)
-            _references(built.values())
+            _references(built.values(), reads=any(job.precision != "fp32" for job in todo))
             budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()
             made = run_side_by_side(
                 todo, lambda job: _export_isolated(job, built[job.component], *args), jobs, budget,

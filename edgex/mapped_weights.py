@@ -71,15 +71,21 @@ def _large_tensors(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list[t
 def map_weights(models: object, folder: Path) -> int:
     """Move the large weights of the modules in `models` into a private mapping of a file written
     in `folder` (and unlinked at once). Parameters keep their identity (their `.data` is replaced),
-    so every holder sees the mapped tensor. Returns the bytes moved."""
+    so every holder sees the mapped tensor. Returns the bytes moved: 0 where the file cannot be
+    written (a full disk), the weights then staying where they were."""
     unique, places = _large_tensors(modules_in(models))
     if not unique:
         return 0
-    fd, name = tempfile.mkstemp(prefix=".weights-", suffix=".pt", dir=folder)
-    os.close(fd)
+    try:
+        fd, name = tempfile.mkstemp(prefix=".weights-", suffix=".pt", dir=folder)
+        os.close(fd)
+    except OSError:
+        return 0
     try:
         torch.save([tensor.detach() for tensor in unique], name)
         mapped = torch.load(name, mmap=True, weights_only=True)
+    except OSError:
+        return 0
     finally:
         Path(name).unlink(missing_ok=True)
     for tensor, copy in zip(unique, mapped):

@@ -47,3 +47,29 @@ def test_calibration_spreads_over_utterances_with_or_without_the_ends():
     assert spread_calibration(make, 4, ends=True)(6) == [(0, 0), (0, 1), (0, 3), (1, 0), (1, 2), (1, 3)]  # the last position too
     assert spread_calibration(make, 4, ends=False)(8) == [(u, k) for u in range(2) for k in range(4)]
     assert spread_calibration(make, 1, ends=True)(1) == [(0, 0)]
+
+
+def test_references_computed_with_their_reads_equal_the_separate_passes():
+    class _TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.used(x),)
+
+    torch.manual_seed(0)
+    module = _TwoHeads()
+    samples = {"a": (torch.randn(1, 4),), "b": (torch.randn(1, 4),)}
+
+    def make():
+        return build_component(FACTS, "step", module, ["x"], [("y", SIGNAL)], lambda x: (module.used(x) + 1,), samples,
+                               keep_reference_outputs=False)
+
+    together, apart = make(), make()
+    together.compute_references(reads=True)
+    assert together.reference_reads() == apart.reference_reads() == {id(module.used.weight), id(module.used.bias)}
+    assert together.module_reads() == apart.module_reads()
+    for name in samples:
+        assert torch.equal(together.reference_outputs(name)[0], apart.reference_outputs(name)[0])
+        assert torch.equal(together.reference_outputs(name)[0], module.used(samples[name][0]) + 1)

@@ -67,3 +67,15 @@ def test_a_forked_job_maps_in_only_the_weights_it_reads(tmp_path):
     mapped = run_forked(_rss_after_reading, [big.weight])
     assert anonymous < 16, anonymous  # inherited: already resident in the child
     assert mapped > 100, mapped  # mapped: the child maps them in when it reads them
+
+
+def test_weights_stay_in_memory_where_the_file_cannot_be_written(tmp_path, monkeypatch):
+    layer = nn.Linear(1024, 1024)
+    weight = layer.weight.detach().clone()
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert map_weights(_Models(layer, nn.Identity(), {}), tmp_path) == 0
+    assert torch.equal(layer.weight, weight) and list(tmp_path.iterdir()) == []
