@@ -247,3 +247,44 @@ def test_matmul_nbits_quantizes_a_layer_the_graph_calls_twice(tmp_path):
     report = run_parity(comp, exporter, result.files, "float32", "8da4w", None, 1)
     assert report.verdict == "pass", report.failures
     assert report.lowering["min_snr_db"] >= 100 and report.scheme["coverage"]["unmatched"] == {}
+
+
+def test_the_artifacts_runtime_is_released_before_its_scheme_reference_is_built(talker_decode, tmp_path, monkeypatch):
+    """The fp16 ONNX artifact runs once, its outputs kept; ONNX Runtime's session is gone when the
+    scheme reference's weights are made, and the verdict is the one the replayed outputs give."""
+    import gc
+    import weakref
+
+    from edgex.export import run_parity
+    from edgex.exporters import EXPORTERS
+    from edgex.parity.runtimes import RUNTIMES
+    from edgex.parity.scheme import Recording
+
+    exporter = EXPORTERS.get("onnx")
+    files = exporter.export(talker_decode, "fp16", tmp_path / "talker_decode.fp16.onnx").files
+    runtime = RUNTIMES.get(exporter.runtime)
+    sessions, alive_when_built = [], []
+    load, reference = runtime.load, exporter.scheme_reference
+
+    def tracked_load(*args, **kwargs):
+        session = load(*args, **kwargs)
+        sessions.append(weakref.ref(session))
+        return session
+
+    def tracked_reference(*args, **kwargs):
+        gc.collect()
+        alive_when_built.append([ref() is not None for ref in sessions])
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "load", tracked_load)
+    monkeypatch.setattr(exporter, "scheme_reference", tracked_reference)
+    report = run_parity(talker_decode, exporter, files, "float16", "fp16", None, 1)
+    assert report.verdict == "pass", report.failures
+    assert alive_when_built == [[False]] and report.lowering["verdict"] == "pass"
+
+    recording = Recording(load(files, 1))
+    recording.release()
+    with pytest.raises(RuntimeError, match="released"):
+        recording.run([])
+    with pytest.raises(RuntimeError, match="more calls"):
+        recording.replay().run([])

@@ -315,6 +315,38 @@ class _Recorded(Session):
         return self
 
 
+class Recording(Session):
+    """An artifact's session whose outputs are kept, call by call, so that every later scoring
+    pass replays them and the runtime can be released first (`release`): a runtime's loaded graph
+    (an fp16 ONNX talker's weights, cast to fp32 by ONNX Runtime) need not be held beside the
+    scheme reference's weights built after it. A scoring pass feeds the artifact the same inputs
+    in the same order however it is gated, which is what makes a replay the artifact's outputs."""
+
+    def __init__(self, session: Session):
+        self._session, self._outputs = session, []
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._session is None:
+            raise RuntimeError("the artifact's runtime was released before this call was recorded")
+        self._outputs.append(self._session.run(inputs))
+        return self._outputs[-1]
+
+    def release(self) -> None:
+        self._session = None
+
+    def replay(self) -> Session:
+        """A session that returns the recorded outputs in order, one per call."""
+        outputs = list(self._outputs)
+
+        class _Replay(Session):
+            def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+                if not outputs:
+                    raise RuntimeError("a replay asked for more calls than the artifact's recorded run made")
+                return outputs.pop(0)
+
+        return _Replay()
+
+
 class _Eager(Session):
     """The scheme reference scored as if it were an artifact (its figure against fp32 eager)."""
 
