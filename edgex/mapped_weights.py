@@ -72,7 +72,8 @@ def map_weights(models: object, folder: Path) -> int:
     """Move the large weights of the modules in `models` into a private mapping of a file written
     in `folder` (and unlinked at once). Parameters keep their identity (their `.data` is replaced),
     so every holder sees the mapped tensor. Returns the bytes moved: 0 where the file cannot be
-    written (a full disk), the weights then staying where they were."""
+    written (a full disk), the weights then staying where they were. The unlinked file's space on
+    `folder`'s disk is freed when the process that mapped it ends."""
     unique, places = _large_tensors(modules_in(models))
     if not unique:
         return 0
@@ -84,7 +85,7 @@ def map_weights(models: object, folder: Path) -> int:
     try:
         torch.save([tensor.detach() for tensor in unique], name)
         mapped = torch.load(name, mmap=True, weights_only=True)
-    except OSError:
+    except (OSError, RuntimeError):  # torch's zip writer reports a short write as a RuntimeError
         return 0
     finally:
         Path(name).unlink(missing_ok=True)

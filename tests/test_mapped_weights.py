@@ -69,12 +69,13 @@ def test_a_forked_job_maps_in_only_the_weights_it_reads(tmp_path):
     assert mapped > 100, mapped  # mapped: the child maps them in when it reads them
 
 
-def test_weights_stay_in_memory_where_the_file_cannot_be_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), RuntimeError("unexpected pos 704 vs 598")])
+def test_weights_stay_in_memory_where_the_file_cannot_be_written(tmp_path, monkeypatch, error):
     layer = nn.Linear(1024, 1024)
     weight = layer.weight.detach().clone()
 
     def full_disk(*_args, **_kwargs):
-        raise OSError(28, "No space left on device")
+        raise error
 
     monkeypatch.setattr(torch, "save", full_disk)
     assert map_weights(_Models(layer, nn.Identity(), {}), tmp_path) == 0
