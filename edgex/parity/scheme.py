@@ -298,23 +298,6 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     return SchemeReference(component, scheme, swaps, coverage)
 
 
-class _Recorded(Session):
-    """Runs the artifact once per sample and replays the same outputs to a second scoring pass."""
-
-    def __init__(self, session: Session):
-        self._session, self._outputs, self._replay = session, [], None
-
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if self._replay is None:
-            self._outputs.append(self._session.run(inputs))
-            return self._outputs[-1]
-        return self._replay.pop(0)
-
-    def replay(self) -> "_Recorded":
-        self._replay = list(self._outputs)
-        return self
-
-
 class Recording(Session):
     """An artifact's session whose outputs are kept, call by call, so that every later scoring
     pass replays them and the runtime can be released first (`release`): a runtime's loaded graph
@@ -391,7 +374,7 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     asked for it by name (`RecipeFacts.coarse`). Its scheme and end-to-end failures are then
     `waived` (kept on the report, not deciding): the lowering gate alone, which a broken graph
     fails however coarse the scheme, decides, and a NaN / inf still fails."""
-    recorded = _Recorded(session)
+    recorded = Recording(session)
     report = measure(component, recorded, runtime, float_dtype, scheme_db, method, simulator,
                      tie_level_db=end_to_end_tie_db(scheme_db))
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
