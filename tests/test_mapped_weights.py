@@ -65,8 +65,11 @@ def test_a_forked_job_maps_in_only_the_weights_it_reads(tmp_path):
     map_weights(models, tmp_path)
     float(big.weight.sum())
     mapped = run_forked(_rss_after_reading, [big.weight])
-    assert anonymous < 16, anonymous  # inherited: already resident in the child
+    # Inherited anonymous pages are resident in the child before it reads them; the few tens of MB
+    # it may still add are the allocator's and the thread pool's, not the 128 MB weight.
+    assert anonymous < 64, anonymous
     assert mapped > 100, mapped  # mapped: the child maps them in when it reads them
+    assert mapped > anonymous + 64, (mapped, anonymous)
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), RuntimeError("unexpected pos 704 vs 598")])
