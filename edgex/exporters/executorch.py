@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
+from .xnnpack_retrace import retrace_changed_graphs_only
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
@@ -347,7 +348,7 @@ class ExecuTorchExporter(Exporter):
             # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
             # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
             # which runs the artifact, makes anyway.
-            with _partitions_share_weights():
+            with _partitions_share_weights(), retrace_changed_graphs_only():
                 lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
                                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
             del program

@@ -1,0 +1,81 @@
+"""XNNPACK's graph passes without the re-traces of graphs they left unchanged.
+
+ExecuTorch's XNNPACK backend runs 17 passes over each partition before it serializes it
+(`XNNPACKPassManager`). Most of them edit the graph in place and then re-trace the whole graph
+(`super().call(graph_module)`: every node run again on fake tensors) to regenerate its metadata,
+whether or not they found anything to edit. A transformer has nothing for most of them (batch
+norms, 1-d convolutions, PReLU, upsampling): each re-trace of a 28-layer talker then costs about as
+much as one that changes it, a third of the whole `.pte` lowering. Inside `retrace_changed_graphs_only`,
+such a pass's re-trace is skipped when the graph it is about to re-trace is the one it was given,
+node for node (operation, target, arguments): its metadata is still that of the previous trace.
+
+Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
+`call_operator`) always re-trace. This module is light: torch and executorch are imported inside.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+# ExportPass methods through which a pass rewrites nodes while it re-traces: a pass that overrides
+# any of them changes the graph in the re-trace itself, which must therefore always run.
+_TRACE_HOOKS = ("call_operator", "call_getitem", "call_sym", "call_cond", "call_map", "call_scan", "call_while",
+                "call_submodule", "placeholder", "output", "on_attr", "inputs", "call_size_operator")
+
+
+def graph_fingerprint(graph_module) -> list:
+    """Each node's operation, name, target and arguments (other nodes by name): equal for two
+    states of a graph exactly when no node was added, removed, re-targeted or re-wired."""
+    from torch.fx import Node
+    from torch.fx.node import map_aggregate
+
+    def named(value):
+        return ("node", value.name) if isinstance(value, Node) else value
+
+    return [(n.op, n.name, n.target, map_aggregate(n.args, named), map_aggregate(n.kwargs, named)) for n in graph_module.graph.nodes]
+
+
+def _same(a: list, b: list) -> bool:
+    try:
+        return a == b
+    except RuntimeError:  # an argument whose equality is not a bool (a tensor): take it as changed
+        return False
+
+
+def edits_before_retrace(pass_type: type) -> bool:
+    """A pass that edits the graph in its own `call` and re-traces only to regenerate metadata."""
+    from executorch.exir.pass_base import ExportPass
+
+    return "call" in {name for cls in pass_type.__mro__ if cls is not ExportPass and issubclass(cls, ExportPass)
+                      for name in vars(cls)} and all(getattr(pass_type, hook, None) is getattr(ExportPass, hook, None)
+                                                      for hook in _TRACE_HOOKS)
+
+
+@contextmanager
+def retrace_changed_graphs_only():
+    """See the module docstring. The passes, their order and what they change are ExecuTorch's."""
+    from executorch.backends.xnnpack import _passes as xnnpack_passes
+    from executorch.exir import pass_base
+    from executorch.exir.pass_base import PassResult
+
+    transform = xnnpack_passes._transform
+    retrace = pass_base._ExportPassBase.call
+
+    def noting_the_graph(program, pass_):
+        if edits_before_retrace(type(pass_)):
+            pass_._edgex_given = (program.graph_module, graph_fingerprint(program.graph_module))
+        return transform(program, pass_)
+
+    def retrace_if_changed(self, graph_module):
+        given = getattr(self, "_edgex_given", None)
+        if given is not None and given[0] is graph_module and _same(given[1], graph_fingerprint(graph_module)):
+            return PassResult(graph_module, False)
+        return retrace(self, graph_module)
+
+    xnnpack_passes._transform = noting_the_graph
+    pass_base._ExportPassBase.call = retrace_if_changed
+    try:
+        yield
+    finally:
+        pass_base._ExportPassBase.call = retrace
+        xnnpack_passes._transform = transform
