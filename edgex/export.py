@@ -26,7 +26,7 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
-from .isolation import ChildDied, die_with_parent, forking_supported, run_forked
+from .isolation import ChildDied, die_with_parent, forking_supported, run_forked, start_forked
 from .mapped_weights import map_weights
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
@@ -41,7 +41,7 @@ from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import JobMemory, PeakRss, return_free_memory
-from .side_by_side import auto_budget_mb, run_side_by_side
+from .side_by_side import auto_budget_mb, default_jobs, run_side_by_side
 from .status import check_unverified_kinds, status
 from .toolchain import versions
 
@@ -236,6 +236,37 @@ def error_entries(job: Job, exc: BaseException) -> list[dict]:
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
 
 
+class _Builder:
+    """The components the jobs need, built one at a time in plan order (`Recipe.iter_components`),
+    each with every sample's eager reference: while the first component's jobs run, the next
+    components are built beside them (`run_side_by_side`'s `prepare`)."""
+
+    def __init__(self, components, names: list[str], todo: list[Job], progress):
+        self._components, self._names, self._progress = components, names, progress
+        # components some job casts its graph for or rounds its reference's weights for
+        self._reads = {job.component for job in todo if job.precision != "fp32"}
+        self.built: dict[str, Component] = {}
+
+    def next(self, in_flight: int) -> bool:
+        """Build the next component; False when all are built. With jobs in flight, torch runs here
+        on the cores they leave."""
+        import torch
+
+        if len(self.built) == len(self._names):
+            return False
+        self._progress(f"building {self._names[len(self.built)]} from the eager pipeline", None)
+        threads = torch.get_num_threads()
+        if in_flight:
+            torch.set_num_threads(max(1, default_jobs() - in_flight))
+        try:
+            component = next(self._components)
+            _references([component], component.name in self._reads)
+        finally:
+            torch.set_num_threads(threads)
+        self.built[component.name] = component
+        return True
+
+
 def _references(components, reads: bool) -> None:
     """Every sample's eager reference, computed here on all of torch's threads before the jobs fork
     (a child runs torch on one thread) and shared with every job of the component; with `reads`
@@ -266,20 +297,44 @@ def _warm_up(plan_jobs: list[Job]) -> None:
             pass
 
 
-def _export_isolated(job: Job, component: Component, *args) -> list[dict]:
-    """`_export_guarded` in a child process (`_forked_for`): the memory the job allocates goes
-    with it, what it computed for the component comes back. A child that dies (the OOM killer) is
-    that job's "error", and the export goes on with the next. An exporter that is not `fork_safe`
-    runs its jobs here."""
+def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | _RanHere":
+    """`_export_guarded` set going in a child process (`start_forked`): the memory the job allocates
+    goes with it, and what it computed for the component comes back when its result is taken. A
+    child that dies (the OOM killer) is that job's "error", and the export goes on with the next. An
+    exporter that is not `fork_safe` runs its jobs here, before this returns."""
     if not EXPORTERS.get(job.exporter).fork_safe:
-        return _export_guarded(job, component, *args)
-    started = time.perf_counter()
-    try:
-        return _forked_for(component, "the job's process", _export_guarded, job, component, *args)
-    except ChildDied as exc:
-        entries = error_entries(job, exc)
-        entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
+        return _RanHere(_export_guarded(job, component, *args))
+    return _IsolatedJob(job, component, start_forked(_computing, component, _export_guarded, job, component, *args,
+                                                     label="the job's process"))
+
+
+class _IsolatedJob:
+    def __init__(self, job: Job, component: Component, forked):
+        self.job, self.component, self.forked, self.started = job, component, forked, time.perf_counter()
+
+    def result(self) -> list[dict]:
+        try:
+            entries, added = self.forked.result()
+        except ChildDied as exc:
+            entries = error_entries(self.job, exc)
+            entries[0]["job_seconds"] = round(time.perf_counter() - self.started, 3)
+            return entries
+        self.component.adopt(added)
         return entries
+
+    def stop(self) -> None:
+        self.forked.stop()
+
+
+@dataclass
+class _RanHere:
+    entries: list[dict]
+
+    def result(self) -> list[dict]:
+        return self.entries
+
+    def stop(self) -> None:
+        pass
 
 
 _WORKER: dict = {}
@@ -308,7 +363,7 @@ def _worker_job(job: Job, args) -> list[dict]:
     if "error" in _WORKER:
         raise EdgexError(f"an export worker could not build the model: {_WORKER['error']}")
     _warm_up([job])
-    return _export_isolated(job, _WORKER["components"][job.component], *args)
+    return _start_isolated(job, _WORKER["components"][job.component], *args).result()
 
 
 def _export_parallel(plan_jobs, workers, source, args, progress) -> list[list[dict]]:
@@ -487,18 +542,17 @@ def export_model(
         else:
             if forking_supported():  # the jobs fork: they share the weights as page cache
                 map_weights(loaded.models, stage)
-            progress("building components from the eager pipeline", None)
-            built = {c.name: c for c in recipe.components(loaded, names)}
             _warm_up(todo)
-            _references(built.values(), reads=any(job.precision != "fp32" for job in todo))
+            builder = _Builder(recipe.iter_components(loaded, names), names, todo, progress)
             budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()
             made = run_side_by_side(
-                todo, lambda job: _export_isolated(job, built[job.component], *args), jobs, budget,
+                todo, lambda job: _start_isolated(job, builder.built[job.component], *args), jobs, budget,
                 added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
                 alone=lambda job: not (EXPORTERS.get(job.exporter).fork_safe and forking_supported()),
                 started=lambda job: progress(f"{job.component} -> {job.exporter} {job.precision}", job),
                 finished=lambda job, entries: progress(f"{job.component} {job.exporter} {job.precision}: "
-                                                       f"{entries[0]['verdict']}", job))
+                                                       f"{entries[0]['verdict']}", job),
+                ready=lambda job: job.component in builder.built, prepare=builder.next)
         made_by = dict(zip(todo, made))
         entries = []
         for job in plan_jobs:

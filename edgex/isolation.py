@@ -108,52 +108,97 @@ def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -
     """`fn(*args)` in a forked child; its return value, or its exception re-raised here. The result
     and any exception must pickle. Raises `ChildDied` (its message starts with `label`) if the
     child ends without one. The child's temporary files are removed when it ends (module doc)."""
-    if not forking_supported():
-        return fn(*args)
-    with tempfile.TemporaryDirectory(prefix="edgex-job-", ignore_cleanup_errors=True) as scratch:
-        return _fork_and_wait(fn, args, label, scratch)
+    return start_forked(fn, *args, label=label).result()
 
 
-def _fork_and_wait(fn: Callable[..., T], args: tuple, label: str, scratch: str) -> T:
-    read_end, write_end = os.pipe()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the caller's stack
-        code = 0
-        try:
+class Forked:
+    """A child forked by `start_forked`: `result()` waits for what it returns (any thread may wait),
+    `stop()` kills it. Either removes its temporary folder."""
+
+    def __init__(self, fn: Callable[..., T], args: tuple, label: str):
+        self._label = label
+        self._scratch = tempfile.TemporaryDirectory(prefix="edgex-job-", ignore_cleanup_errors=True)
+        read_end, write_end = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the caller's stack
             os.close(read_end)
-            _child_setup(scratch)
+            _run_child(fn, args, self._scratch.name, write_end)
+        os.close(write_end)
+        self.pid, self._pipe = pid, os.fdopen(read_end, "rb")
+
+    def result(self):
+        try:
             try:
-                outcome = ("ok", fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
-                outcome = ("raise", exc)
-            try:
-                payload = pickle.dumps(outcome)
-            except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
-                payload = pickle.dumps(("raise", RuntimeError(f"{type(exc).__name__} passing the job's result back: {exc}")))
-            with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(payload)
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-        except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
-            code = 70
+                with self._pipe:
+                    payload = self._pipe.read()
+                _, status = os.waitpid(self.pid, 0)
+            except BaseException:  # interrupted (Ctrl-C): the child goes too
+                _stop(self.pid)
+                raise
         finally:
-            os._exit(code)
-    os.close(write_end)
+            self._scratch.cleanup()
+        if not payload:
+            raise ChildDied(f"{self._label} {_describe(status)}")
+        kind, value = pickle.loads(payload)
+        if kind == "raise":
+            raise value
+        return value
+
+    def stop(self) -> None:
+        _stop(self.pid)
+
+
+class _Done:
+    """`start_forked` where there is no fork: the call already ran here."""
+
+    def __init__(self, fn: Callable[..., T], args: tuple):
+        try:
+            self._outcome = ("ok", fn(*args))
+        except Exception as exc:  # noqa: BLE001 - raised by result(), as a child's would be
+            self._outcome = ("raise", exc)
+
+    def result(self):
+        kind, value = self._outcome
+        if kind == "raise":
+            raise value
+        return value
+
+    def stop(self) -> None:
+        pass
+
+
+def start_forked(fn: Callable[..., T], *args, label: str = "the forked process") -> "Forked | _Done":
+    """Fork a child that computes `fn(*args)` (see `run_forked`) and return at once: the fork has
+    happened when this returns, so the caller may go on with work of its own (forking while another
+    thread of this process runs torch would copy its locks mid-use). Where there is no fork, `fn`
+    runs here before this returns."""
+    if not forking_supported():
+        return _Done(fn, args)
+    return Forked(fn, args, label)
+
+
+def _run_child(fn: Callable, args: tuple, scratch: str, write_end: int) -> None:
+    code = 0
     try:
-        with os.fdopen(read_end, "rb") as pipe:
-            payload = pipe.read()
-        _, status = os.waitpid(pid, 0)
-    except BaseException:  # interrupted (Ctrl-C): the child goes too
-        _stop(pid)
-        raise
-    if not payload:
-        raise ChildDied(f"{label} {_describe(status)}")
-    kind, value = pickle.loads(payload)
-    if kind == "raise":
-        raise value
-    return value
+        _child_setup(scratch)
+        try:
+            outcome = ("ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
+            outcome = ("raise", exc)
+        try:
+            payload = pickle.dumps(outcome)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+            payload = pickle.dumps(("raise", RuntimeError(f"{type(exc).__name__} passing the job's result back: {exc}")))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(payload)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BaseException:  # noqa: BLE001 - nothing may unwind into the parent's code
+        code = 70
+    finally:
+        os._exit(code)
 
 
 def _stop(pid: int) -> None:

@@ -3,7 +3,11 @@
 Every job already runs in a child forked from the export's process (`edgex.isolation`), which
 shares the eager model and the samples copy-on-write. Lowering is single-threaded Python and a
 child runs torch on one thread, so one job at a time leaves the other cores idle: here up to
-`workers` children run at once, each forked and awaited by a thread of this process.
+`workers` children run at once, each forked by this thread and awaited by a worker thread. Forks
+happen only in this thread, between its own torch work, never while it computes.
+
+Inputs are prepared while jobs run: the first component's jobs start as soon as it is built, and
+this process builds the next components' samples (minutes of eager frames at 0.6b) beside them.
 
 Memory: children share the parent's pages, so a job costs what it adds to them. A job starts only
 while what the export holds now (this process's resident memory and each child's own pages) plus
@@ -16,12 +20,13 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Protocol, Sequence, TypeVar
 
 import psutil
 
 J = TypeVar("J")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 MB = 2**20
 # The share of the memory available at the start an automatic budget allows the export to fill.
@@ -45,18 +50,34 @@ def auto_budget_mb() -> float:
     return held_mb() + AUTO_BUDGET_SHARE * psutil.virtual_memory().available / MB
 
 
-def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, budget_mb: float | None,
+class Started(Protocol[R_co]):
+    """A job under way: `result()` waits for it (in a thread of this process), `stop()` ends it."""
+
+    def result(self) -> R_co: ...
+
+    def stop(self) -> None: ...
+
+
+def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], workers: int, budget_mb: float | None,
                      added_mb: Callable[[R], float | None], alone: Callable[[J], bool] = lambda job: False,
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
-                     held: Callable[[], float] = held_mb) -> list[R]:
-    """`run(job)` for every job, up to `workers` at once in threads (each forks its job's child),
-    results in the order of `jobs`. `added_mb(result)`: what the finished job added to the memory it
-    shared (None: unknown). `budget_mb` None: no memory limit. `alone(job)`: it runs in this thread,
-    with nothing else in flight. `started` / `finished` are called from this thread only."""
+                     held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True,
+                     prepare: Callable[[int], bool] = lambda in_flight: False) -> list[R]:
+    """Every job, up to `workers` at once, results in the order of `jobs`. `start(job)` is called in
+    this thread and sets the job going (a forked child); its `result()` is awaited in a worker
+    thread. `added_mb(result)`: what the finished job added to the memory it shared (None: unknown).
+    `budget_mb` None: no memory limit. `alone(job)`: it runs with nothing else in flight, awaited in
+    this thread. `started` / `finished` are called from this thread only.
+
+    Jobs start in their order, each once `ready(job)`. Whenever this thread would otherwise wait, it
+    calls `prepare(in_flight)` (the number of jobs running meanwhile), which readies later jobs (builds
+    their inputs) and returns False once there is nothing left to prepare: preparing overlaps the jobs
+    already running. An exception here (preparing, starting) stops every job in flight."""
     results: list = [None] * len(jobs)
     pending = deque(range(len(jobs)))
-    running: dict = {}
+    running: dict = {}  # future -> (index, Started)
     largest: float | None = None
+    preparing = True
 
     def fits() -> bool:
         if not running or budget_mb is None:
@@ -64,33 +85,53 @@ def run_side_by_side(jobs: Sequence[J], run: Callable[[J], R], workers: int, bud
         now = held()
         return now + (largest if largest is not None else now) <= budget_mb
 
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        while pending or running:
-            while pending and len(running) < max(1, workers):
-                job = jobs[pending[0]]
-                if alone(job):
-                    if running:
-                        break
-                    i = pending.popleft()
-                    started(job)
-                    results[i] = run(job)
-                    finished(job, results[i])
-                    continue
-                if not fits():
-                    break
+    def collect(futures) -> None:
+        nonlocal largest
+        for future in futures:
+            i, _ = running.pop(future)
+            results[i] = future.result()
+            cost = added_mb(results[i])
+            if cost is not None:
+                largest = cost if largest is None else max(largest, cost)
+            finished(jobs[i], results[i])
+
+    def start_ready() -> None:
+        while pending and len(running) < max(1, workers) and ready(jobs[pending[0]]):
+            job = jobs[pending[0]]
+            if alone(job):
+                if running:
+                    return
                 i = pending.popleft()
                 started(job)
-                running[pool.submit(run, job)] = i
-            if not running:
+                results[i] = start(job).result()
+                finished(job, results[i])
                 continue
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = running.pop(future)
-                results[i] = future.result()
-                cost = added_mb(results[i])
-                if cost is not None:
-                    largest = cost if largest is None else max(largest, cost)
-                finished(jobs[i], results[i])
+            if not fits():
+                return
+            i = pending.popleft()
+            started(job)
+            handle = start(job)
+            running[pool.submit(handle.result)] = (i, handle)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        try:
+            while pending or running:
+                collect([f for f in running if f.done()])
+                start_ready()
+                if preparing and (pending or running):
+                    preparing = prepare(len(running))
+                    if preparing:
+                        continue
+                if not running:
+                    if pending:
+                        raise RuntimeError(f"job {jobs[pending[0]]!r} never became ready")
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                collect(done)
+        except BaseException:
+            for _, handle in running.values():
+                handle.stop()
+            raise
     return results
 
 

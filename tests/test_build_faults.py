@@ -175,8 +175,11 @@ def test_checkpoint_rewritten_during_the_build_is_detected(tmp_path):
     file = tmp_path / "ckpt.toml"
     file.write_text(ONE_JOB.replace('model = "qwen3-tts"', 'model = "qwen3-tts"\ncheckpoint = "ckpt"'))
 
+    rewritten = []
+
     def rewrite_once(message: str) -> None:  # another process finishing a download, say
-        if message.endswith("building components from the eager pipeline"):
+        if message.endswith("from the eager pipeline") and not rewritten:
+            rewritten.append(message)
             with open(ckpt / "model.safetensors", "r+b") as f:
                 f.seek(-1, os.SEEK_END)
                 last = f.read(1)

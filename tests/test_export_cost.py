@@ -4,6 +4,7 @@ can be a table, from the file itself rather than from copies of it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -141,14 +142,14 @@ def test_an_export_job_killed_for_memory_is_an_error_and_the_export_goes_on(tmp_
 def test_what_a_forked_job_computed_for_its_component_comes_back(tmp_path):
     """Eager reference outputs the job computed (every parity sample) are kept for the next job of
     the component, not computed again in each child."""
-    from edgex.export import _export_isolated
+    from edgex.export import _start_isolated
     from edgex.plan import Job
     from edgex.recipes import RECIPES
 
     recipe = RECIPES.get("qwen3-tts")
     (comp,) = recipe.components(recipe.load("tiny", None, 0), ["talker_prefill"])
     assert set(comp._reference_outputs) == {next(iter(comp.samples))}
-    (entry,) = _export_isolated(Job("talker_prefill", "talker", "onnx", "fp16"), comp, tmp_path, None, None, None)
+    (entry,) = _start_isolated(Job("talker_prefill", "talker", "onnx", "fp16"), comp, tmp_path, None, None, None).result()
     assert entry["verdict"] == "pass"
     assert set(comp._reference_outputs) == set(comp.samples)
     assert set(comp._reads) == {"module", "reference"}  # fp16: what the cast and the scheme reference read
@@ -334,3 +335,55 @@ def test_lowering_keeps_node_provenance_by_reference_and_writes_the_same_file(tm
         assert set(shared) == {label == "by reference"}, label  # every record with a history: shared, or every one copied
         assert fx_traceback.copy is copy
     assert files["by reference"] == files["deep copies"]
+
+
+class _ConvAndNorm(nn.Module):
+    """A 1-d convolution (which XNNPACK's passes rewrite as 2-d) and an RMS-norm, linear, residual
+    block (which most of its passes leave as it is)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.conv = nn.Conv1d(width, width, 3, padding=1)
+        self.norm = nn.RMSNorm(width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.conv(x).transpose(1, 2)
+        return h + self.proj(torch.relu(self.norm(h)))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp_path, monkeypatch, precision):
+    """`retrace_changed_graphs_only`: a pass that edits the graph in place re-traces it only when
+    it edited something (the 1-d convolution's rewrite re-traces, the batch-norm passes over a graph
+    without one do not), ExecuTorch's own re-trace is back after, and the `.pte` is byte for byte
+    the one lowered with every re-trace."""
+    import contextlib
+
+    from executorch.exir import pass_base
+
+    from edgex.exporters import EXPORTERS
+    from edgex.exporters import executorch as et
+
+    torch.manual_seed(0)
+    module, x = _ConvAndNorm().eval(), torch.randn(1, 32, 12)
+    comp = Component("block", "test", module, [TensorSpec("x", (1, 32, 12), "float32")],
+                     [TensorSpec("y", (1, 12, 32), "float32")], lambda t: (module(t),), {"s": (x,)})
+    retrace = pass_base._ExportPassBase.call
+    traced: list[str] = []
+
+    def counting(self, graph_module):
+        traced.append(type(self).__name__)
+        return retrace(self, graph_module)
+
+    monkeypatch.setattr(pass_base._ExportPassBase, "call", counting)
+    files, counts = {}, {}
+    for label, context in (("changed only", et.retrace_changed_graphs_only), ("every one", contextlib.nullcontext)):
+        monkeypatch.setattr(et, "retrace_changed_graphs_only", context)
+        traced.clear()
+        (pte,) = EXPORTERS.get("executorch").export(comp, precision, tmp_path / f"{label}.pte").files
+        files[label], counts[label] = pte.read_bytes(), list(traced)
+        assert pass_base._ExportPassBase.call is counting
+    assert "Conv1dUnsqueezePass" in counts["changed only"]
+    assert "FuseBatchNormPass" in counts["every one"] and "FuseBatchNormPass" not in counts["changed only"]
+    assert files["changed only"] == files["every one"]

@@ -141,7 +141,9 @@ def _inf_in_reference(monkeypatch):
 
         return replace(component, reference=reference, _reference_outputs={})
 
+    build_each = recipe_type.iter_components
     monkeypatch.setattr(recipe_type, "components", lambda self, loaded, names=None: [planted(c) for c in build(self, loaded, names)])
+    monkeypatch.setattr(recipe_type, "iter_components", lambda self, loaded, names=None: map(planted, build_each(self, loaded, names)))
 
 
 def test_an_inf_in_a_reference_fails(monkeypatch, tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from edgex.side_by_side import run_side_by_side
 
 
@@ -27,11 +29,23 @@ class _Jobs:
             self.now -= 1
         return {"job": job, "added": float(job.split(":")[1])}
 
+    def start(self, job: str):
+        """The job set going: awaited, it runs (in the scheduler's worker thread)."""
+        return _Later(lambda: self.run(job))
+
+
+class _Later:
+    def __init__(self, fn):
+        self.result, self.stopped = fn, False
+
+    def stop(self) -> None:
+        self.stopped = True
+
 
 def test_results_keep_the_order_and_no_more_than_the_workers_run_at_once():
     jobs = _Jobs()
     names = [f"j{i}:100" for i in range(7)]
-    out = run_side_by_side(names, jobs.run, 3, None, added_mb=lambda r: r["added"])
+    out = run_side_by_side(names, jobs.start, 3, None, added_mb=lambda r: r["added"])
     assert [r["job"] for r in out] == names
     assert max(n for _, n in jobs.seen) == 3
 
@@ -41,18 +55,18 @@ def test_the_budget_admits_a_job_only_while_the_largest_addition_fits():
     # 1000 MiB held, 1500 MiB budget: jobs adding 400 fit beside one another (1000 + 400 <= 1500),
     # one adding 600 does not, so every job after it runs alone
     small = [f"s{i}:400" for i in range(3)]
-    run_side_by_side(small, jobs.run, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
+    run_side_by_side(small, jobs.start, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
     assert jobs.seen[0] == ("s0:400", 1) and max(n for _, n in jobs.seen) == 2
     jobs = _Jobs()
     large = ["l0:600", "l1:100", "l2:100", "l3:100"]
-    run_side_by_side(large, jobs.run, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
+    run_side_by_side(large, jobs.start, 2, 1500.0, added_mb=lambda r: r["added"], held=lambda: 1000.0)
     assert max(n for _, n in jobs.seen) == 1, jobs.seen
     # no measurement (jobs that report none): a job is taken to add as much as the export holds
     jobs = _Jobs()
-    run_side_by_side(small, jobs.run, 2, 1000.0, added_mb=lambda r: None, held=lambda: 600.0)
+    run_side_by_side(small, jobs.start, 2, 1000.0, added_mb=lambda r: None, held=lambda: 600.0)
     assert max(n for _, n in jobs.seen) == 1
     jobs = _Jobs()
-    run_side_by_side(small, jobs.run, 2, 1200.0, added_mb=lambda r: None, held=lambda: 600.0)
+    run_side_by_side(small, jobs.start, 2, 1200.0, added_mb=lambda r: None, held=lambda: 600.0)
     assert max(n for _, n in jobs.seen) == 2
 
 
@@ -60,8 +74,52 @@ def test_a_job_that_must_run_here_runs_with_nothing_in_flight():
     jobs = _Jobs()
     names = ["a:1", "b:1", "here:1", "c:1", "d:1"]
     started, finished = [], []
-    out = run_side_by_side(names, jobs.run, 2, None, added_mb=lambda r: r["added"], alone=lambda job: job == "here:1",
+    out = run_side_by_side(names, jobs.start, 2, None, added_mb=lambda r: r["added"], alone=lambda job: job == "here:1",
                            started=started.append, finished=lambda job, result: finished.append(job))
     assert dict(jobs.seen)["here:1"] == 1 and sorted(started) == sorted(finished) == sorted(names)
     assert finished.index("a:1") < started.index("here:1") and finished.index("b:1") < started.index("here:1")
     assert [r["job"] for r in out] == names
+
+
+class _Inputs:
+    """Builds one component's inputs per `prepare` call, recording how many jobs were in flight."""
+
+    def __init__(self, components, fail_at: str | None = None):
+        self.todo, self.built, self.in_flight, self.fail_at = list(components), set(), {}, fail_at
+
+    def prepare(self, in_flight: int) -> bool:
+        if not self.todo:
+            return False
+        name = self.todo.pop(0)
+        if name == self.fail_at:
+            raise ValueError(f"{name}: its samples could not be made")
+        time.sleep(0.1)  # eager frames
+        self.in_flight[name] = in_flight
+        self.built.add(name)
+        return True
+
+    def ready(self, job: str) -> bool:
+        return job[0] in self.built
+
+
+def test_later_components_are_built_while_the_first_one_s_jobs_run():
+    jobs, inputs = _Jobs(), _Inputs("abc")
+    names = ["a0:1", "a1:1", "b0:1", "c0:1", "c1:1"]
+    started = []
+    out = run_side_by_side(names, lambda job: _Later(lambda: (time.sleep(0.3), jobs.run(job))[1]), 2, None,
+                           added_mb=lambda r: r["added"], started=started.append, ready=inputs.ready, prepare=inputs.prepare)
+    assert [r["job"] for r in out] == names and started == names
+    assert inputs.in_flight == {"a": 0, "b": 2, "c": 2}  # b and c were built beside a's two jobs
+
+
+def test_a_component_that_cannot_be_built_stops_the_jobs_in_flight():
+    inputs, handles = _Inputs("ab", fail_at="b"), []
+
+    def start(job):
+        handles.append(_Later(lambda: time.sleep(0.2) or {"job": job, "added": 1.0}))
+        return handles[-1]
+
+    with pytest.raises(ValueError, match="b: its samples could not be made"):
+        run_side_by_side(["a0:1", "a1:1", "b0:1"], start, 2, None, added_mb=lambda r: r["added"], ready=inputs.ready,
+                         prepare=inputs.prepare)
+    assert len(handles) == 2 and all(h.stopped for h in handles)

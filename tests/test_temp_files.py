@@ -63,13 +63,13 @@ def test_a_failed_or_killed_job_s_temp_folder_is_removed(fresh_tempdir):
 def test_a_core_ml_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
     """coremltools converts to a `tmp*.mlpackage` in temp, which it removes only at exit."""
     pytest.importorskip("coremltools")
-    from edgex.export import _export_isolated
+    from edgex.export import _start_isolated
     from edgex.plan import Job
 
     stage = tmp_path / "stage"
     stage.mkdir()
     before = set(fresh_tempdir.iterdir())  # importing coremltools here made torch's cache folder (torchinductor_<user>)
-    (entry,) = _export_isolated(Job("mlp", "decoder", "coreml", "fp32"), _mlp(), stage, None, None, None)
+    (entry,) = _start_isolated(Job("mlp", "decoder", "coreml", "fp32"), _mlp(), stage, None, None, None).result()
     assert entry["verdict"] == "pass", entry
     assert set(fresh_tempdir.iterdir()) == before
 
@@ -77,7 +77,7 @@ def test_a_core_ml_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
 def test_a_qnn_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
     """The QNN exporter keeps the ONNX graph it compiles in an `edgex-qnn-graphs-*` folder in temp
     (up to 50 MB each at tiny), made in the lowering's process and again in the job's."""
-    from edgex.export import _export_isolated
+    from edgex.export import _start_isolated
     from edgex.parity.runtimes import RUNTIMES
     from edgex.plan import Job
     from edgex.targets import TARGETS
@@ -88,7 +88,7 @@ def test_a_qnn_export_job_leaves_temp_as_it_was(fresh_tempdir, tmp_path):
     stage.mkdir()
     before = set(fresh_tempdir.iterdir())
     job = Job("mlp", "decoder", "qnn", "fp16", tuple(TARGETS.get("s25-htp").exporter_options["qnn"].items()))
-    entries = _export_isolated(job, _mlp(), stage, None, None, None)
+    entries = _start_isolated(job, _mlp(), stage, None, None, None).result()
     assert entries[0]["verdict"] == "pass", entries[0]
     assert set(fresh_tempdir.iterdir()) == before
 

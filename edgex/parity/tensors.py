@@ -44,6 +44,24 @@ def _closeness(table: np.ndarray, candidate: np.ndarray) -> float:
     return metrics.snr_db(table, np.nan_to_num(candidate, nan=0.0, posinf=0.0, neginf=0.0))
 
 
+# Rows of a table the first, cheap comparison reads, and how far below the closest candidate on them
+# another candidate may be and still be compared whole.
+_SAMPLED_ROWS, _SAMPLED_MARGIN_DB = 64, 6.0
+
+
+def _likeliest(table: np.ndarray, candidates: list) -> list:
+    """The candidates worth comparing whole: those within a margin of the closest on a strided
+    sample of rows. A file may hold dozens of constants of a table's shape (a predictor's 15
+    codebooks and 15 heads, each [2048, 1024]); comparing every one whole with every table was most
+    of a job's stored-tensor check. The pairing itself is still decided on whole tables."""
+    if len(candidates) < 2:
+        return candidates
+    step = max(1, table.shape[0] // _SAMPLED_ROWS)
+    sampled = [_closeness(table[::step], c[::step]) for _, c in candidates]
+    top = max(sampled)
+    return [kc for kc, db in zip(candidates, sampled) if db >= top - _SAMPLED_MARGIN_DB or db == top]
+
+
 def may_hold_table(shape, tables: dict) -> bool:
     """Whether a constant of `shape` can be one of the `tables` (name -> array or tensor) as
     `tables_read_back` looks for them: as stored, transposed, or a stack read as rows. A reader
@@ -67,16 +85,17 @@ def tables_read_back(tables: dict[str, np.ndarray], constants: dict[str, np.ndar
         if constants is None:
             found[name] = StoredTensor(f"unverified: {why}", None, table, rows=True, readable=False)
             continue
-        best, best_db, where = None, -math.inf, ""
+        candidates = []
         for key, array in constants.items():
             # as stored, transposed, or a stack of tables (a [heads, rows, width] constant read as rows)
             stacked = array.reshape(-1, array.shape[-1]) if array.ndim > 2 else None
-            for candidate in (array, array.T if array.ndim == 2 else None, stacked):
-                if candidate is None or candidate.shape != table.shape:
-                    continue
-                db = _closeness(table, candidate)
-                if best is None or db > best_db:
-                    best, best_db, where = candidate, db, key
+            candidates += [(key, c) for c in (array, array.T if array.ndim == 2 else None, stacked)
+                           if c is not None and c.shape == table.shape]
+        best, best_db, where = None, -math.inf, ""
+        for key, candidate in _likeliest(table, candidates):
+            db = _closeness(table, candidate)
+            if best is None or db > best_db:
+                best, best_db, where = candidate, db, key
         found[name] = StoredTensor(f"table, stored as {where!r}" if best is not None else "table", best, table, rows=True)
     return found
 

@@ -10,7 +10,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Iterator, TYPE_CHECKING, Callable
 
 from ..errors import EdgexError
 
@@ -204,6 +204,12 @@ class Recipe(ABC):
     @abstractmethod
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
         """The deployable graphs (all, or those named), each with samples from the eager pipeline."""
+
+    def iter_components(self, loaded: LoadedModel, names: list[str] | None = None) -> Iterator[Component]:
+        """`components`, in the same order, each built when asked for: an export starts the first
+        component's jobs while the next are built. A recipe whose components share costly samples
+        overrides it to build them on demand; by default all are built at the first."""
+        yield from self.components(loaded, names)
 
     # The components the model's own pipeline composes (`edgex pipeline`), one per stage; a tuple of
     # names is one stage with alternative components (the first placed one serves); empty: none yet.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -76,12 +77,17 @@ class Qwen3TTSRecipe(Recipe):
                                                               "reference_frames": reference})
 
     def components(self, loaded: LoadedModel, names: list[str] | None = None) -> list[Component]:
+        return list(self.iter_components(loaded, names))
+
+    def iter_components(self, loaded: LoadedModel, names: list[str] | None = None) -> Iterator[Component]:
+        """Each component when asked for, the eager utterances generated as the first needs them:
+        the prompt-only talker prefill is ready in seconds, the decode's samples take minutes."""
         names = self.facts.default_components() if not names else names
         for n in names:
             if n not in ROLES:
                 raise EdgexError(f"no such component {n!r} in qwen3-tts (known: {', '.join(ROLES)})")
         builder = _ComponentBuilder(loaded)
-        return [getattr(builder, n)() for n in names]
+        return (getattr(builder, n)() for n in names)
 
 
 class _ComponentBuilder:
