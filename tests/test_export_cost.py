@@ -387,3 +387,20 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
     assert "Conv1dUnsqueezePass" in counts["changed only"]
     assert "FuseBatchNormPass" in counts["every one"] and "FuseBatchNormPass" not in counts["changed only"]
     assert files["changed only"] == files["every one"]
+
+
+def test_the_onnx_export_reads_its_opset_from_the_graph_without_serializing_the_model(tmp_path, monkeypatch):
+    """`ONNXProgram.model_proto` serializes the whole model, weights included, on every access: the
+    exporter records the opset the file declares without it."""
+    import onnx
+    from torch.onnx._internal.exporter._onnx_program import ONNXProgram
+
+    from edgex.exporters import EXPORTERS
+
+    def serializing(_program):
+        raise AssertionError("the model was serialized to read its opset")
+
+    monkeypatch.setattr(ONNXProgram, "model_proto", property(serializing))
+    result = EXPORTERS.get("onnx").export(_stack_component(2, 16), "fp32", tmp_path / "s.onnx")
+    declared = {o.domain: o.version for o in onnx.load(str(result.files[0])).opset_import}
+    assert result.details["opset"] == declared[""]

@@ -129,7 +129,10 @@ class OnnxExporter(Exporter):
             program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
-        opset = program.model_proto.opset_import[0].version
+        # from the IR model: `program.model_proto` serializes the whole model, weights included (13 s
+        # of the 0.6b talker's export), to read one number
+        imports = program.model.opset_imports
+        opset = imports.get("", next(iter(imports.values()), None))
         return ExportResult(files, str(dtype).removeprefix("torch."), {"opset": opset} | ({"sliced_inputs": sliced} if sliced else {}) | fused)
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
