@@ -26,7 +26,7 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
-from .isolation import ChildDied, die_with_parent, forking_supported, run_forked, start_forked
+from .isolation import ChildDied, RanHere, die_with_parent, forking_supported, run_forked, start_forked
 from .mapped_weights import map_weights
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
@@ -260,21 +260,20 @@ class _Builder:
             torch.set_num_threads(max(1, default_jobs() - in_flight))
         try:
             component = next(self._components)
-            _references([component], component.name in self._reads)
+            _references(component, component.name in self._reads)
         finally:
             torch.set_num_threads(threads)
         self.built[component.name] = component
         return True
 
 
-def _references(components, reads: bool) -> None:
-    """Every sample's eager reference, computed here on all of torch's threads before the jobs fork
-    (a child runs torch on one thread) and shared with every job of the component; with `reads`
+def _references(component: Component, reads: bool) -> None:
+    """Every sample's eager reference, computed here before the component's jobs fork (a child runs
+    torch on one thread) and shared with every job of the component; with `reads`
     (some job casts its graph or rounds its reference's weights), the tensors the reference and the
     module read too (`Component.compute_references`). The freed pages of that work go back to the
     system, as the children would carry them."""
-    for component in components:
-        component.compute_references(reads)
+    component.compute_references(reads)
     gc.collect()
     return_free_memory()
 
@@ -297,13 +296,13 @@ def _warm_up(plan_jobs: list[Job]) -> None:
             pass
 
 
-def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | _RanHere":
+def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | RanHere":
     """`_export_guarded` set going in a child process (`start_forked`): the memory the job allocates
     goes with it, and what it computed for the component comes back when its result is taken. A
     child that dies (the OOM killer) is that job's "error", and the export goes on with the next. An
     exporter that is not `fork_safe` runs its jobs here, before this returns."""
     if not EXPORTERS.get(job.exporter).fork_safe:
-        return _RanHere(_export_guarded(job, component, *args))
+        return RanHere(_export_guarded, (job, component, *args))
     return _IsolatedJob(job, component, start_forked(_computing, component, _export_guarded, job, component, *args,
                                                      label="the job's process"))
 
@@ -324,17 +323,6 @@ class _IsolatedJob:
 
     def stop(self) -> None:
         self.forked.stop()
-
-
-@dataclass
-class _RanHere:
-    entries: list[dict]
-
-    def result(self) -> list[dict]:
-        return self.entries
-
-    def stop(self) -> None:
-        pass
 
 
 _WORKER: dict = {}

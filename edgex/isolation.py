@@ -150,8 +150,9 @@ class Forked:
         _stop(self.pid)
 
 
-class _Done:
-    """`start_forked` where there is no fork: the call already ran here."""
+class RanHere:
+    """A call that ran in this process, with a forked child's `result()` / `stop()`: `start_forked`
+    where there is no fork, or a job that must not fork."""
 
     def __init__(self, fn: Callable[..., T], args: tuple):
         try:
@@ -169,13 +170,13 @@ class _Done:
         pass
 
 
-def start_forked(fn: Callable[..., T], *args, label: str = "the forked process") -> "Forked | _Done":
+def start_forked(fn: Callable[..., T], *args, label: str = "the forked process") -> "Forked | RanHere":
     """Fork a child that computes `fn(*args)` (see `run_forked`) and return at once: the fork has
     happened when this returns, so the caller may go on with work of its own (forking while another
     thread of this process runs torch would copy its locks mid-use). Where there is no fork, `fn`
     runs here before this returns."""
     if not forking_supported():
-        return _Done(fn, args)
+        return RanHere(fn, args)
     return Forked(fn, args, label)
 
 
