@@ -389,6 +389,44 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
     assert files["changed only"] == files["every one"]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "8da8w"])
+def test_lowering_skips_only_the_decompositions_that_would_change_nothing(tmp_path, monkeypatch, precision):
+    """`decompose_only_what_is_left`: of the program's decompositions, those with nothing left to
+    decompose in a program that already came out of one are skipped (the float lowering's own
+    norm decomposition runs, and a quantized program's first one, which functionalizes it); the
+    `.pte` is byte for byte the one lowered with every decomposition, and torch's own method is
+    back after."""
+    import contextlib
+
+    from torch.export import ExportedProgram
+
+    from edgex.exporters import EXPORTERS
+    from edgex.exporters import executorch as et
+
+    torch.manual_seed(0)
+    module, x = _ConvAndNorm().eval(), torch.randn(1, 32, 12)
+    comp = Component("block", "test", module, [TensorSpec("x", (1, 32, 12), "float32")],
+                     [TensorSpec("y", (1, 12, 32), "float32")], lambda t: (module(t),), {"s": (x,)})
+    decompose = ExportedProgram.run_decompositions
+    tables: list = []
+
+    def counting(self, decomp_table=None, *args, **kwargs):
+        tables.append(None if decomp_table is None else len(decomp_table))
+        return decompose(self, decomp_table, *args, **kwargs)
+
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", counting)
+    files, ran = {}, {}
+    for label, context in (("what is left", et.decompose_only_what_is_left), ("every one", contextlib.nullcontext)):
+        monkeypatch.setattr(et, "decompose_only_what_is_left", context)
+        tables.clear()
+        (pte,) = EXPORTERS.get("executorch").export(comp, precision, tmp_path / f"{label}.pte").files
+        files[label], ran[label] = pte.read_bytes(), list(tables)
+        assert ExportedProgram.run_decompositions is counting
+    assert len(ran["what is left"]) < len(ran["every one"])
+    assert ran["what is left"][0] == ran["every one"][0] == (1 if precision == "fp32" else 0)  # norm table / `{}`
+    assert files["what is left"] == files["every one"]
+
+
 def test_the_onnx_export_reads_its_opset_from_the_graph_without_serializing_the_model(tmp_path, monkeypatch):
     """`ONNXProgram.model_proto` serializes the whole model, weights included, on every access: the
     exporter records the opset the file declares without it."""

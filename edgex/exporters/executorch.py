@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
-from .xnnpack_retrace import retrace_changed_graphs_only
+from .xnnpack_retrace import decompose_only_what_is_left, retrace_changed_graphs_only
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
@@ -338,7 +338,7 @@ class ExecuTorchExporter(Exporter):
         dtype = float_dtype(precision)
         # fp32 / fp16 lower the component's own module (cast in place, restored after) rather than a
         # deep copy of it; the quantized schemes rewrite their copy's layers.
-        with torch.no_grad(), provenance_by_reference(), \
+        with torch.no_grad(), provenance_by_reference(), decompose_only_what_is_left(), \
                 (module_in(component, dtype) if precision in ("fp32", "fp16") else nullcontext()) as module:
             if module is None:
                 module, _ = prepare(component, precision)

@@ -79,3 +79,51 @@ def retrace_changed_graphs_only():
     finally:
         pass_base._ExportPassBase.call = retrace
         xnnpack_passes._transform = transform
+
+
+_DECOMPOSED = "edgex_decomposed"
+
+
+def _functional(graph_module) -> bool:
+    """No node writes to a tensor in place (what `run_decompositions` would functionalize) and none
+    is a higher-order op (control flow, whose bodies this does not look into)."""
+    import torch
+
+    return not any(n.op == "call_function" and (isinstance(n.target, torch._ops.HigherOrderOperator)
+                                                 or isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable)
+                   for n in graph_module.graph.nodes)
+
+
+@contextmanager
+def decompose_only_what_is_left():
+    """`ExportedProgram.run_decompositions` with an explicit table, skipped where it would change
+    nothing: the graph already came out of a decomposition (so it is functional and its
+    composite ops are settled), nothing since has written in place, and no node calls an operator
+    the table decomposes.
+
+    ExecuTorch's `to_edge_transform_and_lower` decomposes each program three times for a
+    partitioner that preserves ops (`{}` to functionalize, then the default table less the
+    partitioner's ops, then the default table once those are renamed), and a float `.pte` is
+    decomposed once before (the norm rewrite): each is a full re-trace of every node on fake tensors.
+    ExecuTorch itself skips the second one when none of its targets occur, for partitioners that
+    need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three,
+    with the functional check the first one stands for."""
+    from executorch.exir.graph_module import contains_any_call_fn_target_op
+    from torch.export import ExportedProgram
+
+    decompose = ExportedProgram.run_decompositions
+
+    def only_what_is_left(self, decomp_table=None, *args, **kwargs):
+        graph = self.graph_module
+        if decomp_table is not None and graph.meta.get(_DECOMPOSED) and _functional(graph) \
+                and not contains_any_call_fn_target_op(graph, decomp_table):
+            return self
+        program = decompose(self, decomp_table, *args, **kwargs)
+        program.graph_module.meta[_DECOMPOSED] = True
+        return program
+
+    ExportedProgram.run_decompositions = only_what_is_left
+    try:
+        yield
+    finally:
+        ExportedProgram.run_decompositions = decompose
