@@ -26,7 +26,7 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
-from .isolation import ChildDied, RanHere, die_with_parent, forking_supported, run_forked, start_forked
+from .isolation import ChildDied, RanHere, between_module_calls, die_with_parent, forking_supported, run_forked, start_forked
 from .mapped_weights import map_weights
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
@@ -540,7 +540,7 @@ def export_model(
                 started=lambda job: progress(f"{job.component} -> {job.exporter} {job.precision}", job),
                 finished=lambda job, entries: progress(f"{job.component} {job.exporter} {job.precision}: "
                                                        f"{entries[0]['verdict']}", job),
-                ready=lambda job: job.component in builder.built, prepare=builder.next)
+                ready=lambda job: job.component in builder.built, prepare=builder.next, safe_points=between_module_calls)
         made_by = dict(zip(todo, made))
         entries = []
         for job in plan_jobs:

@@ -76,10 +76,41 @@ def private_tempdir() -> Iterator[Path]:
             tempfile.tempdir = saved
 
 
+_MODULE_CALL_HOOKS: set = set()  # handles of `between_module_calls` hooks in force
+
+
+@contextmanager
+def between_module_calls(point: Callable[[], None]) -> Iterator[None]:
+    """`point()` before every module call this thread makes in the block: the moments a thread
+    running eager torch has no op under way and holds none of torch's locks, so another thread may
+    fork then (`edgex.side_by_side` pauses the thread there). The hook is global to torch; a forked
+    child drops it (`_child_setup`)."""
+    import threading
+
+    import torch
+
+    me = threading.get_ident()
+
+    def hook(_module, _args):
+        if threading.get_ident() == me:
+            point()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    _MODULE_CALL_HOOKS.add(handle)
+    try:
+        yield
+    finally:
+        _MODULE_CALL_HOOKS.discard(handle)
+        handle.remove()
+
+
 def _child_setup(scratch: str) -> None:
     import torch
 
     die_with_parent()
+    for handle in list(_MODULE_CALL_HOOKS):  # another thread's, in the parent
+        handle.remove()
+    _MODULE_CALL_HOOKS.clear()
     tempfile.tempdir = scratch
     os.environ["TMPDIR"] = scratch
     torch.set_num_threads(1)

@@ -7,7 +7,11 @@ child runs torch on one thread, so one job at a time leaves the other cores idle
 happen only in this thread, between its own torch work, never while it computes.
 
 Inputs are prepared while jobs run: the first component's jobs start as soon as it is built, and
-this process builds the next components' samples (minutes of eager frames at 0.6b) beside them.
+this process builds the next components' samples (minutes of eager frames at 0.6b) beside them, in
+a thread of its own. A job that can start meanwhile does not wait for the component being built:
+the preparing thread pauses at its next safe point (between two module calls: no torch op under
+way, its locks released) while this thread forks. The child is a copy of this thread alone, so the
+preparing thread's own state (grad mode, torch-function modes) never reaches a job.
 
 Memory: children share the parent's pages, so a job costs what it adds to them. A job starts only
 while what the export holds now (this process's resident memory and each child's own pages) plus
@@ -18,8 +22,10 @@ that is not fork-safe) runs with no other job in flight.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Protocol, Sequence, TypeVar
 
 import psutil
@@ -62,22 +68,24 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                      added_mb: Callable[[R], float | None], alone: Callable[[J], bool] = lambda job: False,
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
                      held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True,
-                     prepare: Callable[[int], bool] = lambda in_flight: False) -> list[R]:
+                     prepare: Callable[[int], bool] = lambda in_flight: False,
+                     safe_points: Callable[[Callable[[], None]], AbstractContextManager] = lambda point: nullcontext()) -> list[R]:
     """Every job, up to `workers` at once, results in the order of `jobs`. `start(job)` is called in
     this thread and sets the job going (a forked child); its `result()` is awaited in a worker
     thread. `added_mb(result)`: what the finished job added to the memory it shared (None: unknown).
     `budget_mb` None: no memory limit. `alone(job)`: it runs with nothing else in flight, awaited in
     this thread. `started` / `finished` are called from this thread only.
 
-    Jobs start in their order, each once `ready(job)`. Whenever this thread would otherwise wait, it
-    calls `prepare(in_flight)` (the number of jobs running meanwhile), which readies later jobs (builds
-    their inputs) and returns False once there is nothing left to prepare: preparing overlaps the jobs
-    already running. An exception here (preparing, starting) stops every job in flight."""
+    Jobs start in their order, each once `ready(job)`. `prepare(in_flight)` readies later jobs (builds
+    their inputs), one call after another in a thread of its own until it returns False, overlapping
+    the jobs (`in_flight`: how many will run meanwhile). `safe_points(point)` is a context in which
+    the preparing thread calls `point()` at the moments it may be paused for a fork (without one,
+    only between two calls). An exception (preparing, starting) stops every job in flight."""
     results: list = [None] * len(jobs)
     pending = deque(range(len(jobs)))
     running: dict = {}  # future -> (index, Started)
     largest: float | None = None
-    preparing = True
+    preparing = _Preparing(prepare, safe_points)
 
     def fits() -> bool:
         if not running or budget_mb is None:
@@ -88,6 +96,8 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
     def collect(futures) -> None:
         nonlocal largest
         for future in futures:
+            if future not in running:  # the preparing call
+                continue
             i, _ = running.pop(future)
             results[i] = future.result()
             cost = added_mb(results[i])
@@ -103,36 +113,106 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                     return
                 i = pending.popleft()
                 started(job)
-                results[i] = start(job).result()
+                with preparing.paused():  # it shares this process's tensors with the job
+                    results[i] = start(job).result()
                 finished(job, results[i])
                 continue
             if not fits():
                 return
             i = pending.popleft()
             started(job)
-            handle = start(job)
+            with preparing.paused():
+                handle = start(job)
             running[pool.submit(handle.result)] = (i, handle)
+
+    def will_run() -> int:
+        return min(max(1, workers), len(running) + sum(1 for i in pending if ready(jobs[i])))
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         try:
             while pending or running:
+                preparing.check()
                 collect([f for f in running if f.done()])
                 start_ready()
-                if preparing and (pending or running):
-                    preparing = prepare(len(running))
-                    if preparing:
-                        continue
-                if not running:
+                if not preparing.done and preparing.future is None:
+                    preparing.next(will_run())
+                if not running and preparing.future is None:
                     if pending:
                         raise RuntimeError(f"job {jobs[pending[0]]!r} never became ready")
                     continue
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                done, _ = wait([*running, *([preparing.future] if preparing.future else [])], return_when=FIRST_COMPLETED)
                 collect(done)
         except BaseException:
+            preparing.cancel()
             for _, handle in running.values():
                 handle.stop()
             raise
+        finally:
+            preparing.close()
     return results
+
+
+class _Cancelled(BaseException):
+    """Raised in the preparing thread at its next safe point once the jobs have failed."""
+
+
+class _Preparing:
+    """`prepare` called in a thread of its own, one call at a time; `paused()` holds that thread at
+    its next safe point (or between calls) for as long as the scheduling thread needs."""
+
+    def __init__(self, prepare: Callable[[int], bool], safe_points: Callable[[Callable[[], None]], AbstractContextManager]):
+        self._prepare, self._safe_points = prepare, safe_points
+        self._executor = ThreadPoolExecutor(1)
+        self._turn = threading.Condition()
+        self._hold = self._held = self._cancelled = False
+        self.future: Future | None = None
+        self.done = False
+
+    def next(self, in_flight: int) -> None:
+        self.future = self._executor.submit(self._call, in_flight)
+
+    def _call(self, in_flight: int) -> bool:
+        with self._safe_points(self._point):
+            return self._prepare(in_flight)
+
+    def _point(self) -> None:
+        with self._turn:
+            if self._cancelled:
+                raise _Cancelled
+            if not self._hold:
+                return
+            self._held = True
+            self._turn.notify_all()
+            while self._hold:
+                self._turn.wait()
+            self._held = False
+
+    def check(self) -> None:
+        """The finished call's outcome: its exception raised here, False ending the preparing."""
+        if self.future is not None and self.future.done():
+            future, self.future = self.future, None
+            self.done = not future.result()
+
+    @contextmanager
+    def paused(self):
+        with self._turn:
+            self._hold = True
+            while self.future is not None and not self.future.done() and not self._held:
+                self._turn.wait(0.05)  # the call may end without reaching another safe point
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._hold = False
+                self._turn.notify_all()
+
+    def cancel(self) -> None:
+        with self._turn:
+            self._cancelled, self._hold = True, False
+            self._turn.notify_all()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
 
 
 def default_jobs() -> int:

@@ -123,3 +123,46 @@ def test_a_component_that_cannot_be_built_stops_the_jobs_in_flight():
         run_side_by_side(["a0:1", "a1:1", "b0:1"], start, 2, None, added_mb=lambda r: r["added"], ready=inputs.ready,
                          prepare=inputs.prepare)
     assert len(handles) == 2 and all(h.stopped for h in handles)
+
+
+def test_a_job_starts_while_a_component_is_built_with_the_builder_paused_at_a_safe_point():
+    """A ready job whose turn comes while a later component is being built starts then, not after:
+    the preparing thread is held at a safe point for the fork, and goes on after it."""
+    from contextlib import contextmanager
+
+    state = {"point": None, "inside": False, "built": set(), "starts": []}
+
+    @contextmanager
+    def safe_points(point):
+        def at_point():
+            state["inside"] = True
+            point()
+            state["inside"] = False
+
+        state["point"] = at_point
+        yield
+        state["point"] = None
+
+    def prepare(in_flight: int) -> bool:
+        todo = [c for c in "ab" if c not in state["built"]]
+        if not todo:
+            return False
+        for _ in range(100 if todo[0] == "b" else 1):  # b: a second of eager work in steps
+            time.sleep(0.01)
+            if state["point"]:
+                state["point"]()
+        state["built"].add(todo[0])
+        return True
+
+    def start(job):
+        state["starts"].append((job, "b" in state["built"], state["inside"]))
+        return _Later(lambda: time.sleep(0.05) or {"job": job, "added": 1.0})
+
+    names = ["a0:1", "a1:1", "a2:1", "a3:1", "b0:1"]
+    out = run_side_by_side(names, start, 2, None, added_mb=lambda r: r["added"], ready=lambda job: job[0] in state["built"],
+                           prepare=prepare, safe_points=safe_points)
+    assert [r["job"] for r in out] == names
+    by_job = {job: (b_built, inside) for job, b_built, inside in state["starts"]}
+    # a2 and a3 waited only for a0 / a1, not for b: each started from a paused builder
+    assert by_job["a2:1"] == (False, True) and by_job["a3:1"] == (False, True)
+    assert by_job["b0:1"][0]
