@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
-from .xnnpack_retrace import decompose_only_what_is_left, retrace_changed_graphs_only
+from .executorch_retraces import decompose_only_what_is_left, retrace_changed_graphs_only
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
@@ -61,10 +61,31 @@ def _xnnpack_ready(program, precision: str):
     if precision in ("fp32", "fp16"):
         from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
-        program = constant_prop_pass(program.run_decompositions(norm_decompositions()))
+        # Reductions the module writes are pooled before the decomposition, which then settles the
+        # rewrite's reshapes; only those the decomposition itself writes (a LayerNorm's means) are
+        # left for after, and make the lowering decompose again.
+        last_axis_reductions_as_pooling(program)
+        program = constant_prop_pass(program.run_decompositions(_lowering_decompositions()))
         _compact_view_constants(program)
     last_axis_reductions_as_pooling(program)
     return program
+
+
+def _lowering_decompositions() -> dict:
+    """The table ExecuTorch's lowering decomposes with for XNNPACK (its default table less the ops
+    the partitioner takes whole), with the norm rewrite: decomposed here in the one pass the
+    constant propagation needs anyway, the lowering's own passes find nothing left to decompose
+    and skip theirs (`decompose_only_what_is_left`)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir.program._program import _default_decomposition_table, _remove_invalid_ops_for_not_decompose
+
+    kept, _ = XnnpackPartitioner().ops_to_not_decompose(None)  # the list is the partitioner's, whatever the program
+    table = _default_decomposition_table()
+    for op in _remove_invalid_ops_for_not_decompose(kept):
+        table.pop(op, None)
+    for op, decomposition in norm_decompositions().items():  # item by item: the table is torch's lazy one
+        table[op] = decomposition
+    return table
 
 
 def _compact_view_constants(program) -> None:

@@ -1,7 +1,8 @@
-"""XNNPACK's graph passes without the re-traces of graphs they left unchanged.
+"""ExecuTorch's graph passes without the re-traces of graphs they left unchanged.
 
-ExecuTorch's XNNPACK backend runs 17 passes over each partition before it serializes it
-(`XNNPACKPassManager`). Most of them edit the graph in place and then re-trace the whole graph
+ExecuTorch runs a dozen passes over each program on its way to the edge dialect, and its XNNPACK
+backend 17 more over each partition before it serializes it (`XNNPACKPassManager`). Most of
+them edit the graph in place and then re-trace the whole graph
 (`super().call(graph_module)`: every node run again on fake tensors) to regenerate its metadata,
 whether or not they found anything to edit. A transformer has nothing for most of them (batch
 norms, 1-d convolutions, PReLU, upsampling): each re-trace of a 28-layer talker then costs about as
@@ -54,52 +55,61 @@ def edits_before_retrace(pass_type: type) -> bool:
 @contextmanager
 def retrace_changed_graphs_only():
     """See the module docstring. The passes, their order and what they change are ExecuTorch's."""
-    from executorch.backends.xnnpack import _passes as xnnpack_passes
     from executorch.exir import pass_base
     from executorch.exir.pass_base import PassResult
+    from torch.fx.passes.infra.pass_base import PassBase
 
-    transform = xnnpack_passes._transform
+    run = PassBase.__call__
     retrace = pass_base._ExportPassBase.call
 
-    def noting_the_graph(program, pass_):
-        if edits_before_retrace(type(pass_)):
-            pass_._edgex_given = (program.graph_module, graph_fingerprint(program.graph_module))
-        return transform(program, pass_)
+    def noting_the_graph(self, graph_module):
+        if isinstance(self, pass_base._ExportPassBase) and edits_before_retrace(type(self)):
+            self._edgex_given = (graph_module, graph_fingerprint(graph_module))
+        try:
+            return run(self, graph_module)
+        finally:
+            self.__dict__.pop("_edgex_given", None)
 
     def retrace_if_changed(self, graph_module):
-        given = getattr(self, "_edgex_given", None)
+        given = self.__dict__.get("_edgex_given")
         if given is not None and given[0] is graph_module and _same(given[1], graph_fingerprint(graph_module)):
             return PassResult(graph_module, False)
         return retrace(self, graph_module)
 
-    xnnpack_passes._transform = noting_the_graph
+    PassBase.__call__ = noting_the_graph
     pass_base._ExportPassBase.call = retrace_if_changed
     try:
         yield
     finally:
         pass_base._ExportPassBase.call = retrace
-        xnnpack_passes._transform = transform
+        PassBase.__call__ = run
 
 
 _DECOMPOSED = "edgex_decomposed"
 
 
-def _functional(graph_module) -> bool:
-    """No node writes to a tensor in place (what `run_decompositions` would functionalize) and none
-    is a higher-order op (control flow, whose bodies this does not look into)."""
+def _settled(graph_module) -> bool:
+    """No node that any decomposition would rewrite whatever its table: none writes to a tensor in
+    place (what `run_decompositions` functionalizes), none is a composite op torch cannot preserve
+    (it decomposes those, `aten.reshape` among them, with any table), none is a higher-order op
+    (control flow, whose bodies this does not look into)."""
     import torch
+    from torch._export.utils import _is_cia_op, _is_preservable_cia_op
 
-    return not any(n.op == "call_function" and (isinstance(n.target, torch._ops.HigherOrderOperator)
-                                                 or isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable)
-                   for n in graph_module.graph.nodes)
+    def rewritten(target) -> bool:
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return True
+        return isinstance(target, torch._ops.OpOverload) and (
+            target._schema.is_mutable or _is_cia_op(target) and not _is_preservable_cia_op(target))
+
+    return not any(n.op == "call_function" and rewritten(n.target) for n in graph_module.graph.nodes)
 
 
 @contextmanager
 def decompose_only_what_is_left():
     """`ExportedProgram.run_decompositions` with an explicit table, skipped where it would change
-    nothing: the graph already came out of a decomposition (so it is functional and its
-    composite ops are settled), nothing since has written in place, and no node calls an operator
-    the table decomposes.
+    nothing: the graph already came out of a decomposition, no node added since is one that any
+    decomposition rewrites (`_settled`), and no node calls an operator the table decomposes.
 
     ExecuTorch's `to_edge_transform_and_lower` decomposes each program three times for a
     partitioner that preserves ops (`{}` to functionalize, then the default table less the
@@ -115,7 +125,7 @@ def decompose_only_what_is_left():
 
     def only_what_is_left(self, decomp_table=None, *args, **kwargs):
         graph = self.graph_module
-        if decomp_table is not None and graph.meta.get(_DECOMPOSED) and _functional(graph) \
+        if decomp_table is not None and graph.meta.get(_DECOMPOSED) and _settled(graph) \
                 and not contains_any_call_fn_target_op(graph, decomp_table):
             return self
         program = decompose(self, decomp_table, *args, **kwargs)
