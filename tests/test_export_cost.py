@@ -361,6 +361,7 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
     import contextlib
 
     from executorch.exir import pass_base
+    from executorch.exir.pass_manager import ExportedProgramPassManager
 
     from edgex.exporters import EXPORTERS
     from edgex.exporters import executorch as et
@@ -376,16 +377,26 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
         traced.append(type(self).__name__)
         return retrace(self, graph_module)
 
+    check = ExportedProgramPassManager.check
+    checked: list[int] = []
+
+    def counting_checks(self, program):
+        checked.append(1)
+        return check(self, program)
+
     monkeypatch.setattr(pass_base._ExportPassBase, "call", counting)
-    files, counts = {}, {}
+    monkeypatch.setattr(ExportedProgramPassManager, "check", counting_checks)
+    files, counts, checks = {}, {}, {}
     for label, context in (("changed only", et.retrace_changed_graphs_only), ("every one", contextlib.nullcontext)):
         monkeypatch.setattr(et, "retrace_changed_graphs_only", context)
         traced.clear()
+        checked.clear()
         (pte,) = EXPORTERS.get("executorch").export(comp, precision, tmp_path / f"{label}.pte").files
-        files[label], counts[label] = pte.read_bytes(), list(traced)
-        assert pass_base._ExportPassBase.call is counting
+        files[label], counts[label], checks[label] = pte.read_bytes(), list(traced), len(checked)
+        assert pass_base._ExportPassBase.call is counting and ExportedProgramPassManager.check is counting_checks
     assert "Conv1dUnsqueezePass" in counts["changed only"]
     assert "FuseBatchNormPass" in counts["every one"] and "FuseBatchNormPass" not in counts["changed only"]
+    assert checks["changed only"] < checks["every one"]  # validations of unchanged graphs skipped too
     assert files["changed only"] == files["every one"]
 
 

@@ -11,7 +11,9 @@ such a pass's re-trace is skipped when the graph it is about to re-trace is the 
 node for node (operation, target, arguments): its metadata is still that of the previous trace.
 
 Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
-`call_operator`) always re-trace. This module is light: torch and executorch are imported inside.
+`call_operator`) always re-trace. The same goes for the validation ExecuTorch's pass manager runs
+before and after each pass (recompiling the graph's Python code, linting it, checking its
+signature): skipped for a graph and signature unchanged since it last passed. This module is light: torch and executorch are imported inside.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from contextlib import contextmanager
 # any of them changes the graph in the re-trace itself, which must therefore always run.
 _TRACE_HOOKS = ("call_operator", "call_getitem", "call_sym", "call_cond", "call_map", "call_scan", "call_while",
                 "call_submodule", "placeholder", "output", "on_attr", "inputs", "call_size_operator")
+
+
+_CHECKED = "edgex_checked"  # graph meta: the state of the graph when a pass manager last validated it
 
 
 def graph_fingerprint(graph_module) -> list:
@@ -57,6 +62,7 @@ def retrace_changed_graphs_only():
     """See the module docstring. The passes, their order and what they change are ExecuTorch's."""
     from executorch.exir import pass_base
     from executorch.exir.pass_base import PassResult
+    from executorch.exir.pass_manager import ExportedProgramPassManager
     from torch.fx.passes.infra.pass_base import PassBase
 
     run = PassBase.__call__
@@ -76,11 +82,23 @@ def retrace_changed_graphs_only():
             return PassResult(graph_module, False)
         return retrace(self, graph_module)
 
+    def check_if_changed(self, exported_program):
+        graph = exported_program.graph_module
+        state = (graph_fingerprint(graph), str(exported_program.graph_signature))
+        checked = graph.meta.get(_CHECKED)
+        if checked is not None and _same(checked, state):
+            return
+        check(self, exported_program)
+        graph.meta[_CHECKED] = state
+
+    check = ExportedProgramPassManager.check
     PassBase.__call__ = noting_the_graph
     pass_base._ExportPassBase.call = retrace_if_changed
+    ExportedProgramPassManager.check = check_if_changed
     try:
         yield
     finally:
+        ExportedProgramPassManager.check = check
         pass_base._ExportPassBase.call = retrace
         PassBase.__call__ = run
 
