@@ -13,7 +13,12 @@ node for node (operation, target, arguments): its metadata is still that of the 
 Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
 `call_operator`) always re-trace. The same goes for the validation ExecuTorch's pass manager runs
 before and after each pass (recompiling the graph's Python code, linting it, checking its
-signature): skipped for a graph and signature unchanged since it last passed. This module is light: torch and executorch are imported inside.
+signature): skipped for a graph and signature unchanged since it last passed.
+
+`decompose_only_what_is_left` does the same for whole decompositions: `run_decompositions` is a
+re-trace too, skipped where nothing is left for it to decompose.
+
+This module is light: torch and executorch are imported inside.
 """
 
 from __future__ import annotations
@@ -131,11 +136,12 @@ def decompose_only_what_is_left():
 
     ExecuTorch's `to_edge_transform_and_lower` decomposes each program three times for a
     partitioner that preserves ops (`{}` to functionalize, then the default table less the
-    partitioner's ops, then the default table once those are renamed), and a float `.pte` is
-    decomposed once before (the norm rewrite): each is a full re-trace of every node on fake tensors.
+    partitioner's ops, then the default table once those are renamed): each is a full re-trace of
+    every node on fake tensors. A float `.pte` is decomposed once before, by the exporter, with that
+    same table (`executorch._lowering_decompositions`), which leaves the three nothing to do.
     ExecuTorch itself skips the second one when none of its targets occur, for partitioners that
-    need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three,
-    with the functional check the first one stands for."""
+    need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three, with
+    the `_settled` check standing for what the first one does whatever its table."""
     from executorch.exir.graph_module import contains_any_call_fn_target_op
     from torch.export import ExportedProgram
 
