@@ -36,7 +36,7 @@ from .parity.half_arithmetic import half_arithmetic_gates
 from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Unsupported
 from .parity.quantized import quantized_parity
-from .parity.scheme import Recording, Reference, measure_split
+from .parity.scheme import Recording, Reference, measure_split, remembered
 from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
@@ -409,6 +409,7 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
         plain = measure(component, artifact, runtime.name, io_float_dtype, gate, runtime.method, runtime.simulator)
         artifact.release()
         reference = scheme_reference() if scheme_reference is not None else None
+        reference = remembered(reference) if reference is not None else None
         lowering = lowering_db(precision, overrides) if reference is not None else None
 
         def gated(end_to_end: float, lowering_gate: float | None) -> ParityReport:

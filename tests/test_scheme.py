@@ -288,3 +288,50 @@ def test_the_artifacts_runtime_is_released_before_its_scheme_reference_is_built(
         recording.run([])
     with pytest.raises(RuntimeError, match="more calls"):
         recording.replay().run([])
+
+
+def test_the_scheme_pass_reuses_the_lowering_pass_reference_outputs_and_a_broken_artifact_still_fails():
+    """The scheme reference runs once per sample for both of `measure_split`'s passes that need it
+    (and for a re-gate); the figures are those of a reference run for each pass, and an artifact
+    that computes something else fails its lowering gate."""
+    import numpy as np
+
+    from edgex.parity.runtimes.base import Session
+    from edgex.parity.scheme import measure_split, remembered
+
+    eager, comp = _component()
+    comp.samples["t"] = (torch.randn(1, 3, 8),)
+    up = torch.round(comp.module.up.weight * 64) / 64
+    reference = build(comp, StoredScheme("test", {"up": StoredWeight(comp.module.up.weight, up)}))
+    calls = []
+
+    def counted(inputs, forced_tokens=None):
+        calls.append(forced_tokens)
+        return reference(inputs, forced_tokens)
+
+    class _Counted:
+        label = reference.label
+        to_json = reference.to_json
+        __call__ = staticmethod(counted)
+
+    class _Artifact(Session):
+        def __init__(self, offset):
+            self.offset = offset
+
+        def run(self, inputs):
+            return [t.numpy() + self.offset for t in reference((torch.from_numpy(inputs[0]),))]
+
+    kept = remembered(_Counted())
+    faithful = measure_split(comp, _Artifact(0.0), "test", "float32", 20.0, 60.0, kept)
+    assert len(calls) == 2, calls  # one run per sample, both passes
+    again = measure_split(comp, _Artifact(0.0), "test", "float32", 20.0, 60.0, kept)
+    assert len(calls) == 2 and again.scheme["min_snr_db"] == faithful.scheme["min_snr_db"]
+    fresh = measure_split(comp, _Artifact(0.0), "test", "float32", 20.0, 60.0, reference)
+    assert fresh.scheme["min_snr_db"] == faithful.scheme["min_snr_db"] and faithful.verdict == "pass"
+    assert faithful.lowering["verdict"] == "pass"
+    broken = measure_split(comp, _Artifact(0.05), "test", "float32", 20.0, 60.0, kept)
+    assert broken.lowering["verdict"] == "fail" and broken.verdict == "fail"
+    assert broken.scheme["min_snr_db"] == faithful.scheme["min_snr_db"]
+    # a session fed other values than the samples' gets a run of its own, never a kept output
+    other = np.zeros((1, 3, 8), np.float32)
+    assert kept.kept_for([other]) is None and kept.kept_for([comp.samples["s"][0].numpy()]) is not None
