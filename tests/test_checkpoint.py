@@ -89,3 +89,23 @@ def test_checkpoint_from_the_local_hub_cache(checkpoint, tmp_path, monkeypatch):
     sa, sb = original.talker.state_dict(), loaded.talker.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert loaded.source == {"checkpoint": str(snapshot.resolve())}
+
+
+def test_presets_built_without_the_construction_init_are_the_weights_the_full_init_gives(monkeypatch):
+    """The construction-time random init of modules whose parameters are all written afterwards is
+    left out; the tiny preset's weights are those the package's own init followed by the preset's
+    gives, tensor for tensor, and the skipped types are again initialized outside the build."""
+    from contextlib import nullcontext
+
+    from torch import nn
+
+    from edgex.recipes.qwen3_tts import models
+
+    fast = build_from_preset(get_preset("tiny"), 0)
+    assert nn.Linear(4, 4).weight.abs().sum() > 0  # restored: a plain Linear draws its weights again
+    monkeypatch.setattr(models, "_constructed_without_random_init", nullcontext)
+    full = build_from_preset(get_preset("tiny"), 0)
+    for part in ("talker", "decoder"):
+        a, b = getattr(fast, part).state_dict(), getattr(full, part).state_dict()
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), part

@@ -10,6 +10,7 @@ the wav to ~1e-8 and zero codebooks give a constant wav, which would make SNR me
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,43 @@ def _configs(talker: dict, decoder: dict):
     return talker_cfg, decoder_cfg
 
 
+# The module types every parameter of which is written after construction: by the preset's init
+# (`_speech_scale_init` draws each Linear / Conv1d / ConvTranspose1d weight and bias and each
+# Embedding table) or by a checkpoint's state dict. Their random init at construction (torch's and
+# the package's `_init_weights`, about 1e9 draws for the 1.7b talker) is left out.
+_WRITTEN_AFTER = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d, nn.Embedding)
+
+
+@contextmanager
+def _constructed_without_random_init():
+    """Modules of the `_WRITTEN_AFTER` types built with uninitialized storage: their
+    `reset_parameters` does nothing and marks them initialized, which transformers' `_init_weights`
+    pass then skips. Other modules (norms, subclasses) initialize as the package wrote them."""
+    originals = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd)}
+
+    def skipping(original):
+        def reset_parameters(self):
+            if type(self) in _WRITTEN_AFTER:
+                self._is_hf_initialized = True
+                return
+            original(self)
+
+        return reset_parameters
+
+    try:
+        for cls, original in originals.items():
+            cls.reset_parameters = skipping(original)
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.reset_parameters = original
+
+
 def _instantiate(talker_cfg, decoder_cfg):
     mods = qwen_tts_modules()
-    talker = mods.modeling.Qwen3TTSTalkerForConditionalGeneration(talker_cfg)
-    decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_cfg)
+    with _constructed_without_random_init():
+        talker = mods.modeling.Qwen3TTSTalkerForConditionalGeneration(talker_cfg)
+        decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_cfg)
     return talker.eval(), decoder.eval()
 
 
