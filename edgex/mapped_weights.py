@@ -5,8 +5,9 @@ A job forked from the export (`edgex.isolation`) inherits every anonymous page o
 resident set at once, whether it reads them or not: a talker job carried the text embedding and the
 vocoder it never touches. Pages of a private file mapping that nobody has written are not copied at
 fork; a child maps in only the pages it reads, and the kernel can drop clean ones under pressure
-and read them again. `torch.load(mmap=True)` makes such tensors; the file is unlinked as soon as
-it is mapped, so nothing is left behind, whatever happens to the export afterwards.
+and read them again (the mapping `torch.load(mmap=True)` makes, here of the storages' bytes as
+they are). The file is unlinked as soon as it is mapped, so nothing is left behind, whatever
+happens to the export afterwards.
 """
 
 from __future__ import annotations
@@ -68,35 +69,61 @@ def _large_tensors(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list[t
     return unique, places
 
 
+ALIGN = 64  # byte alignment of each storage in the file (any dtype's elements, SIMD loads)
+
+
+def _write_storages(storages: list[torch.UntypedStorage], name: str) -> list[int]:
+    """Each storage's bytes at its own aligned offset of file `name`; the offsets. The bytes as they
+    are: `torch.save`'s archive computes a CRC over every record, most of the time of writing it."""
+    offsets, end = [], 0
+    with open(name, "wb") as f:
+        for storage in storages:
+            offset = -(-end // ALIGN) * ALIGN
+            f.seek(offset)
+            f.write(memoryview(torch.empty(0, dtype=torch.uint8).set_(storage).numpy()))
+            offsets.append(offset)
+            end = offset + storage.nbytes()
+    return offsets
+
+
 def map_weights(models: object, folder: Path) -> int:
     """Move the large weights of the modules in `models` into a private mapping of a file written
     in `folder` (and unlinked at once). Parameters keep their identity (their `.data` is replaced),
-    so every holder sees the mapped tensor. Returns the bytes moved: 0 where the file cannot be
+    so every holder sees the mapped tensor; tensors that shared a storage share its mapped copy,
+    at the same offsets and strides. Returns the bytes moved: 0 where the file cannot be
     written (a full disk), the weights then staying where they were. The unlinked file's space on
     `folder`'s disk is freed when the process that mapped it ends."""
     unique, places = _large_tensors(modules_in(models))
     if not unique:
         return 0
+    storages: dict[int, torch.UntypedStorage] = {}
+    for tensor in unique:
+        storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage())
     try:
-        fd, name = tempfile.mkstemp(prefix=".weights-", suffix=".pt", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=".weights-", suffix=".bin", dir=folder)
         os.close(fd)
     except OSError:
         return 0
     try:
-        torch.save([tensor.detach() for tensor in unique], name)
-        mapped = torch.load(name, mmap=True, weights_only=True)
-    except (OSError, RuntimeError):  # torch's zip writer reports a short write as a RuntimeError
+        offsets = _write_storages(list(storages.values()), name)
+        size = offsets[-1] + list(storages.values())[-1].nbytes()
+        whole = torch.UntypedStorage.from_file(name, shared=False, nbytes=size)  # a private mapping
+    except (OSError, RuntimeError):
         return 0
     finally:
         Path(name).unlink(missing_ok=True)
+    copies = {key: whole[offset : offset + storage.nbytes()]
+              for (key, storage), offset in zip(storages.items(), offsets)}
+    mapped = [torch.empty(0, dtype=t.dtype).set_(copies[t.untyped_storage().data_ptr()], t.storage_offset(), t.shape, t.stride())
+              for t in unique]
     for tensor, copy in zip(unique, mapped):
         if isinstance(tensor, nn.Parameter):
             tensor.data = copy
     for table, attr, index in places:
         if not isinstance(table[attr], nn.Parameter):
             table[attr] = mapped[index]
-    moved = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in mapped}.values())
-    del unique, places, mapped
+    moved = size
+    del unique, places, mapped, storages, copies
     gc.collect()
     return_free_memory()
     return moved

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from edgex.isolation import forking_supported, run_forked
+from edgex import mapped_weights
 from edgex.mapped_weights import map_weights
 
 MB = 2**20
@@ -20,6 +21,7 @@ class _Tied(nn.Module):
         self.second = nn.Linear(2048, 2048)
         self.second.weight = self.first.weight
         self.register_buffer("table", torch.randn(1024, 1024))  # 4 MB
+        self.register_buffer("rows", self.table[512:].t())  # a view: shares the table's storage
         self.register_buffer("small", torch.randn(4))
 
 
@@ -51,6 +53,8 @@ def test_mapped_weights_keep_values_identity_and_ties(tmp_path):
     assert tied.first.weight is weight and tied.second.weight is tied.first.weight
     assert torch.equal(tied.second(tied.first(x)), expected[0])
     assert torch.equal(tied.table, expected[1])
+    assert torch.equal(tied.rows, expected[1][512:].t()) and tied.rows.stride() == (1, 1024)
+    assert tied.rows.data_ptr() == tied.table.data_ptr() + 512 * 1024 * 4  # still a view of the one copy
     assert torch.equal(other(torch.randn(1, 4096, generator=torch.Generator().manual_seed(1))), expected[2])
     assert tied.small.untyped_storage().nbytes() < MB  # small tensors stay where they were
     assert list(tmp_path.iterdir()) == []  # the file is unlinked once mapped
@@ -80,6 +84,6 @@ def test_weights_stay_in_memory_where_the_file_cannot_be_written(tmp_path, monke
     def full_disk(*_args, **_kwargs):
         raise error
 
-    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(mapped_weights, "_write_storages", full_disk)
     assert map_weights(_Models(layer, nn.Identity(), {}), tmp_path) == 0
     assert torch.equal(layer.weight, weight) and list(tmp_path.iterdir()) == []
