@@ -530,7 +530,7 @@ def export_model(
             made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
         else:
             if forking_supported():  # the jobs fork: they share the weights as page cache
-                map_weights(loaded.models, stage)
+                map_weights(loaded.models, stage, meanwhile=lambda: _warm_up(todo))
             _warm_up(todo)
             builder = _Builder(recipe.iter_components(loaded, names), names, todo, progress)
             budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()

@@ -16,7 +16,9 @@ import dataclasses
 import gc
 import os
 import tempfile
+import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -86,15 +88,20 @@ def _write_storages(storages: list[torch.UntypedStorage], name: str) -> list[int
     return offsets
 
 
-def map_weights(models: object, folder: Path) -> int:
+def map_weights(models: object, folder: Path, meanwhile: Callable[[], object] | None = None) -> int:
     """Move the large weights of the modules in `models` into a private mapping of a file written
     in `folder` (and unlinked at once). Parameters keep their identity (their `.data` is replaced),
     so every holder sees the mapped tensor; tensors that shared a storage share its mapped copy,
     at the same offsets and strides. Returns the bytes moved: 0 where the file cannot be
     written (a full disk), the weights then staying where they were. The unlinked file's space on
-    `folder`'s disk is freed when the process that mapped it ends."""
+    `folder`'s disk is freed when the process that mapped it ends.
+
+    `meanwhile` runs in the calling thread while another writes the file (gigabytes the kernel
+    copies into the page cache, most of the time here): work that does not touch the weights."""
     unique, places = _large_tensors(modules_in(models))
     if not unique:
+        if meanwhile is not None:
+            meanwhile()
         return 0
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in unique:
@@ -104,13 +111,29 @@ def map_weights(models: object, folder: Path) -> int:
         os.close(fd)
     except OSError:
         return 0
+    written: list = []
+
+    def write() -> None:
+        try:
+            written.append(_write_storages(list(storages.values()), name))
+        except (OSError, RuntimeError) as exc:  # a full disk; torch's writers report a short write as RuntimeError
+            written.append(exc)
+
+    writer = threading.Thread(target=write, name="edgex-map-weights", daemon=True)
     try:
-        offsets = _write_storages(list(storages.values()), name)
+        writer.start()
+        if meanwhile is not None:
+            meanwhile()
+        writer.join()
+        offsets = written[0]
+        if isinstance(offsets, Exception):
+            return 0
         size = offsets[-1] + list(storages.values())[-1].nbytes()
         whole = torch.UntypedStorage.from_file(name, shared=False, nbytes=size)  # a private mapping
     except (OSError, RuntimeError):
         return 0
     finally:
+        writer.join()
         Path(name).unlink(missing_ok=True)
     copies = {key: whole[offset : offset + storage.nbytes()]
               for (key, storage), offset in zip(storages.items(), offsets)}

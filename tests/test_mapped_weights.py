@@ -1,5 +1,6 @@
 """The export's weights live in a private file mapping: forked jobs map in only what they read."""
 
+import threading
 from dataclasses import dataclass
 
 import psutil
@@ -47,8 +48,10 @@ def test_mapped_weights_keep_values_identity_and_ties(tmp_path):
     weight, x = tied.first.weight, torch.randn(3, 2048)
     expected = (tied.second(tied.first(x)), tied.table.clone(), other(torch.randn(1, 4096, generator=torch.Generator().manual_seed(1))))
 
-    moved = map_weights(models, tmp_path)
+    meanwhile = []
+    moved = map_weights(models, tmp_path, meanwhile=lambda: meanwhile.append(threading.current_thread()))
 
+    assert meanwhile == [threading.main_thread()]  # run once, in the calling thread, while the file was written
     assert moved >= (16 + 16 + 4) * MB  # the tied weight once, the other layer's weight, the table
     assert tied.first.weight is weight and tied.second.weight is tied.first.weight
     assert torch.equal(tied.second(tied.first(x)), expected[0])
@@ -85,5 +88,6 @@ def test_weights_stay_in_memory_where_the_file_cannot_be_written(tmp_path, monke
         raise error
 
     monkeypatch.setattr(mapped_weights, "_write_storages", full_disk)
-    assert map_weights(_Models(layer, nn.Identity(), {}), tmp_path) == 0
-    assert torch.equal(layer.weight, weight) and list(tmp_path.iterdir()) == []
+    meanwhile = []
+    assert map_weights(_Models(layer, nn.Identity(), {}), tmp_path, meanwhile=lambda: meanwhile.append(1)) == 0
+    assert torch.equal(layer.weight, weight) and list(tmp_path.iterdir()) == [] and meanwhile == [1]
