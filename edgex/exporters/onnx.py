@@ -436,8 +436,8 @@ def optimize(model) -> None:
     where the skipped rule would write one Split: the same values, and every runtime has both ops.
 
     Folding and rewriting run once, where `optimize_ir` runs them until nothing changes (at most
-    twice): on every Qwen3-TTS graph the second round left the same nodes, but for one Identity
-    in a decoder (which every runtime's own optimizer drops), and it costs as much as the first."""
+    twice): a second round finds next to nothing left (on the speech graphs, one Identity in a
+    vocoder, which every runtime's own optimizer drops) and costs as much as the first."""
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
