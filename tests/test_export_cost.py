@@ -396,8 +396,40 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
         assert pass_base._ExportPassBase.call is counting and ExportedProgramPassManager.check is counting_checks
     assert "Conv1dUnsqueezePass" in counts["changed only"]
     assert "FuseBatchNormPass" in counts["every one"] and "FuseBatchNormPass" not in counts["changed only"]
+    # a static graph without view operators: the edge passes that rewrite only those do not run
+    for name in ("SymToTensorPass", "ReplaceBrokenOpsWithFunctionalOpsPass", "NormalizeTransposePass"):
+        assert name in counts["every one"] and name not in counts["changed only"], name
     assert checks["changed only"] < checks["every one"]  # validations of unchanged graphs skipped too
     assert files["changed only"] == files["every one"]
+
+
+def test_a_single_kind_edge_pass_is_skipped_only_where_its_kind_is_absent():
+    """`rewrites_nothing_here`: each of the three passes runs on a graph holding what it rewrites
+    (an `aten.t`, a view operator, a symbolic scalar) and on any graph with a submodule or a
+    non-ATen operator; it is skipped on a flat ATen graph without it."""
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from edgex.exporters.executorch_retraces import rewrites_nothing_here
+
+    x = torch.randn(4, 4)
+    plain = make_fx(lambda a: torch.mm(a, a) + 1)(x)
+    transposed = make_fx(lambda a: torch.mm(a.t(), a))(x)
+    viewed = make_fx(lambda a: a.view(16) * 2)(x)
+    symbolic = make_fx(lambda a: a * 2)(x)
+    next(iter(symbolic.graph.nodes)).meta["val"] = ShapeEnv().create_unbacked_symint()
+    assert any(n.target == torch.ops.aten.t.default for n in transposed.graph.nodes)
+    for pass_, holding in ((NormalizeTransposePass(), transposed), (ReplaceBrokenOpsWithFunctionalOpsPass(), viewed),
+                           (SymToTensorPass(), symbolic)):
+        assert rewrites_nothing_here(pass_, plain), type(pass_).__name__
+        assert not rewrites_nothing_here(pass_, holding), type(pass_).__name__
+        nested = make_fx(lambda a: torch.mm(a, a) + 1)(x)
+        nested.add_submodule("body", make_fx(lambda a: a + 1)(x))
+        assert not rewrites_nothing_here(pass_, nested)
+    assert not rewrites_nothing_here(object(), plain)  # any other pass always runs
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "8da8w"])

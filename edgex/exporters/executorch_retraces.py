@@ -62,6 +62,42 @@ def edits_before_retrace(pass_type: type) -> bool:
                                                       for hook in _TRACE_HOOKS)
 
 
+def _single_kind_rewrites() -> dict:
+    """ExecuTorch's edge passes that rewrite one kind of node only, all of it in the re-trace
+    (`call_operator`), by what each rewrites: the transpose shorthand `aten.t` (into `t_copy`), view
+    operators (into their `_copy` variants), symbolic scalars (into tensors)."""
+    import torch
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    return {
+        NormalizeTransposePass: lambda node: node.target == torch.ops.aten.t.default,
+        ReplaceBrokenOpsWithFunctionalOpsPass: lambda node: isinstance(node.target, torch._ops.OpOverload) and node.target.is_view,
+        SymToTensorPass: lambda node: isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)),
+    }
+
+
+def rewrites_nothing_here(pass_, graph_module) -> bool:
+    """Whether `pass_` is one of `_single_kind_rewrites` and `graph_module` holds no node of the
+    kind it rewrites: running it would re-trace every node to write the same graph. Only a flat
+    graph of ATen operators qualifies (no submodule, no higher-order or dialect operator whose
+    body or variants this does not look into)."""
+    import operator
+
+    import torch
+
+    rewrites = _single_kind_rewrites().get(type(pass_))
+    if rewrites is None or any(isinstance(m, torch.fx.GraphModule) for m in graph_module.children()):
+        return False
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and not (isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem):
+            return False
+        if rewrites(node):
+            return False
+    return True
+
+
 @contextmanager
 def retrace_changed_graphs_only():
     """See the module docstring. The passes, their order and what they change are ExecuTorch's."""
@@ -74,6 +110,8 @@ def retrace_changed_graphs_only():
     retrace = pass_base._ExportPassBase.call
 
     def noting_the_graph(self, graph_module):
+        if rewrites_nothing_here(self, graph_module):
+            return PassResult(graph_module, False)
         if isinstance(self, pass_base._ExportPassBase) and edits_before_retrace(type(self)):
             self._edgex_given = (graph_module, graph_fingerprint(graph_module))
         try:
