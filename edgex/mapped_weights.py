@@ -116,7 +116,7 @@ def map_weights(models: object, folder: Path, meanwhile: Callable[[], object] | 
     def write() -> None:
         try:
             written.append(_write_storages(list(storages.values()), name))
-        except (OSError, RuntimeError) as exc:  # a full disk; torch's writers report a short write as RuntimeError
+        except (OSError, RuntimeError) as exc:  # a full disk, or a storage numpy cannot view
             written.append(exc)
 
     writer = threading.Thread(target=write, name="edgex-map-weights", daemon=True)

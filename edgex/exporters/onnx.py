@@ -457,7 +457,6 @@ def optimize(model) -> None:
         common.RemoveUnusedNodesPass(),
         common.RemoveUnusedFunctionsPass(),
         common.RemoveUnusedOpsetsPass(),
-        common.RemoveUnusedNodesPass(),
         common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
         common.LiftSubgraphInitializersToMainGraphPass(),
         common.DeduplicateInitializersPass(),

@@ -345,9 +345,6 @@ class Remembered:
             raise AttributeError(name)
         return getattr(self._reference, name)
 
-    def to_json(self) -> dict:
-        return self._reference.to_json()
-
     def __call__(self, inputs, forced_tokens: dict | None = None):
         if forced_tokens:
             return self._reference(inputs, forced_tokens)
