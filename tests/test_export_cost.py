@@ -387,8 +387,10 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
     monkeypatch.setattr(pass_base._ExportPassBase, "call", counting)
     monkeypatch.setattr(ExportedProgramPassManager, "check", counting_checks)
     files, counts, checks = {}, {}, {}
-    for label, context in (("changed only", et.retrace_changed_graphs_only), ("every one", contextlib.nullcontext)):
+    for label, context, skip in (("changed only", et.retrace_changed_graphs_only, et.skip_passes_with_nothing_to_rewrite),
+                                 ("every one", contextlib.nullcontext, contextlib.nullcontext)):
         monkeypatch.setattr(et, "retrace_changed_graphs_only", context)
+        monkeypatch.setattr(et, "skip_passes_with_nothing_to_rewrite", skip)
         traced.clear()
         checked.clear()
         (pte,) = EXPORTERS.get("executorch").export(comp, precision, tmp_path / f"{label}.pte").files
@@ -396,17 +398,34 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
         assert pass_base._ExportPassBase.call is counting and ExportedProgramPassManager.check is counting_checks
     assert "Conv1dUnsqueezePass" in counts["changed only"]
     assert "FuseBatchNormPass" in counts["every one"] and "FuseBatchNormPass" not in counts["changed only"]
-    # a static graph without view operators: the edge passes that rewrite only those do not run
-    for name in ("SymToTensorPass", "ReplaceBrokenOpsWithFunctionalOpsPass", "NormalizeTransposePass"):
+    # a static graph without view operators, constants to fold, dim-order copies or portable
+    # reductions: the passes that rewrite only those do not run
+    for name in ("SymToTensorPass", "ReplaceBrokenOpsWithFunctionalOpsPass", "NormalizeTransposePass", "ConstPropPass",
+                 "DimOrderOpsRevertPass", "LegalizePortableDimOrderPass"):
         assert name in counts["every one"] and name not in counts["changed only"], name
     assert checks["changed only"] < checks["every one"]  # validations of unchanged graphs skipped too
     assert files["changed only"] == files["every one"]
 
 
-def test_a_single_kind_edge_pass_is_skipped_only_where_its_kind_is_absent():
-    """`rewrites_nothing_here`: each of the three passes runs on a graph holding what it rewrites
-    (an `aten.t`, a view operator, a symbolic scalar) and on any graph with a submodule or a
-    non-ATen operator; it is skipped on a flat ATen graph without it."""
+def _as_edge(graph_module):
+    """`graph_module` with each ATen operator replaced by its edge-dialect counterpart."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            packet = getattr(getattr(exir_ops.edge, node.target.namespace), node.target._schema.name.split("::")[1])
+            node.target = getattr(packet, node.target._overloadname)
+    return graph_module
+
+
+def test_a_single_kind_pass_is_skipped_only_where_its_kind_is_absent():
+    """`rewrites_nothing_here`: each pass runs on a graph holding what it rewrites (an `aten.t`, a
+    view operator, a symbolic scalar, a dim-order copy, a portable reduction, an operator reading
+    no input or only graph constants) and on any graph with a submodule or a higher-order operator;
+    it is skipped on a flat ATen or edge-dialect graph without it."""
+    from executorch.exir.passes.const_prop_pass import ConstPropPass
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
     from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
     from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
@@ -415,20 +434,34 @@ def test_a_single_kind_edge_pass_is_skipped_only_where_its_kind_is_absent():
 
     from edgex.exporters.executorch_retraces import rewrites_nothing_here
 
-    x = torch.randn(4, 4)
+    x, table = torch.randn(4, 4), torch.randn(4, 4)
     plain = make_fx(lambda a: torch.mm(a, a) + 1)(x)
     transposed = make_fx(lambda a: torch.mm(a.t(), a))(x)
     viewed = make_fx(lambda a: a.view(16) * 2)(x)
     symbolic = make_fx(lambda a: a * 2)(x)
     next(iter(symbolic.graph.nodes)).meta["val"] = ShapeEnv().create_unbacked_symint()
+    filled = make_fx(lambda a: a + torch.ones(4, 4))(x)
+    from_constant = make_fx(lambda a: a + table.exp())(x)
+    assert any(n.op == "get_attr" for n in from_constant.graph.nodes)
+    cast = _as_edge(make_fx(lambda a: a.to(memory_format=torch.contiguous_format, dtype=torch.float16) * 2)(x))
+    from executorch.exir.dialects._ops import ops as exir_ops
+    for node in cast.graph.nodes:
+        if node.op == "call_function" and node.target == exir_ops.edge.aten._to_copy.default:
+            node.target = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
+            node.kwargs = {"dtype": torch.float16, "dim_order": [0, 1]}
+    reduced = _as_edge(make_fx(lambda a: a.mean(dim=-1, keepdim=True) * a)(x))
     assert any(n.target == torch.ops.aten.t.default for n in transposed.graph.nodes)
     for pass_, holding in ((NormalizeTransposePass(), transposed), (ReplaceBrokenOpsWithFunctionalOpsPass(), viewed),
-                           (SymToTensorPass(), symbolic)):
+                           (SymToTensorPass(), symbolic), (ConstPropPass(), filled), (ConstPropPass(), from_constant),
+                           (DimOrderOpsRevertPass(), cast), (LegalizePortableDimOrderPass(), reduced)):
         assert rewrites_nothing_here(pass_, plain), type(pass_).__name__
         assert not rewrites_nothing_here(pass_, holding), type(pass_).__name__
         nested = make_fx(lambda a: torch.mm(a, a) + 1)(x)
         nested.add_submodule("body", make_fx(lambda a: a + 1)(x))
         assert not rewrites_nothing_here(pass_, nested)
+    for pass_ in (ConstPropPass(), DimOrderOpsRevertPass(), LegalizePortableDimOrderPass()):
+        assert rewrites_nothing_here(pass_, _as_edge(make_fx(lambda a: torch.mm(a, a) + 1)(x))), type(pass_).__name__
+    assert not rewrites_nothing_here(ConstPropPass(propogate_quant=True), plain)  # its quantized variant always runs
     assert not rewrites_nothing_here(object(), plain)  # any other pass always runs
 
 
@@ -487,3 +520,30 @@ def test_the_onnx_export_reads_its_opset_from_the_graph_without_serializing_the_
     result = EXPORTERS.get("onnx").export(_stack_component(2, 16), "fp32", tmp_path / "s.onnx")
     declared = {o.domain: o.version for o in onnx.load(str(result.files[0])).opset_import}
     assert result.details["opset"] == declared[""]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_onnx_transposed_weights_are_written_row_major_as_the_same_bytes(tmp_path, monkeypatch, precision):
+    """`write_strided_weights_row_major`: the Linear weights the constant folding leaves as
+    transposed views are the ones it takes, and the `.onnx` and its data file are byte for byte those
+    written without it."""
+    from edgex.exporters import EXPORTERS, onnx_weights
+
+    rewrite, taken = onnx_weights.write_strided_weights_row_major, []
+
+    def counting(model):
+        taken.append(rewrite(model))
+        return taken[-1]
+
+    torch.manual_seed(0)
+    module, x = nn.Sequential(*[nn.Linear(256, 256) for _ in range(3)]).eval(), torch.randn(1, 5, 256)
+    comp = Component("stack", "test", module, [TensorSpec("x", (1, 5, 256), "float32")],
+                     [TensorSpec("y", (1, 5, 256), "float32")], lambda t: (module(t),), {"s": (x,)})
+    files = {}
+    for label, writer in (("row-major", counting), ("as folded", lambda model: 0)):
+        monkeypatch.setattr(onnx_weights, "write_strided_weights_row_major", writer)
+        (tmp_path / label).mkdir()
+        result = EXPORTERS.get("onnx").export(comp, precision, tmp_path / label / "s.onnx")
+        files[label] = {p.name: p.read_bytes() for p in result.files}
+    assert taken == [3]
+    assert len(files["row-major"]) == 2 and files["row-major"] == files["as folded"]

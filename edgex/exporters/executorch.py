@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
-from .executorch_retraces import decompose_only_what_is_left, retrace_changed_graphs_only
+from .executorch_retraces import decompose_only_what_is_left, retrace_changed_graphs_only, skip_passes_with_nothing_to_rewrite
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
@@ -374,7 +374,8 @@ class ExecuTorchExporter(Exporter):
                                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
             del program
             delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
-            program = lowered.to_executorch()
+            with skip_passes_with_nothing_to_rewrite():
+                program = lowered.to_executorch()
             del lowered
             # Written piece by piece from the serializer's chunks: `.buffer` joins them into one bytes
             # object first, another copy of every weight at the export's peak.

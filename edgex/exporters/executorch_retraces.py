@@ -11,7 +11,9 @@ such a pass's re-trace is skipped when the graph it is about to re-trace is the 
 node for node (operation, target, arguments): its metadata is still that of the previous trace.
 
 Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
-`call_operator`) always re-trace. The same goes for the validation ExecuTorch's pass manager runs
+`call_operator`) re-trace, unless the graph holds nothing of the few kinds of node such a pass
+rewrites (`rewrites_nothing_here`; `skip_passes_with_nothing_to_rewrite` applies just that, and
+is what the edge-to-ExecuTorch step runs under). The same goes for the validation ExecuTorch's pass manager runs
 before and after each pass (recompiling the graph's Python code, linting it, checking its
 signature): skipped for a graph and signature unchanged since it last passed.
 
@@ -63,10 +65,15 @@ def edits_before_retrace(pass_type: type) -> bool:
 
 
 def _single_kind_rewrites() -> dict:
-    """ExecuTorch's edge passes that rewrite one kind of node only, all of it in the re-trace
+    """ExecuTorch's passes that rewrite one kind of node only, all of it in the re-trace
     (`call_operator`), by what each rewrites: the transpose shorthand `aten.t` (into `t_copy`), view
-    operators (into their `_copy` variants), symbolic scalars (into tensors)."""
+    operators (into their `_copy` variants), symbolic scalars (into tensors), XNNPACK's revert of
+    dim-order copies to memory-format ones, and the dim-order copies the edge-to-ExecuTorch step
+    inserts before the few portable kernels that need a contiguous input."""
     import torch
+    from executorch.exir.passes.dim_order_ops_registry import MemoryFormatOpsMap
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass
     from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
     from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
@@ -75,43 +82,93 @@ def _single_kind_rewrites() -> dict:
         NormalizeTransposePass: lambda node: node.target == torch.ops.aten.t.default,
         ReplaceBrokenOpsWithFunctionalOpsPass: lambda node: isinstance(node.target, torch._ops.OpOverload) and node.target.is_view,
         SymToTensorPass: lambda node: isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)),
+        DimOrderOpsRevertPass: lambda node: node.target in MemoryFormatOpsMap,
+        LegalizePortableDimOrderPass: lambda node: node.target in LegalizePortableDimOrderPass._target_ops,
     }
 
 
-def rewrites_nothing_here(pass_, graph_module) -> bool:
-    """Whether `pass_` is one of `_single_kind_rewrites` and `graph_module` holds no node of the
-    kind it rewrites: running it would re-trace every node to write the same graph. Only a flat
-    graph of ATen operators qualifies (no submodule, no higher-order or dialect operator whose
-    body or variants this does not look into)."""
+def _folds_a_constant(pass_, graph_module) -> bool:
+    """Whether ExecuTorch's `ConstPropPass` could fold a node of `graph_module`. In its re-trace a
+    node's value is a real tensor only for a graph attribute (`get_attr`) or a node it folded;
+    placeholders, parameters included, are fake. It folds an operator whose arguments are all real,
+    so the first node it could fold reads nothing but attributes (or nothing at all, as `full`
+    does). Its variant that folds only quantize / dequantize nodes is not looked into: it always
+    runs."""
+    if getattr(pass_, "propogate_quant", True):
+        return True
+    return any(node.op == "call_function" and all(i.op == "get_attr" for i in node.all_input_nodes)
+               for node in graph_module.graph.nodes)
+
+
+def _operator_kinds():
+    """The call targets an ExportPass re-traces node by node through `call_operator` (ATen and
+    edge-dialect operators) or keeps as they are (`getitem`, a call into a delegate's own program)."""
     import operator
 
     import torch
+    from executorch.exir.delegate import executorch_call_delegate
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
 
-    rewrites = _single_kind_rewrites().get(type(pass_))
-    if rewrites is None or any(isinstance(m, torch.fx.GraphModule) for m in graph_module.children()):
+    return (torch._ops.OpOverload, EdgeOpOverload), (operator.getitem, executorch_call_delegate)
+
+
+def rewrites_nothing_here(pass_, graph_module) -> bool:
+    """Whether `pass_` is one of `_single_kind_rewrites` (or ExecuTorch's constant folding) and
+    `graph_module` holds no node it would rewrite: running it would re-trace every node to write
+    the same graph. Only a flat graph of operators qualifies (no submodule, no higher-order
+    operator whose body this does not look into)."""
+    import torch
+    from executorch.exir.passes.const_prop_pass import ConstPropPass
+
+    if type(pass_) is ConstPropPass:
+        rewrites_graph = _folds_a_constant
+    else:
+        rewrites = _single_kind_rewrites().get(type(pass_))
+        if rewrites is None:
+            return False
+        rewrites_graph = lambda _pass, graph: any(rewrites(node) for node in graph.graph.nodes)  # noqa: E731
+    if any(isinstance(m, torch.fx.GraphModule) for m in graph_module.children()):
         return False
-    for node in graph_module.graph.nodes:
-        if node.op == "call_function" and not (isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem):
-            return False
-        if rewrites(node):
-            return False
-    return True
+    operators, kept = _operator_kinds()
+    if any(node.op == "call_function" and not (isinstance(node.target, operators) or node.target in kept)
+           for node in graph_module.graph.nodes):
+        return False
+    return not rewrites_graph(pass_, graph_module)
+
+
+@contextmanager
+def skip_passes_with_nothing_to_rewrite():
+    """Every pass for which `rewrites_nothing_here` holds returns the graph it was given, unchanged,
+    without running."""
+    from executorch.exir.pass_base import PassResult
+    from torch.fx.passes.infra.pass_base import PassBase
+
+    run = PassBase.__call__
+
+    def unless_nothing_to_rewrite(self, graph_module):
+        if rewrites_nothing_here(self, graph_module):
+            return PassResult(graph_module, False)
+        return run(self, graph_module)
+
+    PassBase.__call__ = unless_nothing_to_rewrite
+    try:
+        yield
+    finally:
+        PassBase.__call__ = run
 
 
 @contextmanager
 def retrace_changed_graphs_only():
-    """See the module docstring. The passes, their order and what they change are ExecuTorch's."""
+    """See the module docstring (with `skip_passes_with_nothing_to_rewrite`). The passes, their
+    order and what they change are ExecuTorch's."""
     from executorch.exir import pass_base
     from executorch.exir.pass_base import PassResult
     from executorch.exir.pass_manager import ExportedProgramPassManager
     from torch.fx.passes.infra.pass_base import PassBase
 
-    run = PassBase.__call__
     retrace = pass_base._ExportPassBase.call
 
     def noting_the_graph(self, graph_module):
-        if rewrites_nothing_here(self, graph_module):
-            return PassResult(graph_module, False)
         if isinstance(self, pass_base._ExportPassBase) and edits_before_retrace(type(self)):
             self._edgex_given = (graph_module, graph_fingerprint(graph_module))
         try:
@@ -135,15 +192,17 @@ def retrace_changed_graphs_only():
         graph.meta[_CHECKED] = state
 
     check = ExportedProgramPassManager.check
-    PassBase.__call__ = noting_the_graph
-    pass_base._ExportPassBase.call = retrace_if_changed
-    ExportedProgramPassManager.check = check_if_changed
-    try:
-        yield
-    finally:
-        ExportedProgramPassManager.check = check
-        pass_base._ExportPassBase.call = retrace
-        PassBase.__call__ = run
+    with skip_passes_with_nothing_to_rewrite():
+        run = PassBase.__call__
+        PassBase.__call__ = noting_the_graph
+        pass_base._ExportPassBase.call = retrace_if_changed
+        ExportedProgramPassManager.check = check_if_changed
+        try:
+            yield
+        finally:
+            ExportedProgramPassManager.check = check
+            pass_base._ExportPassBase.call = retrace
+            PassBase.__call__ = run
 
 
 _DECOMPOSED = "edgex_decomposed"

@@ -110,6 +110,8 @@ class OnnxExporter(Exporter):
         converters start from)."""
         import torch
 
+        from .onnx_weights import write_strided_weights_row_major
+
         dtype = float_dtype(precision)
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
@@ -126,6 +128,7 @@ class OnnxExporter(Exporter):
             )
             optimize(program.model)  # the program still reads the module's tensors: save before they are restored
             sliced, fused = (slice_stacked_inputs(program.model), fuse_for_onnxruntime(program.model)) if for_onnxruntime else ({}, {})
+            write_strided_weights_row_major(program.model)
             program.save(str(dest), external_data=True)
         data = dest.with_name(dest.name + ".data")
         files = [dest] + ([data] if data.exists() else [])
