@@ -403,6 +403,10 @@ def test_xnnpack_passes_skip_only_the_retraces_of_graphs_they_left_unchanged(tmp
     for name in ("SymToTensorPass", "ReplaceBrokenOpsWithFunctionalOpsPass", "NormalizeTransposePass", "ConstPropPass",
                  "DimOrderOpsRevertPass", "LegalizePortableDimOrderPass"):
         assert name in counts["every one"] and name not in counts["changed only"], name
+    if precision == "fp32":  # fp16 arithmetic with float32 scalars is cast (and XNNPACK's attention
+        # patterns, lowered inside, mix dtypes: those still run it)
+        mixed = "RemoveMixedTypeOperators"
+        assert counts["changed only"].count(mixed) < counts["every one"].count(mixed)
     assert checks["changed only"] < checks["every one"]  # validations of unchanged graphs skipped too
     assert files["changed only"] == files["every one"]
 
@@ -463,6 +467,50 @@ def test_a_single_kind_pass_is_skipped_only_where_its_kind_is_absent():
         assert rewrites_nothing_here(pass_, _as_edge(make_fx(lambda a: torch.mm(a, a) + 1)(x))), type(pass_).__name__
     assert not rewrites_nothing_here(ConstPropPass(propogate_quant=True), plain)  # its quantized variant always runs
     assert not rewrites_nothing_here(object(), plain)  # any other pass always runs
+
+
+class _Binary(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, a, b):
+        return self.fn(a, b)
+
+
+_MIXED = {  # name: (function, dtypes of a and b, whether RemoveMixedTypeOperators casts an argument)
+    "add fp32 fp16": (lambda a, b: a + b, (torch.float32, torch.float16), True),
+    "mul fp32 fp32": (lambda a, b: a * b, (torch.float32, torch.float32), False),
+    "div int int": (lambda a, b: a / b, (torch.int32, torch.int32), True),
+    "floor div int int": (lambda a, b: torch.div(a, b, rounding_mode="floor"), (torch.int32, torch.int32), False),
+    "sub fp32 int": (lambda a, b: a - b, (torch.float32, torch.int64), True),
+    "minimum fp16 fp32": (torch.minimum, (torch.float16, torch.float32), True),
+    "maximum fp16 fp32": (torch.maximum, (torch.float16, torch.float32), False),  # not an operator it casts for
+    "scaled fp32": (lambda a, b: a * 0.5 + b, (torch.float32, torch.float32), False),
+    "scaled fp16": (lambda a, b: a * 0.5 + b, (torch.float16, torch.float16), True),  # the 0.5 is a float32 scalar
+}
+
+
+@pytest.mark.parametrize("case", list(_MIXED))
+def test_mixed_dtype_arithmetic_is_skipped_exactly_where_the_pass_would_cast_nothing(case):
+    """`rewrites_nothing_here` for `RemoveMixedTypeOperators`, on the ATen graph it gets in the
+    lowering (after `ScalarToTensorPass`): it says the graph holds nothing to cast exactly when
+    running the pass inserts no cast."""
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+    from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
+
+    from edgex.exporters.executorch_retraces import rewrites_nothing_here
+
+    fn, dtypes, casts = _MIXED[case]
+    inputs = tuple((torch.rand(2, 3) * 4 + 1).to(d) for d in dtypes)
+    graph = ScalarToTensorPass()(torch.export.export(_Binary(fn), inputs).graph_module).graph_module
+
+    def copies(module):
+        return sum(1 for n in module.graph.nodes if n.target == torch.ops.aten._to_copy.default)
+
+    inserted = copies(RemoveMixedTypeOperators()(graph).graph_module) - copies(graph)
+    assert (inserted > 0) == casts
+    assert rewrites_nothing_here(RemoveMixedTypeOperators(), graph) == (not casts)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "8da8w"])
@@ -547,3 +595,40 @@ def test_onnx_transposed_weights_are_written_row_major_as_the_same_bytes(tmp_pat
         files[label] = {p.name: p.read_bytes() for p in result.files}
     assert taken == [3]
     assert len(files["row-major"]) == 2 and files["row-major"] == files["as folded"]
+
+
+def test_the_onnx_exporter_builds_torchlib_s_registry_once_and_writes_the_same_files(tmp_path, monkeypatch):
+    """`torchlib_registry_built_once`: two exports build torchlib's registry once between them, each
+    export gets a copy of its own (what one registers is not in the other), and the files are byte
+    for byte those of exports that build their own."""
+    import contextlib
+
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from edgex.exporters import EXPORTERS
+    from edgex.exporters import onnx as onnx_exporter
+
+    monkeypatch.setattr(onnx_exporter, "_REGISTRIES", {})
+    original, built = ONNXRegistry.__dict__["from_torchlib"], []
+
+    def counting(cls, *args, **kwargs):
+        built.append(kwargs.get("opset_version"))
+        return original.__func__(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ONNXRegistry, "from_torchlib", classmethod(counting))
+    files = {}
+    for label, context in (("once", onnx_exporter.torchlib_registry_built_once), ("each", contextlib.nullcontext)):
+        monkeypatch.setattr(onnx_exporter, "torchlib_registry_built_once", context)
+        for run in ("1", "2"):
+            (tmp_path / label / run).mkdir(parents=True)
+            result = EXPORTERS.get("onnx").export(_stack_component(2, 16), "fp32", tmp_path / label / run / "s.onnx")
+            files[label, run] = {p.name: p.read_bytes() for p in result.files}
+        if label == "once":
+            assert len(built) == 1
+    assert len(built) == 3  # the two exports without it built one each
+    assert files["once", "1"] == files["once", "2"] == files["each", "1"] == files["each", "2"]
+    with onnx_exporter.torchlib_registry_built_once():
+        first, second = ONNXRegistry.from_torchlib(opset_version=18), ONNXRegistry.from_torchlib(opset_version=18)
+    target = next(iter(first.functions))
+    first.functions[target].append("custom")
+    assert "custom" not in second.functions[target] and second.opset_version == first.opset_version == 18

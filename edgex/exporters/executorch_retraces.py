@@ -100,6 +100,60 @@ def _folds_a_constant(pass_, graph_module) -> bool:
                for node in graph_module.graph.nodes)
 
 
+def _casts_an_argument(_pass, graph_module) -> bool:
+    """Whether ExecuTorch's `RemoveMixedTypeOperators` would cast an argument of a node of
+    `graph_module`: as it does, for its binary operators (`add`, `sub`, `mul`, `div`, `minimum`),
+    the dtype torch's promotion gives the positional arguments, and a cast before each
+    tensor-typed argument not already of it. Any argument whose value this cannot see (a symbolic
+    scalar, a node without metadata, a promotion that fails) counts as cast."""
+    import operator
+
+    import torch
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    aten, kind = torch.ops.aten, ELEMENTWISE_TYPE_PROMOTION_KIND
+    promotions = {aten.add.Tensor: kind.DEFAULT, aten.mul.Tensor: kind.DEFAULT, aten.sub.Tensor: kind.DEFAULT,
+                  aten.div.Tensor: kind.INT_TO_FLOAT, aten.div.Tensor_mode: kind.DEFAULT, aten.minimum.default: kind.DEFAULT}
+
+    def value(arg):
+        if not isinstance(arg, torch.fx.Node):
+            return arg
+        if arg.op == "get_attr":
+            return operator.attrgetter(arg.target)(graph_module)
+        return arg.meta.get("val")
+
+    for node in graph_module.graph.nodes:
+        promotion = promotions.get(node.target) if node.op == "call_function" else None
+        if promotion is None or len(node.args) <= 1:
+            continue
+        if node.target == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
+            promotion = kind.INT_TO_FLOAT
+        values = [value(arg) for arg in node.args]
+        if not all(isinstance(v, (torch.Tensor, bool, int, float)) for v in values):
+            return True
+        try:
+            dtype = elementwise_dtypes(*values, type_promotion_kind=promotion)[1]
+        except Exception:  # noqa: BLE001 - the pass would fail or cast: run it
+            return True
+        for i, schema in enumerate(node.target._schema.arguments):  # the arguments its `map_args` visits
+            if schema.name in node.kwargs:
+                arg = node.kwargs[schema.name]
+            elif not schema.kwarg_only and i < len(node.args):
+                arg = node.args[i]
+            else:
+                continue
+            if not isinstance(schema.type, torch.TensorType):
+                continue
+            v = value(arg)
+            if isinstance(arg, torch.fx.Node) and not isinstance(v, torch.Tensor):
+                if v is None:
+                    return True
+                continue  # a non-tensor node value is passed on as it is
+            if not isinstance(v, torch.Tensor) or v.dtype != dtype:
+                return True
+    return False
+
+
 def _operator_kinds():
     """The call targets an ExportPass re-traces node by node through `call_operator` (ATen and
     edge-dialect operators) or keeps as they are (`getitem`, a call into a delegate's own program)."""
@@ -113,15 +167,18 @@ def _operator_kinds():
 
 
 def rewrites_nothing_here(pass_, graph_module) -> bool:
-    """Whether `pass_` is one of `_single_kind_rewrites` (or ExecuTorch's constant folding) and
-    `graph_module` holds no node it would rewrite: running it would re-trace every node to write
-    the same graph. Only a flat graph of operators qualifies (no submodule, no higher-order
+    """Whether `pass_` is one of `_single_kind_rewrites` (or ExecuTorch's constant folding, or its
+    removal of mixed-dtype arithmetic) and `graph_module` holds no node it would rewrite: running
+    it would re-trace every node to write the same graph. Only a flat graph of operators qualifies (no submodule, no higher-order
     operator whose body this does not look into)."""
     import torch
     from executorch.exir.passes.const_prop_pass import ConstPropPass
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
 
     if type(pass_) is ConstPropPass:
         rewrites_graph = _folds_a_constant
+    elif type(pass_) is RemoveMixedTypeOperators:
+        rewrites_graph = _casts_an_argument
     else:
         rewrites = _single_kind_rewrites().get(type(pass_))
         if rewrites is None:

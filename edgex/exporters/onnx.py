@@ -18,6 +18,7 @@ import fnmatch
 import hashlib
 import logging
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,7 +102,7 @@ class OnnxExporter(Exporter):
 
         super().warm_up()
         module, inputs = warm_up_module()
-        with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        with tempfile.TemporaryDirectory() as tmp, torch.no_grad(), torchlib_registry_built_once():
             torch.onnx.export(module, inputs, f"{tmp}/warm_up.onnx", dynamo=True, verbose=False)
             onnxruntime.InferenceSession(f"{tmp}/warm_up.onnx", providers=["CPUExecutionProvider"])
 
@@ -116,7 +117,7 @@ class OnnxExporter(Exporter):
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        with torch.no_grad(), provenance_by_reference(), module_in(component, dtype) as module:
+        with torch.no_grad(), provenance_by_reference(), module_in(component, dtype) as module, torchlib_registry_built_once():
             program = torch.onnx.export(
                 module,
                 inputs,
@@ -154,6 +155,37 @@ class OnnxExporter(Exporter):
 
 
 SLICED_INPUTS = "edgex.sliced_inputs"  # model metadata: JSON {input name: slices along axis 0}
+
+
+_REGISTRIES: dict = {}  # (registry class, opset) -> the registry torchlib gave it
+
+
+@contextmanager
+def torchlib_registry_built_once():
+    """`torch.onnx.export` builds its registry of torchlib's ATen translations anew on every call
+    (about two seconds of a 0.6b talker graph's export): within this context it is built once per
+    process and opset, in the exporter's warm-up before jobs fork, and each export gets its own copy
+    (the same translations; registering a custom one changes that copy only)."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    build = ONNXRegistry.__dict__["from_torchlib"]
+
+    def from_torchlib(cls, opset_version=None, **kwargs):
+        args = {"opset_version": opset_version} if opset_version is not None else {}
+        key = (cls, opset_version, tuple(sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = build.__func__(cls, **args, **kwargs)
+        built = _REGISTRIES[key]
+        registry = cls()
+        registry.__dict__.update(built.__dict__)
+        registry.functions = {target: list(decompositions) for target, decompositions in built.functions.items()}
+        return registry
+
+    ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = build
 
 
 def slice_stacked_inputs(model) -> dict[str, int]:
