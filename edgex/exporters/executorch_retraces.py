@@ -12,10 +12,10 @@ node for node (operation, target, arguments): its metadata is still that of the 
 
 Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
 `call_operator`) re-trace, unless the graph holds nothing of the few kinds of node such a pass
-rewrites (`rewrites_nothing_here`; `skip_passes_with_nothing_to_rewrite` applies just that, and
-is what the edge-to-ExecuTorch step runs under). The same goes for the validation ExecuTorch's pass manager runs
-before and after each pass (recompiling the graph's Python code, linting it, checking its
-signature): skipped for a graph and signature unchanged since it last passed.
+rewrites (`rewrites_nothing_here`; `skip_passes_with_nothing_to_rewrite` applies just that, and is
+what the edge-to-ExecuTorch step runs under). The validation ExecuTorch's pass manager runs before
+and after each pass (recompiling the graph's Python code, linting it, checking its signature) is
+skipped for a graph and signature unchanged since it last passed.
 
 `decompose_only_what_is_left` does the same for whole decompositions: `run_decompositions` is a
 re-trace too, skipped where nothing is left for it to decompose.
@@ -169,8 +169,8 @@ def _operator_kinds():
 def rewrites_nothing_here(pass_, graph_module) -> bool:
     """Whether `pass_` is one of `_single_kind_rewrites` (or ExecuTorch's constant folding, or its
     removal of mixed-dtype arithmetic) and `graph_module` holds no node it would rewrite: running
-    it would re-trace every node to write the same graph. Only a flat graph of operators qualifies (no submodule, no higher-order
-    operator whose body this does not look into)."""
+    it would re-trace every node to write the same graph. Only a flat graph of operators qualifies
+    (no submodule, no higher-order operator whose body this does not look into)."""
     import torch
     from executorch.exir.passes.const_prop_pass import ConstPropPass
     from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators

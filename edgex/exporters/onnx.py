@@ -162,10 +162,10 @@ _REGISTRIES: dict = {}  # (registry class, opset) -> the registry torchlib gave 
 
 @contextmanager
 def torchlib_registry_built_once():
-    """`torch.onnx.export` builds its registry of torchlib's ATen translations anew on every call
-    (about two seconds of a 0.6b talker graph's export): within this context it is built once per
-    process and opset, in the exporter's warm-up before jobs fork, and each export gets its own copy
-    (the same translations; registering a custom one changes that copy only)."""
+    """`torch.onnx.export` builds its registry of torchlib's ATen translations anew on every call,
+    seconds of each export whatever the graph: within this context it is built once per process and
+    opset, in the exporter's warm-up before jobs fork, and each export gets its own copy (the same
+    translations; registering a custom one changes that copy only)."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
     build = ONNXRegistry.__dict__["from_torchlib"]
