@@ -175,15 +175,12 @@ def rewrites_nothing_here(pass_, graph_module) -> bool:
     from executorch.exir.passes.const_prop_pass import ConstPropPass
     from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
 
-    if type(pass_) is ConstPropPass:
-        rewrites_graph = _folds_a_constant
-    elif type(pass_) is RemoveMixedTypeOperators:
-        rewrites_graph = _casts_an_argument
-    else:
-        rewrites = _single_kind_rewrites().get(type(pass_))
-        if rewrites is None:
-            return False
-        rewrites_graph = lambda _pass, graph: any(rewrites(node) for node in graph.graph.nodes)  # noqa: E731
+    whole_graph = {ConstPropPass: _folds_a_constant, RemoveMixedTypeOperators: _casts_an_argument}
+    single_kind = _single_kind_rewrites().get(type(pass_))
+    rewrites_graph = whole_graph.get(type(pass_)) or (
+        single_kind and (lambda _pass, graph: any(single_kind(node) for node in graph.graph.nodes)))
+    if rewrites_graph is None:
+        return False
     if any(isinstance(m, torch.fx.GraphModule) for m in graph_module.children()):
         return False
     operators, kept = _operator_kinds()

@@ -166,16 +166,15 @@ def torchlib_registry_built_once():
     seconds of each export whatever the graph: within this context it is built once per process and
     opset, in the exporter's warm-up before jobs fork, and each export gets its own copy (the same
     translations; registering a custom one changes that copy only)."""
+    from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
     build = ONNXRegistry.__dict__["from_torchlib"]
 
-    def from_torchlib(cls, opset_version=None, **kwargs):
-        args = {"opset_version": opset_version} if opset_version is not None else {}
-        key = (cls, opset_version, tuple(sorted(kwargs.items())))
-        if key not in _REGISTRIES:
-            _REGISTRIES[key] = build.__func__(cls, **args, **kwargs)
-        built = _REGISTRIES[key]
+    def from_torchlib(cls, opset_version=TORCHLIB_OPSET):
+        if (cls, opset_version) not in _REGISTRIES:
+            _REGISTRIES[cls, opset_version] = build.__func__(cls, opset_version=opset_version)
+        built = _REGISTRIES[cls, opset_version]
         registry = cls()
         registry.__dict__.update(built.__dict__)
         registry.functions = {target: list(decompositions) for target, decompositions in built.functions.items()}
