@@ -105,6 +105,10 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
             if not placed:
                 missing.append(f"target {target.name} places no {name}")
                 continue
+            if not placed[0].precisions:  # the target's first format leaves this one out (its reason), another option serves
+                missing.append(f"target {target.name} builds no {placed[0].exporter} {name} by default"
+                               f"{f' ({placed[0].recipe_precisions})' if placed[0].recipe_precisions else ''}")
+                continue
             exporter, precision, calibration = placed[0].exporter, placed[0].precisions[0], placed[0].calibration
             matching = [(root, e) for root, manifest in manifests for e in manifest["artifacts"]
                         if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision

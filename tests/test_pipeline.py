@@ -226,6 +226,23 @@ def test_the_predictor_stage_is_the_frame_graph_or_the_step_graph_a_placement_na
         _choose(manifests, recipe.facts, stages, [*PLACE.split(","), "code_predictor_step=onnx:fp16", "code_predictor=onnx:fp16"])
 
 
+def test_without_a_placement_each_stage_is_the_default_plans_artifact(tmp_path):
+    """The README demo's folder, no --placement: the target's first format serves each stage; where
+    that format builds a component by no default (ExecuTorch leaves the unrolled predictor frame to
+    the runner's loop over the step graph), the stage's other option serves, never an IndexError."""
+    from edgex.in_situ import _choose
+    from edgex.recipes import RECIPES
+
+    recipe = RECIPES.get("qwen3-tts")
+    entries = [{"component": c, "exporter": e, "precision": p, "files": [{"path": f"{c}.{p}.{e}"}], "verdict": "pass"}
+               for c in recipe.facts.components for e in ("executorch", "onnx") for p in ("fp32", "fp16")
+               if not (c == "code_predictor" and e == "executorch")]
+    chosen = _choose([(tmp_path, {"target": "cpu", "artifacts": entries})], recipe.facts, list(recipe.in_situ_components), [])
+    assert "code_predictor" not in chosen and chosen["code_predictor_step"][1]["exporter"] == "executorch"
+    assert {e["exporter"] for _, e in chosen.values()} == {"executorch"}
+    assert {e["precision"] for _, e in chosen.values()} == {"fp32"}
+
+
 def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     """A stage is never served by a failed or unverified artifact: the picker takes a passing one of
     the placed scheme (here the calibration the placement names), else refuses in one line with the

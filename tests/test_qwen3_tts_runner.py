@@ -114,3 +114,33 @@ def test_codebook0_processing_and_sampling_are_transformers_with_the_official_ar
         probs = rn.probabilities(got, 50, 0.8, 0.9)  # float64 here, float32 in transformers
         np.testing.assert_array_equal(probs > 0, expected > 0)
         np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-9)
+
+
+# A re-tokenized checkpoint: a 4096-id text vocabulary whose config names its own chat-template and
+# TTS special ids (Qwen2's 151644 ... would index past its text embedding).
+SMALL_TEXT = {"talker_config": {"text_vocab_size": 4096}, "im_start_token_id": 4000, "im_end_token_id": 4001,
+              "assistant_token_id": 4002, "tts_pad_token_id": 4003, "tts_bos_token_id": 4004, "tts_eos_token_id": 4005}
+
+
+def test_a_checkpoint_naming_other_chat_template_ids_gets_its_own_ids_and_the_official_prompt(monkeypatch):
+    from types import SimpleNamespace
+
+    from edgex.recipes.qwen3_tts import utterance
+
+    model = off.build("voice_design", seed=0, overrides=SMALL_TEXT)
+    config = model.model.config.to_dict()
+    chat = rn.ChatTokens.from_config(config)
+    assert (chat.im_start, chat.im_end, chat.assistant) == (4000, 4001, 4002)
+    assert (chat.user, chat.newline) == (rn.QWEN2_CHAT.user, rn.QWEN2_CHAT.newline)  # named by no config: Qwen2's
+    monkeypatch.setattr(utterance, "config_of", lambda _loaded: config)  # as a checkpoint folder's config.json
+    request = utterance.request_from(SimpleNamespace(source={}), {"text_ids": [11, 12, 13, 14], "instruct_ids": [5, 6]})
+    np.testing.assert_array_equal(request.text_ids, [4000, 4002, 198, 11, 12, 13, 14, 4001, 198, 4000, 4002, 198])
+    np.testing.assert_array_equal(request.instruct, [4000, 872, 198, 5, 6, 4001, 198])
+    default = default_request(config, 0)
+    assert default.text_ids.max() < 4096 and default.text_ids[0] == 4000
+    vocab, table = rn.Vocabulary.from_config(config), tables(model.model.talker)
+    for name, req in {"request": request, "default": default}.items():
+        embeds, trailing = _official_prompt(model, req)
+        built = rn.prompt(req, vocab, table)
+        assert built.embeds.shape == embeds.shape and snr_db(embeds, built.embeds) > 100, name
+        assert built.trailing.shape == trailing.shape and snr_db(trailing, built.trailing) > 100, name

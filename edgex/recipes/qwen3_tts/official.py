@@ -46,16 +46,19 @@ class OfficialModel:
     speech_encoder: torch.nn.Module | None = None  # Qwen3TTSTokenizerV2Encoder (the speech tokenizer's encoder)
 
 
-def build(variant: str, preset: str = "tiny", seed: int = 0) -> OfficialModel:
+def build(variant: str, preset: str = "tiny", seed: int = 0, overrides: dict | None = None) -> OfficialModel:
+    """`overrides`: config.json keys set over the variant's (`talker_config` merged key by key), e.g. a
+    smaller text vocabulary with its own special ids."""
+    overrides = dict(overrides or {})
     if variant not in VARIANTS:
         raise EdgexError(f"no such Qwen3-TTS variant {variant!r} (known: {', '.join(VARIANTS)})")
     spec: Qwen3TTSPreset = get_preset(preset)
     mods = qwen_tts_modules()
     hidden = spec.talker["hidden_size"]
-    talker = {**spec.talker, **VARIANTS[variant], "codec_language_id": LANGUAGES}
+    talker = {**spec.talker, **VARIANTS[variant], "codec_language_id": LANGUAGES, **overrides.pop("talker_config", {})}
     encoder = {**(spec.speaker_encoder or {}), "enc_dim": hidden}
     config = mods.config.Qwen3TTSConfig(talker_config=talker, speaker_encoder_config=encoder, tts_model_type=variant,
-                                        tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz")
+                                        tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz", **overrides)
     decoder_config = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**spec.decoder)
     for cfg in (config, config.talker_config, config.talker_config.code_predictor_config, config.speaker_encoder_config,
                 decoder_config):

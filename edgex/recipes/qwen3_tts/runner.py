@@ -35,26 +35,55 @@ import numpy as np
 
 Graph = Callable[[Sequence[np.ndarray]], list]
 
-# Qwen2 tokenizer ids of the chat template the official wrapper formats text with.
-IM_START, IM_END, ASSISTANT, USER, NEWLINE = 151644, 151645, 77091, 872, 198
+
+@dataclass(frozen=True)
+class ChatTokens:
+    """The chat-template token ids the official wrapper formats text with (`<|im_start|>`,
+    `<|im_end|>`, `assistant`, `user`, the newline). A checkpoint's `config.json` names the first
+    three (`im_start_token_id`, `im_end_token_id`, `assistant_token_id`); a re-tokenized or smaller
+    text vocabulary has others, so they come from there, Qwen2's where the config names none."""
+
+    im_start: int = 151644
+    im_end: int = 151645
+    assistant: int = 77091
+    user: int = 872
+    newline: int = 198
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "ChatTokens":
+        keys = {"im_start": "im_start_token_id", "im_end": "im_end_token_id", "assistant": "assistant_token_id",
+                "user": "user_token_id", "newline": "newline_token_id"}
+        return cls(**{field: int(config[key]) for field, key in keys.items() if config.get(key) is not None})
+
+    @property
+    def first_special(self) -> int:
+        """The lowest of the template's special ids: plain text ids lie below it (Qwen2 and Qwen3-TTS
+        number their special tokens after the text vocabulary)."""
+        return min(self.im_start, self.im_end)
+
+
+QWEN2_CHAT = ChatTokens()
+IM_START = QWEN2_CHAT.im_start  # plain Qwen2 text ids lie below it
 AUDIO_CODES = 2048  # codec ids below this are audio codes; the rest are control ids
 GROUPS = 16  # codebooks per frame
 SAMPLES_PER_FRAME = 1920
 
 
-def chat_ids(text_ids) -> np.ndarray:
+def chat_ids(text_ids, chat: ChatTokens = QWEN2_CHAT) -> np.ndarray:
     """`<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n` (what `generate` reads)."""
-    return np.array([IM_START, ASSISTANT, NEWLINE, *text_ids, IM_END, NEWLINE, IM_START, ASSISTANT, NEWLINE], np.int64)
+    c = chat
+    return np.array([c.im_start, c.assistant, c.newline, *text_ids, c.im_end, c.newline, c.im_start, c.assistant, c.newline],
+                    np.int64)
 
 
-def instruct_ids(text_ids) -> np.ndarray:
+def instruct_ids(text_ids, chat: ChatTokens = QWEN2_CHAT) -> np.ndarray:
     """`<|im_start|>user\\n{instruction}<|im_end|>\\n`."""
-    return np.array([IM_START, USER, NEWLINE, *text_ids, IM_END, NEWLINE], np.int64)
+    return np.array([chat.im_start, chat.user, chat.newline, *text_ids, chat.im_end, chat.newline], np.int64)
 
 
-def reference_ids(text_ids) -> np.ndarray:
+def reference_ids(text_ids, chat: ChatTokens = QWEN2_CHAT) -> np.ndarray:
     """`<|im_start|>assistant\\n{reference transcript}<|im_end|>\\n` (an in-context voice prompt's)."""
-    return np.array([IM_START, ASSISTANT, NEWLINE, *text_ids, IM_END, NEWLINE], np.int64)
+    return np.array([chat.im_start, chat.assistant, chat.newline, *text_ids, chat.im_end, chat.newline], np.int64)
 
 
 @dataclass(frozen=True)

@@ -40,18 +40,26 @@ def config_of(loaded) -> dict:
     return off.preset_config(loaded.models.talker.config.to_dict())
 
 
+def plain_text_bound(config: dict) -> int:
+    """Random text ids are drawn below this: under the chat template's special ids and within the
+    talker's text vocabulary."""
+    vocab = int(config["talker_config"].get("text_vocab_size", rn.IM_START))
+    return min(rn.ChatTokens.from_config(config).first_special, vocab)
+
+
 def default_request(config: dict, seed: int) -> rn.Request:
     """The variant's own request: CustomVoice speaks as its first speaker in English, VoiceDesign
     follows an instruction, Base clones an x-vector voice prompt; text is streamed."""
     rng = np.random.default_rng(seed + SEED_OFFSET)
-    text = rn.chat_ids(rng.integers(0, rn.IM_START, TEXT_TOKENS))
+    chat = rn.ChatTokens.from_config(config)
+    text = rn.chat_ids(rng.integers(0, plain_text_bound(config), TEXT_TOKENS), chat)
     talker = config["talker_config"]
     variant = config.get("tts_model_type") or "custom_voice"
     if variant == "base":
         voice = rn.VoicePrompt(rng.standard_normal(talker["hidden_size"]).astype(np.float32))
         return rn.Request(text, language="english", voice=voice)
     if variant == "voice_design":
-        return rn.Request(text, language="english", instruct=rn.instruct_ids(rng.integers(0, rn.IM_START, 8)))
+        return rn.Request(text, language="english", instruct=rn.instruct_ids(rng.integers(0, plain_text_bound(config), 8), chat))
     speakers = list(talker.get("spk_id") or {})
     return rn.Request(text, language="english", speaker=speakers[0] if speakers else None)
 
@@ -166,8 +174,9 @@ def request_from(loaded, spec: dict, base: Path | None = None) -> rn.Request:
     if spec.get("voice") is not None:
         path = Path(spec["voice"])
         voice = voice_request(config, 0, path if path.is_absolute() or base is None else base / path).voice
-    request = rn.Request(rn.chat_ids(text), language=str(spec.get("language", "english")), speaker=spec.get("speaker"),
-                         instruct=None if instruct is None else rn.instruct_ids(instruct), voice=voice,
+    chat = rn.ChatTokens.from_config(config)
+    request = rn.Request(rn.chat_ids(text, chat), language=str(spec.get("language", "english")), speaker=spec.get("speaker"),
+                         instruct=None if instruct is None else rn.instruct_ids(instruct, chat), voice=voice,
                          non_streaming=bool(spec.get("non_streaming", False)))
     vocab = rn.Vocabulary.from_config(config)
     try:
@@ -289,8 +298,8 @@ def voice_clone(loaded, stages: dict, frames: int, decoder_gate_db: float, reque
     reference_frames = int(loaded.options["reference_frames"])
     audio = reference_audio(loaded, reference_frames, seed)
     speaker, speech = stages["speaker_encoder"], stages.get("speech_encoder")
-    transcript = np.random.default_rng(seed + VOICE_SEED_OFFSET + 1).integers(0, rn.IM_START, 6)
-    ref_ids = None if speech is None else rn.reference_ids(transcript)
+    transcript = np.random.default_rng(seed + VOICE_SEED_OFFSET + 1).integers(0, plain_text_bound(config), 6)
+    ref_ids = None if speech is None else rn.reference_ids(transcript, rn.ChatTokens.from_config(config))
     device = rn.voice_prompt(audio, speaker, speech, ref_ids)
     official = official_voice_prompt(loaded.models, audio, ref_ids)
     failures = []

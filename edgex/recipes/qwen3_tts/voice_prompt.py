@@ -49,14 +49,15 @@ def read_wav(path: Path) -> np.ndarray:
     return data.astype(np.float32)
 
 
-def transcript_ids(checkpoint: Path, text: str | None, ids: list[int] | None) -> np.ndarray | None:
-    """The reference transcript as `runner.reference_ids` (chat-formatted): from token ids, or from
-    text through the tokenizer the checkpoint ships (its tokenizer files, read locally)."""
+def transcript_ids(checkpoint: Path, text: str | None, ids: list[int] | None, chat: rn.ChatTokens = rn.QWEN2_CHAT) -> np.ndarray | None:
+    """The reference transcript as `runner.reference_ids` (chat-formatted with the checkpoint's
+    chat-template ids): from token ids, or from text through the tokenizer the checkpoint ships
+    (its tokenizer files, read locally)."""
     if ids is not None:
-        return rn.reference_ids(ids)
+        return rn.reference_ids(ids, chat)
     if text is None:
         return None
-    return rn.reference_ids(tokenize(checkpoint, text))
+    return rn.reference_ids(tokenize(checkpoint, text), chat)
 
 
 def tokenize(checkpoint: Path, text: str) -> list[int]:
@@ -100,7 +101,7 @@ def write(checkpoint: Path, audio_path: Path, out: Path, text: str | None = None
     config = json.loads((checkpoint / "config.json").read_text())
     if (config.get("tts_model_type") or "custom_voice") != "base":
         raise EdgexError(f"checkpoint {checkpoint} is a {config.get('tts_model_type')} model: voice prompts are for Base checkpoints")
-    prompt = official_voice_prompt(models, audio, transcript_ids(checkpoint, text, ids))
+    prompt = official_voice_prompt(models, audio, transcript_ids(checkpoint, text, ids, rn.ChatTokens.from_config(config)))
     buffer = io.BytesIO()
     np.savez(buffer, **prompt.arrays())
     write_bytes_atomic(out, buffer.getvalue())
