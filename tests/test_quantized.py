@@ -326,3 +326,82 @@ def test_dlc_per_channel_scales_and_zero_points_are_each_checked(tmp_path, preci
         bad = checked(broken)
         assert [n for n, t in bad.items() if t["verdict"] == "fail"] == ["w_quantized"], (bug, bad)
         assert "scales / zero points not found in the .dlc" in bad["w_quantized"]["error"]
+
+
+def test_dlc_constants_qnn_takes_another_way_are_listed_unread_and_a_changed_weight_still_fails(tmp_path):
+    """Two kinds of QDQ constant the `.dlc` holds no copy of: Pad's scalar constant value (QNN's Pad
+    takes it as a `pad_constant_value` parameter) and an all-zero bias (InstanceNormalization's, as a
+    GroupNorm lowers to), which QAIRT may merge with other zero constants under its own encoding.
+    Each is listed as not read back (the block is unverified, never a pass); the Conv kernel is
+    still read back and, with one channel's scale doubled in the written file, fails. A scalar read by
+    an op that takes it as a tensor is not exempt, nor is a constant with a non-zero integer."""
+    from types import SimpleNamespace
+
+    import torch
+    from onnx import TensorProto, helper
+
+    from edgex.exporters.qdq_scheme import dequantized_constants, qdq_tensors
+    from edgex.exporters.qnn_dlc import _only_zero_points, _scalar_parameters, in_dlc
+    from edgex.exporters.qnn_quantize import quantize_qdq
+    from edgex.parity.quantized import QuantizedTensor, quantized_parity, score
+    from edgex.qnn import htp_session
+    from edgex.targets import get_target
+
+    rng = np.random.default_rng(1)
+    kernel = (rng.normal(size=(16, 8, 3, 3)) * 0.2).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "pad_value"),
+             numpy_helper.from_array(np.ones(8, np.float32), "norm_scale"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "norm_bias"),
+             numpy_helper.from_array(kernel, "w"), numpy_helper.from_array(rng.normal(size=16).astype(np.float32), "b")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "pad_value"], ["padded"], name="pad", mode="constant"),
+             helper.make_node("InstanceNormalization", ["padded", "norm_scale", "norm_bias"], ["normed"], name="norm"),
+             helper.make_node("Conv", ["normed", "w", "b"], ["y"], name="conv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    source, qdq, folder = tmp_path / "g.onnx", tmp_path / "q.onnx", tmp_path / "dlc"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    component = SimpleNamespace(name="g", inputs=[SimpleNamespace(name="x")], outputs=[], float_only=(),
+                                calibration=lambda n: [(torch.randn(1, 8, 8, 8),) for _ in range(n)])
+    quantize_qdq(source, qdq, component, "w8a16", 2)
+    folder.mkdir()
+    options = get_target("s25-htp").exporter_options["qnn"]
+    htp_session(qdq, soc_model=options["soc_model"], htp_arch=options["htp_arch"], fp16=True, dlc_dir=folder)
+    (dlc,) = folder.glob("*.dlc")
+    model, float_model = onnx.load(str(qdq)), onnx.load(str(source))
+    constants = dequantized_constants(model)
+    pad_value = next(n for n in constants if n.startswith("pad_value"))
+    assert _scalar_parameters(model.graph) == {pad_value: "Pad"}
+
+    def checked(path):
+        return {name: score(t) for name, t in in_dlc(path, model, qdq_tensors(model, float_model)).items()}
+
+    good = checked(dlc)
+    assert good[pad_value]["verdict"] == "unverified" and "scalar parameter" in good[pad_value]["unverified"], good
+    assert good["w_quantized"]["verdict"] == "pass" and good["w_quantized"]["agreement_db"] == np.inf
+    assert all(t["verdict"] in ("pass", "unverified") for t in good.values()), good
+    assert all(t["verdict"] == "pass" for n, t in good.items() if not _only_zero_points(constants[n][1], constants[n][3], constants[n][4])
+               and n != pad_value), good
+    exporter = SimpleNamespace(stored_quantized=lambda *_a, **_k: in_dlc(dlc, model, qdq_tensors(model, float_model)))
+    block = quantized_parity(exporter, component, [dlc], "w8a16")
+    assert block["verdict"] == "unverified" and pad_value in block["unverified"] and not block["failures"], block
+
+    _, _q, scale, _zero, _axis = constants["w_quantized"]
+    pair = np.float32(scale[5]).tobytes() + np.int32(-128).tobytes()
+    data = dlc.read_bytes()
+    assert data.count(pair) == 1
+    broken = tmp_path / "scale x2.dlc"
+    broken.write_bytes(data.replace(pair, np.float32(scale[5] * 2).tobytes() + pair[4:]))
+    bad = checked(broken)
+    assert [n for n, t in bad.items() if t["verdict"] == "fail"] == ["w_quantized"], bad
+
+    # the exemptions are narrow: a scalar a Mul reads as a tensor is no parameter; a non-zero integer is no zero constant
+    mul = helper.make_graph([helper.make_node("DequantizeLinear", ["s_q", "s_scale"], ["s"]),
+                             helper.make_node("Pad", ["x", "pads", "s"], ["p"]), helper.make_node("Mul", ["p", "s"], ["y"])],
+                            "m", [], [], [numpy_helper.from_array(np.array(3, np.uint8), "s_q"),
+                                          numpy_helper.from_array(np.array(0.5, np.float32), "s_scale")])
+    assert _scalar_parameters(mul) == {}
+    assert _only_zero_points(np.array([128, 128, 128], np.uint8), np.array(128, np.uint8), 0)
+    assert not _only_zero_points(np.array([128, 129, 128], np.uint8), np.array(128, np.uint8), 0)
+    assert not _only_zero_points(np.array([[0, 0], [0, 1]], np.int32), np.zeros(2, np.int32), 0)
+    assert isinstance(QuantizedTensor(np.zeros(1), np.zeros(1), None, unread="x").unread, str)

@@ -64,15 +64,71 @@ def in_dlc(path: Path, model, tensors: dict) -> dict:
     members = dlc_members(path)
     data, graph = members["model.params.bin"], members["model"]
     qdq = dequantized_constants(model)
+    parameters = _scalar_parameters(model.graph)
     for name, tensor in tensors.items():
-        _, q, scale, zero, _axis = qdq[name]
+        _, q, scale, zero, axis = qdq[name]
         layouts = [q, *(q.transpose(p) for p in QAIRT_LAYOUTS.get(q.ndim, ()))]
         codes = q.size < 2 or any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
         scales = all(graph.find(pair) >= 0 for pair in _scale_offset_pairs(scale, zero))
-        if not (codes and scales):
+        if codes and scales:
+            continue
+        if name in parameters:
+            tensors[name] = unread(tensor, NOT_A_TENSOR.format(op=parameters[name]))
+        elif codes and _only_zero_points(q, zero, axis):
+            tensors[name] = unread(tensor, MERGED_ZEROS)
+        else:
             what = " and ".join(w for w, ok in (("integers", codes), ("scales / zero points", scales)) if not ok)
             tensors[name] = mismatch(f"{what} not found in the .dlc")
     return tensors
+
+
+# Two kinds of QDQ constant the `.dlc` does not store as the tensor the QDQ graph gives (measured on
+# the tiny robot policies' vision encoders and DDIM loops at w8a16): a scalar that QNN's op
+# definition takes as a scalar parameter (Pad's constant value: the `.dlc` holds a `pad_constant_value`
+# parameter and no tensor of that name), and a constant holding only zeros (GroupNorm's zero biases
+# of its InstanceNormalization nodes), which QAIRT merges with other all-zero constants into one
+# record that it encodes itself (the nodes read another constant's record, under another scale).
+# Neither is a weight of the model; each is listed as not read back, never as a pass.
+NOT_A_TENSOR = "not stored as a tensor: QNN's {op} takes it as a scalar parameter"
+MERGED_ZEROS = ("holds only zeros, which QAIRT merges with the other all-zero constants into one record under its "
+                "own encoding, so its scale is not stored")
+_SCALAR_PARAMETER_INPUTS = {"Pad": (2,)}  # op type -> the inputs QNN's op takes as scalar parameters
+
+
+def _scalar_parameters(graph) -> dict[str, str]:
+    """Dequantized scalar constants every reader of which takes them as a scalar parameter (name ->
+    op type)."""
+    import numpy as np
+
+    dequantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in dequantized:
+                readers.setdefault(dequantized[name], []).append((node.op_type, i))
+    sizes = {i.name: int(np.prod(i.dims)) if i.dims else 1 for i in graph.initializer}
+    return {name: uses[0][0] for name, uses in readers.items()
+            if sizes.get(name, 2) < 2 and all(i in _SCALAR_PARAMETER_INPUTS.get(op, ()) for op, i in uses)}
+
+
+def _only_zero_points(q, zero, axis) -> bool:
+    """Whether every integer is its zero point (per tensor, or per channel along `axis`): the
+    constant dequantizes to zeros whatever its scale."""
+    import numpy as np
+
+    zero = np.asarray(zero).astype(np.int64)
+    if zero.size > 1:
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        zero = zero.reshape(shape)
+    return bool(np.all(q.astype(np.int64) == zero))
+
+
+def unread(tensor, why: str):
+    """`tensor` marked as not read back from the file (`why`): scored neither pass nor fail."""
+    from dataclasses import replace
+
+    return replace(tensor, unread=why)
 
 
 def _scale_offset_pairs(scale, zero) -> list[bytes]:
