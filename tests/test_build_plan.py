@@ -271,3 +271,19 @@ def test_an_unknown_min_db_key_is_an_error_when_the_plan_is_read_and_reproducibi
     file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu"]\ncomponents = ["talker_decode"]\nmin_db = { talker = 30 }\n')
     assert load_plan(file).jobs[0].gate_db == 30.0
     assert "not measured for this artifact" in reproducibility("onnx")["basis"]
+
+
+def test_the_ci_build_holds_every_model_on_every_target_family_that_places_it():
+    """`builds/ci.toml` is the default matrix: every recipe at the tiny preset on every target family
+    (the HTP phones share one path: s25-htp stands for them) where the target places any of its
+    components by default, each pair planning jobs, so a change that breaks one default shows in CI."""
+    from edgex.recipes import RECIPES
+    from edgex.targets import TARGETS
+
+    families = [t for name, t in TARGETS.items() if not name.endswith("-htp") or name == "s25-htp"]
+    placed = {(model, target.name) for model, facts in RECIPES.all_facts() for target in families
+              if any(p.precisions for c in facts.components for p in facts.placements_on(target, c))}
+    assert {"cpu", "mnn", "s25-htp", "apple", "llama-cpp"} <= {t.name for t in families}
+    ci = load_plan(Path(__file__).resolve().parent.parent / "builds" / "ci.toml")
+    assert {(j.model, j.target) for j in ci.jobs} == placed
+    assert {j.preset for j in ci.jobs} == {"tiny"} and not any(j.placements for j in ci.jobs)
