@@ -60,17 +60,15 @@ def chain(model: str, target: str, out: Path) -> list[dict]:
         steps.append(run([*EDGEX, "verify", str(folder(root, model, target))]))
         steps.append(run([*EDGEX, "pipeline", model, str(folder(root, model, target))]))
     steps.append(run([*EDGEX, "sweep", model, "--target", target, "--preset", "tiny", "--out", str(swept)]))
-    sweep_folder = next((p.parent for p in sorted(swept.rglob("manifest.json"))), folder(swept, model, target))
+    sweep_folder = folder(swept, model, target)
     steps.append(run([*EDGEX, "verify", str(sweep_folder)]))
     steps.append(run([*EDGEX, "pipeline", model, str(sweep_folder)]))
     spec = out / "build.toml"
     spec.write_text(f'[[entry]]\nmodel = "{model}"\npreset = "tiny"\ntargets = ["{target}"]\n')
     steps.append(run([*EDGEX, "build", "run", str(spec), "--out", str(built)]))
-    build_folder = next((p.parent for p in sorted(built.rglob("manifest.json"))), folder(built, model, target))
+    build_folder = folder(built, model, target)
     steps.append(run([*EDGEX, "verify", str(build_folder)]))
     steps.append(run([*EDGEX, "pipeline", model, str(build_folder)]))
-    if model == "qwen3-tts":
-        steps.extend(voice_chain(out / "voice"))
     return steps
 
 
@@ -101,6 +99,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--voice-only", action="store_true", help="only qwen3-tts's checkpoint / voice-prompt chain")
     args = parser.parse_args()
     console = Console(width=200)
     table = Table(title=f"command chain, target {args.target}, preset tiny")
@@ -108,7 +107,9 @@ def main() -> int:
         table.add_column(column)
     results = {}
     for model in args.models.split(","):
-        steps = chain(model, args.target, args.out / model)
+        steps = chain(model, args.target, args.out / model) if not args.voice_only else []
+        if model == "qwen3-tts":
+            steps.extend(voice_chain(args.out / model / "voice"))
         results[model] = steps
         for step in steps:
             table.add_row(model, " ".join(step["argv"][:3]), step["outcome"][:110], f"{step['seconds']:.0f}")

@@ -25,7 +25,10 @@ SUPPORTED = ("qwen3-tts",)
 
 
 def write_qwen3_tts(preset_name: str, seed: int, folder: Path) -> None:
-    """`config.json` + `model.safetensors` (`talker.*`), `speech_tokenizer/` (`decoder.*`)."""
+    """A Base checkpoint: `config.json` + `model.safetensors` (`talker.*`, and `speaker_encoder.*`
+    with its `speaker_encoder_config` where the preset has one), `speech_tokenizer/` (`decoder.*`,
+    and `encoder.*` with its `encoder_config` where the preset has the speech tokenizer's encoder),
+    so `edgex voice-prompt` reads it as it reads a published Base checkpoint."""
     from safetensors.torch import save_file
 
     from edgex.recipes.qwen3_tts.models import build_from_preset
@@ -34,11 +37,20 @@ def write_qwen3_tts(preset_name: str, seed: int, folder: Path) -> None:
     preset = get_preset(preset_name)
     models = build_from_preset(preset, seed=seed)
     (folder / "speech_tokenizer").mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"talker_config": preset.talker, "tts_model_type": "base"}, indent=2))
-    (folder / "speech_tokenizer" / "config.json").write_text(json.dumps({"decoder_config": preset.decoder}, indent=2))
-    save_file({f"talker.{k}": v.contiguous() for k, v in models.talker.state_dict().items()}, str(folder / "model.safetensors"))
-    save_file({f"decoder.{k}": v.contiguous() for k, v in models.decoder.state_dict().items()},
-              str(folder / "speech_tokenizer" / "model.safetensors"))
+    config = {"talker_config": preset.talker, "tts_model_type": "base"}
+    tokenizer = {"decoder_config": preset.decoder}
+    talker = {f"talker.{k}": v.contiguous() for k, v in models.talker.state_dict().items()}
+    speech = {f"decoder.{k}": v.contiguous() for k, v in models.decoder.state_dict().items()}
+    if models.speaker_encoder is not None:
+        config["speaker_encoder_config"] = preset.speaker_encoder
+        talker |= {f"speaker_encoder.{k}": v.contiguous() for k, v in models.speaker_encoder.state_dict().items()}
+    if models.speech_encoder is not None:
+        tokenizer["encoder_config"] = preset.speech_encoder
+        speech |= {f"encoder.{k}": v.contiguous() for k, v in models.speech_encoder.state_dict().items()}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "speech_tokenizer" / "config.json").write_text(json.dumps(tokenizer, indent=2))
+    save_file(talker, str(folder / "model.safetensors"))
+    save_file(speech, str(folder / "speech_tokenizer" / "model.safetensors"))
 
 
 def main(argv: list[str] | None = None) -> int:
