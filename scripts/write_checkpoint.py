@@ -32,12 +32,13 @@ def write_qwen3_tts(preset_name: str, seed: int, folder: Path) -> None:
     from safetensors.torch import save_file
 
     from edgex.recipes.qwen3_tts.models import build_from_preset
+    from edgex.recipes.qwen3_tts.official import preset_config
     from edgex.recipes.qwen3_tts.presets import get_preset
 
     preset = get_preset(preset_name)
     models = build_from_preset(preset, seed=seed)
     (folder / "speech_tokenizer").mkdir(parents=True)
-    config = {"talker_config": preset.talker, "tts_model_type": "base"}
+    config = preset_config(preset.talker, "base")  # the published Base config's tables and keys
     tokenizer = {"decoder_config": preset.decoder}
     talker = {f"talker.{k}": v.contiguous() for k, v in models.talker.state_dict().items()}
     speech = {f"decoder.{k}": v.contiguous() for k, v in models.decoder.state_dict().items()}

@@ -137,3 +137,21 @@ def test_reproducibility_table_matches_a_rebuild(builds):
         deterministic, why = MEASURED[exporter]
         assert (first[key][1] == merged[key][1]) == deterministic, (key, why)
     assert all(a["build"]["reproducible"]["deterministic"] is MEASURED[a["exporter"]][0] for a in runs["first"][1]["artifacts"])
+
+
+def test_published_onnx_models_load_with_their_external_data(builds):
+    """A build publishes by hard links into its cache, except ONNX external data: ONNX's loader
+    refuses a `.onnx.data` with more than one link ("potential hardlink attack"), so `onnx.load` of a
+    published model, and `edgex verify` of the folder, would fail."""
+    import os
+
+    import onnx
+
+    root, runs = builds
+    assert runs["first"][0] == 1, runs["first"][2][-2000:]
+    models = [p for tree in ("out", "merged") for p in (root / tree).rglob("*.onnx") if ".edgex-cache" not in p.parts]
+    data = [p for p in models if p.with_name(p.name + ".data").is_file()]
+    assert data, models
+    for model in data:
+        assert os.stat(model.with_name(model.name + ".data")).st_nlink == 1, model
+        onnx.load(str(model))  # with its external data

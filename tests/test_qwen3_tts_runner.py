@@ -144,3 +144,16 @@ def test_a_checkpoint_naming_other_chat_template_ids_gets_its_own_ids_and_the_of
         built = rn.prompt(req, vocab, table)
         assert built.embeds.shape == embeds.shape and snr_db(embeds, built.embeds) > 100, name
         assert built.trailing.shape == trailing.shape and snr_db(trailing, built.trailing) > 100, name
+
+
+def test_a_config_without_the_published_tables_is_a_one_line_error(models):
+    """The official code reads `spk_id`, `spk_is_dialect` and `codec_language_id` from the talker config
+    (a Base checkpoint's `spk_id` is `{}`): a config without one is refused in one line, not a traceback
+    from inside the official constructor."""
+    from edgex.errors import EdgexError
+
+    model, config = models["custom_voice"]
+    without = {**config, "talker_config": {k: v for k, v in config["talker_config"].items() if k != "spk_id"}}
+    with pytest.raises(EdgexError, match="talker_config has no spk_id"):
+        off.wrap(model.model.talker, model.decoder, without)
+    assert off.wrap(model.model.talker, model.decoder, off.preset_config(config["talker_config"], "base")).variant == "base"

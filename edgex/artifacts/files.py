@@ -150,9 +150,18 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+# ONNX's loader refuses an external-data file that has more than one hard link ("potential hardlink
+# attack", onnx 1.18 and later), so `onnx.load` of a published model would fail on a linked one.
+NEVER_LINKED = (".onnx.data",)
+
+
 def link_or_copy(source: Path, dest: Path) -> None:
-    """A hard link where the filesystem allows (a build's tree and its cache share the bytes), else a copy."""
+    """A hard link where the filesystem allows (a build's tree and its cache share the bytes), else a
+    copy; files a loader refuses as links (`NEVER_LINKED`) are always copied."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.name.endswith(NEVER_LINKED):
+        shutil.copy2(source, dest)
+        return
     try:
         os.link(source, dest)
     except OSError:

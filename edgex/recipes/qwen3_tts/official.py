@@ -77,6 +77,10 @@ def wrap(talker: torch.nn.Module, decoder: torch.nn.Module, config: dict) -> Off
     from), with `config` a Qwen3-TTS config.json as a dict. The wrapper's own modules are built on the
     meta device and its talker replaced: `generate()` reads only the talker and the config."""
     mods = qwen_tts_modules()
+    missing = [key for key in TABLES if not isinstance((config.get("talker_config") or {}).get(key), dict)]
+    if missing:
+        raise EdgexError(f"config.json's talker_config has no {', '.join(missing)}: the official Qwen3-TTS code reads them "
+                         f"(a published config holds all of {', '.join(TABLES)}; a Base checkpoint's spk_id is {{}})")
     config = {**config, "speaker_encoder_config": {k: v for k, v in (config.get("speaker_encoder_config") or {}).items()
                                                    if k != "model_type"}}
     cfg = mods.config.Qwen3TTSConfig(**config)
@@ -89,10 +93,13 @@ def wrap(talker: torch.nn.Module, decoder: torch.nn.Module, config: dict) -> Off
     return OfficialModel(model.eval(), decoder, cfg.tts_model_type or "custom_voice")
 
 
-def preset_config(talker_config: dict) -> dict:
-    """A preset's config.json: its talker with the published CustomVoice tables."""
-    return dict(talker_config={**talker_config, **VARIANTS["custom_voice"], "codec_language_id": LANGUAGES},
-                tts_model_type="custom_voice", tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz")
+TABLES = ("spk_id", "spk_is_dialect", "codec_language_id")  # the talker_config tables generate() reads
+
+
+def preset_config(talker_config: dict, variant: str = "custom_voice") -> dict:
+    """A preset's config.json as the published `variant`'s: its talker with that variant's tables."""
+    return dict(talker_config={**talker_config, **VARIANTS[variant], "codec_language_id": LANGUAGES},
+                tts_model_type=variant, tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz")
 
 
 def _tensor(ids) -> torch.Tensor:
