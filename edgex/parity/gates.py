@@ -111,6 +111,14 @@ TIE_DB = 30.0
 # its SNRs (18.8 dB end to end and lowering) pass the 10 / 12 dB gates: only this figure fails it.
 ACTION_ERROR = 0.25
 
+# The lowest correlation (`metrics.cosine`) a waveform output gated by its spectral figure
+# (`Component.spectral`) may have with its reference. The spectral figure is blind to phase by
+# design, so it scores a negated waveform, or one shifted by a fraction of a period, as identical;
+# a sign flip in a graph is a graph bug, whatever the ear says. A negated waveform correlates at
+# -1, a quarter period's shift of a voiced signal near 0; a faithful phase-integrating vocoder, whose
+# phase drifts with rounding, stays close to 1 (measured: docs/parity.md, "Waveforms").
+WAVEFORM_CORRELATION = 0.5
+
 
 def tie_db(gate_db: float) -> float:
     """The level whose tie margin judges a flip under a gate: the gate where it is stricter than
