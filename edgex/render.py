@@ -34,8 +34,8 @@ def summary_table(manifest: dict) -> Table:
     title = f"{manifest['model']} ({source_line(manifest.get('source') or {})}) -> {manifest['target']}  ({manifest['status'].upper()})"
     table = Table(title=title, title_justify="left")
     device = manifest.get("hub") is not None
-    numeric = ("e2e dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
-    for col in ("component", "format", "precision", "e2e dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
+    numeric = ("e2e dB", "gate", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "e2e dB", "gate", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
                 *(("device dB", "device ms") if device else ()), "verdict"):
         table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
@@ -181,7 +181,7 @@ def pipeline_table(report: dict) -> Table:
 def verify_table(report: dict) -> Table:
     """`edgex verify`'s table: one row per artifact of the verification report."""
     table = Table(title=f"verify {report['manifest']}  ({report['status'].upper()})")
-    for col in ("component", "format", "precision", "files", "e2e dB", "gate dB", "verdict", "problem"):
+    for col in ("component", "format", "precision", "files", "e2e dB", "gate", "verdict", "problem"):
         table.add_column(col)
     for a in report["artifacts"]:
         table.add_row(a["component"], a["format"], a["precision"], a["files"], db(a.get("min_snr_db")),
@@ -193,8 +193,8 @@ def verify_table(report: dict) -> Table:
 def build_table(data: dict) -> Table:
     """`edgex build`'s table: one row per artifact of build.json."""
     table = Table(title=f"edgex build ({data['status'].upper()})")
-    for col in ("artifact", "min SNR dB", "gate dB", "method", "reused", "s", "verdict"):
-        table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "s") else "left")
+    for col in ("artifact", "min SNR dB", "gate", "method", "reused", "s", "verdict"):
+        table.add_column(col, justify="right" if col in ("min SNR dB", "gate", "s") else "left")
     for a in data["artifacts"]:
         parity = a.get("parity", {})
         table.add_row(f"{a['id']} ({a['format']})", db(parity.get("min_snr_db")),

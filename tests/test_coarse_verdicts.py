@@ -150,7 +150,7 @@ def test_a_sweep_leaves_coarse_points_out_of_its_recommendation_and_says_so(tmp_
         table = list(csv.DictReader(f))
     assert [(r["precision"], r["verdict"], r["coarse_scheme"]) for r in table] == [("w4", COARSE_PASS, REASON), ("w8", "pass", "")]
     markdown = (out / "sweep.md").read_text()
-    assert f"{COARSE_PASS} ({REASON})" in markdown and f"- decode=coreml:w4: {COARSE_PASS}: {REASON}" in markdown
+    assert f"| {COARSE_PASS} |" in markdown and f"- decode=coreml:w4: {COARSE_PASS}: {REASON}" in markdown
     placement = (out / "recommended.placement").read_text()
     assert f"# left out: decode=coreml:w4 ({COARSE_PASS}: {REASON})" in placement and "--allow-coarse admits them" in placement
     assert [line for line in placement.splitlines() if not line.startswith("#")][0].startswith("decode=coreml:w8")

@@ -429,6 +429,7 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
                        reference=reference)
     scheme = measure(component, _Eager(reference), "eager", "float32", scheme_db, "eager")
+    scheme.gate["figure"], lowering.gate["figure"] = "scheme", "lowering"
     report.scheme = {"reference": reference.label, **reference.to_json(),
                      **{k: getattr(scheme, k) for k in _FIGURES}}
     report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}

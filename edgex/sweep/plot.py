@@ -82,13 +82,13 @@ def plot(path: Path, title: str, rows: list[dict], fronts: dict[str, list[int]])
         ax.axis("off")
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="", color=colour[s], markeredgecolor="black", label=f"{s} (pass)")
-               for s in schemes]
+    handles = [Line2D([], [], marker="o", linestyle="", color=colour[s], markeredgecolor="black", label=s) for s in schemes]
+    handles.append(Line2D([], [], marker="o", linestyle="", color="grey", markeredgecolor="black", label="passed its gates"))
     if any(r["verdict"] == COARSE_PASS for r in rows):
         handles.append(Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="none", markeredgewidth=2,
                               label="pass at a scheme declared too coarse"))
     handles += [Line2D([], [], marker="x", linestyle="", color="red", markeredgewidth=2.5, label="failed its gate"),
-                Line2D([], [], marker="o", linestyle="-", color="black", markerfacecolor="none", label="Pareto front (passing)"),
+                Line2D([], [], marker="o", linestyle="-", color="black", markerfacecolor="none", label="Pareto front (candidates)"),
                 Line2D([], [], linestyle="--", color="grey", label="gate (dB, colour of its scheme)")]
     per_line = 3 if width < 12 else 4
     fig.legend(handles=handles, loc="lower center", ncol=per_line, fontsize=8, frameon=False)

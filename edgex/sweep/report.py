@@ -83,8 +83,9 @@ def _cell(value) -> str:
 
 
 def markdown(rows: list[dict], chosen: dict[str, dict | None], left: list[dict] | None = None) -> str:
-    """One table per component; the recommended row marked, failed rows with their first reason,
-    rows at a coarse scheme with the recipe's reason; then the points left out of the choice."""
+    """One table per component; the recommended row marked, failed rows with their first reason;
+    then the points left out of the choice, with why (a scheme declared too coarse: the recipe's
+    reason)."""
     heads = ("scheme", "calibration", "dB vs fp32 (gate)", "scheme dB (gate)", "lowering dB (gate)", "verdict", "bytes",
              "export s", "latency ms")
     parts = []
@@ -92,8 +93,7 @@ def markdown(rows: list[dict], chosen: dict[str, dict | None], left: list[dict] 
         parts += [f"### {component}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         for r in (r for r in rows if r["component"] == component):
             mark = " **recommended**" if chosen.get(component) is r else ""
-            why = r.get("coarse_scheme") if r["verdict"] == COARSE_PASS else r["failures"][0] if not passed(r["verdict"]) and r["failures"] else None
-            verdict = r["verdict"] + mark + (f" ({why})" if why else "")
+            verdict = r["verdict"] + mark + (f" ({r['failures'][0]})" if not passed(r["verdict"]) and r["failures"] else "")
             pair = lambda a, b: "-" if r[a] is None else f"{_cell(r[a])} ({_cell(r[b])})"
             latency = _cell(r["latency_ms"]) if r["latency_ms"] is not None else f"- ({r['latency_note']})"
             parts.append("| " + " | ".join((f"{r['format']} {r['precision']}", _cell(r["calibration"]), pair("min_snr_db", "gate_db"),
