@@ -160,11 +160,21 @@ def test_a_sweep_leaves_coarse_points_out_of_its_recommendation_and_says_so(tmp_
 
 
 def test_the_sweep_picture_draws_a_coarse_point_apart(tmp_path, monkeypatch):
+    """The coarse point is drawn hollow and labelled so: neither a pass (filled) nor a failure (a red cross)."""
+    from matplotlib.axes import Axes
+
     from edgex.sweep.plot import plot
 
+    drawn, labels = [], []
+    scatter, annotate = Axes.scatter, Axes.annotate
+    monkeypatch.setattr(Axes, "scatter", lambda ax, *a, **k: drawn.append(k) or scatter(ax, *a, **k))
+    monkeypatch.setattr(Axes, "annotate", lambda ax, text, *a, **k: labels.append(text) or annotate(ax, text, *a, **k))
     rows = _rows(tmp_path, monkeypatch)
     plot(tmp_path / "sweep.png", "coarse", rows, {"decode": [1]})
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "mlpackage w4 (pass, coarse)" in labels and "mlpackage w8" in labels
+    coarse, plain = drawn[:2]
+    assert coarse.get("facecolors") == "none" and coarse.get("marker") != "x" and "facecolors" not in plain
 
 
 def test_a_pipeline_stage_may_be_a_coarse_pass_placed_by_name(tmp_path, monkeypatch):
