@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from edgex.artifacts.files import staging_dir
-from edgex.catalog import cpu_features, cpu_model
+from edgex.host import cpu_features, cpu_model
 from edgex.export import run_parity
 from edgex.exporters import EXPORTERS
 from edgex.exporters.onnx import NBITS, quantize_matmuls

@@ -6,13 +6,13 @@ does not import torch."""
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import tempfile
 from pathlib import Path
 
 from .errors import EdgexError
 from .exporters import EXPORTERS
+from .host import cpu_features, cpu_model
 from .parity.runtimes import RUNTIMES
 from .precision import PRECISIONS
 from .recipes import RECIPES
@@ -86,42 +86,6 @@ def machine() -> dict:
         "temp_dir": str(tmp),
         "temp_free_gb": round(shutil.disk_usage(tmp).free / 1e9, 1),
     }
-
-
-# The CPU features that choose the kernels edgex's runtimes run (XNNPACK, ONNX Runtime's MLAS,
-# llama.cpp): x86 vector widths and int8 / bf16 / fp16 dot products, Arm's fp16 and int8 dot products.
-SIMD_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
-                 "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimdhp", "asimddp", "fphp", "i8mm", "sve")
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's `key: value` lines of /proc/cpuinfo; empty where there is none."""
-    info: dict[str, str] = {}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        if not line.strip():
-            if info:
-                break
-            continue
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    return info
-
-
-def cpu_model() -> str:
-    """The CPU's name as the OS reports it."""
-    info = _cpuinfo()
-    return info.get("model name") or info.get("CPU part") or platform.processor() or platform.machine()
-
-
-def cpu_features() -> list[str]:
-    """Of `SIMD_FEATURES`, those this CPU reports (x86 `flags`, Arm `Features`), in that order."""
-    info = _cpuinfo()
-    present = set((info.get("flags") or info.get("Features") or "").split())
-    return [f for f in SIMD_FEATURES if f in present]
 
 
 def _smoke(name: str, runtime) -> dict:

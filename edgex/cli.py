@@ -16,7 +16,8 @@ from .arguments import calibration_sizes, request_spec, split_values, transcript
 from .errors import EdgexError
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
 from .render import (PIPED_WIDTH, build_table, catalog_lines, doctor_lines, failed_lines, pipeline_table, plan_table,
-                     summary_table, unverified, verify_table)
+                     summary_table, unverified, verdict_cell, verify_table)
+from .status import passed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Turn models into verified on-device artifacts.")
 err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
@@ -224,6 +225,7 @@ def sweep(
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
+    allow_coarse: bool = typer.Option(False, "--allow-coarse", help="let the recommendation name points at a scheme the recipe declares too coarse for the component (verdict 'pass (coarse)'); by default they are left out, and the report says so"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json on stdout"),
     verbose: bool = _verbose_option(),
@@ -264,7 +266,7 @@ def sweep(
                              allow_unverified=allowed, executor=runner)
             in_situ_run = in_situ_runner(data["rows"], out_dir, frames, threads, lambda m: lines.print(m, highlight=False))
             chosen = recommend(data["rows"], RECIPES.get(model).in_situ_components, placement_line, in_situ_run if in_situ else None,
-                               in_situ)
+                               in_situ, allow_coarse)
             summary = write(out_dir, model, target, data, plot, chosen)
     except EdgexError as exc:
         _fail(exc)
@@ -274,6 +276,8 @@ def sweep(
         out.print((out_dir / "sweep.md").read_text(), highlight=False, markup=False)
         for component, line in summary["recommendation"].items():
             out.print(f"recommended {component}: {line or 'nothing'} ({summary['objective'][component]})", highlight=False)
+        for item in summary["left_out"]:
+            out.print(f"left out {item['point']}: {item['reason']} (--allow-coarse admits it)", highlight=False)
         situ = summary["in_situ"]
         out.print(f"in situ: {situ['verdict']}" + (f" ({situ['reason']})" if situ.get("reason") else
                                                     f", {len(situ['tried'])} of at most {situ['bound']} placement(s) tried"), highlight=False)
@@ -325,9 +329,10 @@ def pipeline(
         out.print(pipeline_table(report))
         out.print("artifacts: " + ", ".join(f"{a['component']}.{a['precision']}.{a['format']} ({a['files'][0]['sha256'][:12]})"
                                              for a in report["artifacts"]), highlight=False)
-        colour = "green" if report["verdict"] == "pass" else "red"
-        out.print(f"pipeline: [{colour}]{report['verdict']}[/{colour}]; report {Path(report['manifest']).parent / 'pipeline.json'}")
-    if report["verdict"] != "pass":
+        out.print(f"pipeline: {verdict_cell(report['verdict'])}; report {Path(report['manifest']).parent / 'pipeline.json'}")
+        for stage, reason in (report.get("coarse") or {}).items():
+            out.print(f"{stage}: a scheme its recipe declares too coarse ({escape(reason)})", highlight=False)
+    if not passed(report["verdict"]):
         err.print(f"[red]edgex:[/red] pipeline failed: {escape('; '.join(report['failures']))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 

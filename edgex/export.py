@@ -28,9 +28,10 @@ from .exporters import EXPORTERS
 from .exporters.base import Exporter
 from .isolation import ChildDied, RanHere, between_module_calls, die_with_parent, forking_supported, run_forked, start_forked
 from .mapped_weights import map_weights
+from . import host
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
-from .parity.check import ParityReport, measure
+from .parity.check import ParityReport, entry_gate, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.half_arithmetic import half_arithmetic_gates
 from .parity.runtimes import RUNTIMES
@@ -42,7 +43,7 @@ from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import JobMemory, PeakRss, return_free_memory
 from .side_by_side import auto_budget_mb, default_jobs, run_side_by_side
-from .status import check_unverified_kinds, status
+from .status import check_unverified_kinds, entry_verdict, status
 from .toolchain import versions
 
 FAILED_DIR = "failed"
@@ -182,7 +183,8 @@ def _gate_and_place(entry: dict, component, files, runtime, reason, precision, o
                                                                           "quantized_parity")))
     placed = move_into_place(files, _folder(stage, verdict))
     entry["files"] = [record for p in placed for record in file_records(p, stage)]
-    entry["verdict"] = verdict
+    entry["verdict"] = entry_verdict(verdict, entry.get("coarse_scheme"))
+    entry["gate"] = entry_gate(*(entry.get(k) for k in ("parity", "tensor_parity", "quantized_parity", "device_parity")))
     return entry
 
 
@@ -578,7 +580,8 @@ def _manifest(model, source, model_options, settings, tgt, threads, min_db, conn
     return strict_json({
         "edgex_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
+        "host": {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system(),
+                 "cpu_features": host.cpu_features()},
         "tool_versions": versions(),
         "model": model,
         "source": source,

@@ -7,9 +7,11 @@ once (an export may write only some, or several precisions of each), it runs min
 component's parity runs seconds, and it must be re-runnable on a folder `edgex sweep` or `edgex
 build` wrote. Which artifact serves a stage follows the target's placement (its first exporter and
 precision for the role), or `--placement` / `@FILE` as for export (a sweep's recommendation, whose
-calibration size, where it names one, is matched too). Only an artifact whose own verdict is `pass`
+calibration size, where it names one, is matched too). Only an artifact whose own verdict is a pass
 serves a stage: a failed or unverified one is refused with its verdict (a one-line error), so a
-pipeline verdict never rests on an artifact that failed its gate.
+pipeline verdict never rests on an artifact that failed its gate. A pipeline that passes with a
+stage at a scheme its recipe declares too coarse (verdict "pass (coarse)", placed by name) passes as
+"pass (coarse)", and its report names those stages and why (`coarse`).
 
 Every artifact used is re-hashed against the manifest first; the report (`pipeline.json` beside
 the manifest) names each with its sha256, and the manifest gets a `pipeline` block with the
@@ -33,6 +35,7 @@ from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
 from .recipes import RECIPES
+from .status import PASS, entry_verdict, passed
 from .targets import get_target, parse_placement
 from .verify import check_checkpoint, find_manifest, load_manifest
 
@@ -70,7 +73,8 @@ class Stage:
     def record(self) -> dict:
         return {"component": self.component, "folder": str(self.folder) if self.folder else None, "format": self.entry["format"], "exporter": self.entry["exporter"],
                 "precision": self.entry["precision"], "gate_db": self.gate_db,
-                "method": (self.entry.get("parity") or {}).get("method"),
+                "method": (self.entry.get("parity") or {}).get("method"), "verdict": self.entry.get("verdict"),
+                **({"coarse_scheme": self.entry["coarse_scheme"]} if self.entry.get("coarse_scheme") else {}),
                 "files": [{"path": f["path"], "sha256": f["sha256"]} for f in self.entry["files"]]}
 
 
@@ -113,7 +117,7 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
             matching = [(root, e) for root, manifest in manifests for e in manifest["artifacts"]
                         if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
                         and "sidecar_of" not in e and e.get("files") and _calibrated(e, calibration)]
-            found = next(((root, e) for root, e in matching if e.get("verdict") == "pass"), None)
+            found = next(((root, e) for root, e in matching if passed(e.get("verdict"))), None)
             if found is not None:
                 chosen[name] = found
                 break
@@ -146,6 +150,14 @@ def _stage(name: str, entry: dict, root: Path, threads: int | None, overrides: d
         raise EdgexError(f"{name}: {entry['format']} artifacts cannot run here: {reason}")
     session = runtime.load([root / r["path"] for r in entry["files"]], threads)
     return Stage(name, entry, session, threshold_db(entry["role"], entry["precision"], overrides), root)
+
+
+def pipeline_verdict(failures: list[str], entries: dict[str, dict]) -> tuple[str, dict[str, str]]:
+    """The pipeline's verdict from its failures and the entries serving its stages: "fail", "pass",
+    or "pass (coarse)" where a stage's artifact is at a scheme its recipe declares too coarse; and
+    those stages with the recipe's reason."""
+    coarse = {name: entry["coarse_scheme"] for name, entry in entries.items() if entry.get("coarse_scheme")}
+    return ("fail" if failures else entry_verdict(PASS, "; ".join(coarse.values()))), coarse
 
 
 def run_pipeline(directories: list[Path], placements: list[str] | None = None, frames: int | None = None, threads: int | None = None,
@@ -195,9 +207,10 @@ def run_pipeline(directories: list[Path], placements: list[str] | None = None, f
     if simulated and "timing" in report:  # a simulator's milliseconds are no device's
         report["timing"]["simulated_stages"] = {"stages": simulated, "note": "these ran in a simulator on this host: "
                                                 "their times (and the TTFA / RTF / gaps built on them) are not device times"}
+    verdict, coarse = pipeline_verdict(failures, {n: s.entry for n, s in stages.items()})
     report = {"model": recipe.name, "target": manifest["target"], "manifest": str(path), "threads": threads,
               "artifacts": [s.record() for s in stages.values()], **report, "failures": failures,
-              "verdict": "fail" if failures else "pass", "seconds": round(time.perf_counter() - started, 3)}
+              **({"coarse": coarse} if coarse else {}), "verdict": verdict, "seconds": round(time.perf_counter() - started, 3)}
     report = strict_json(report)
     write_json_atomic(path.parent / REPORT, report)
     manifest["pipeline"] = {"report": REPORT, "sha256": sha256(path.parent / REPORT), "verdict": report["verdict"],

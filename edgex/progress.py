@@ -22,8 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from .plan import ExportPlan, Job
-
-VERDICTS = ("pass", "fail", "error", "unverified")
+from .status import VERDICTS
 
 
 def cache_dir() -> Path:

@@ -34,8 +34,8 @@ def summary_table(manifest: dict) -> Table:
     title = f"{manifest['model']} ({source_line(manifest.get('source') or {})}) -> {manifest['target']}  ({manifest['status'].upper()})"
     table = Table(title=title, title_justify="left")
     device = manifest.get("hub") is not None
-    numeric = ("e2e dB", "gate dB", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
-    for col in ("component", "format", "precision", "e2e dB", "gate dB", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
+    numeric = ("e2e dB", "gate", "scheme / lowering dB", "size", "export s", "device dB", "device ms")
+    for col in ("component", "format", "precision", "e2e dB", "gate", "scheme / lowering dB", "top-1 / tokens", "size", "export s", "method",
                 *(("device dB", "device ms") if device else ()), "verdict"):
         table.add_column(col, justify="right" if col in numeric else "left")
     for a in manifest["artifacts"]:
@@ -44,23 +44,22 @@ def summary_table(manifest: dict) -> Table:
         top1 = [s.get("top1_agreement") for sample in parity.get("samples", {}).values() for s in sample.values() if "top1_agreement" in s]
         agree = " / ".join(x for x in (f"{min(top1):.2f}" if top1 else "", f"{agreement:.2f}" if agreement is not None else "") if x) or "-"
         size = sum(f["bytes"] for f in a.get("files", []))
-        colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
         table.add_row(
-            a["component"], a["format"], a["precision"], _end_to_end(parity), gate(parity),
+            a["component"], a["format"], a["precision"], _end_to_end(parity), gate(a),
             _split_figures(parity), agree, f"{size / 1e6:.2f} MB" if size else "-", f"{a.get('export_seconds', 0):.1f}",
-            parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), f"[{colour}]{a['verdict']}[/{colour}]",
+            parity.get("method", "-"), *(_device_cells(a.get("device_parity", {})) if device else ()), verdict_cell(a["verdict"]),
         )
     return table
 
 
 def _end_to_end(parity: dict) -> str:
-    """The deciding figure; where spectral figures gate waveform outputs, their waveform SNR beside
-    it (recorded, not deciding); where action outputs are gated by their action error too, that
+    """The deciding figure; where spectral figures gate waveform outputs, their waveform SNR
+    (recorded) and correlation with the reference (gated) beside it; where action outputs are gated by their action error too, that
     error (the worst dimension's, in units of its spread)."""
     waveform = parity.get("min_waveform_snr_db")
     figure = db(parity.get("min_snr_db"))
     if waveform is not None:
-        figure = f"{figure} (waveform SNR {db(waveform)})"
+        figure = f"{figure} (waveform SNR {db(waveform)}, correlation {_value(parity.get('min_waveform_correlation'))})"
     action = parity.get("max_action_error")
     return figure if action is None else f"{figure} (action error {_action(action)})"
 
@@ -69,14 +68,34 @@ def _action(value) -> str:
     return value if isinstance(value, str) else f"{value:.3f}"
 
 
-def gate(parity: dict) -> str:
-    """The gate that decided the verdict, named where there are several (end-to-end, scheme,
-    lowering: `edgex.parity.check.deciding_gate`)."""
-    gate = parity.get("gate")
-    if not gate:
+def gate(row: dict) -> str:
+    """The check that decided a verdict (a manifest entry's or a verify row's `gate`, else its parity
+    block's): a dB gate, with its figure named where there are several (e2e, scheme, lowering, fp32
+    graph, stored tensors); any other check (a token flip, in tie margins; a waveform correlation;
+    an action error) with its figure against its limit."""
+    parity = row.get("parity") or row
+    found = row.get("gate") or parity.get("gate")
+    if not found:
         return db(parity.get("threshold_db"))
-    name = "e2e" if gate["figure"] == "end-to-end" else gate["figure"]
-    return f"{db(gate['threshold_db'])} ({name})" if parity.get("lowering") else db(gate["threshold_db"])
+    name = "e2e" if found["figure"] == "end-to-end" else found["figure"]
+    if found.get("check", "SNR") == "SNR":
+        named = parity.get("lowering") or found["figure"] != "end-to-end"
+        return f"{db(found['threshold_db'])} ({name})" if named else db(found["threshold_db"])
+    return f"{name} {found['check']} {_value(found.get('value'))} vs {_value(found.get('limit'))}"
+
+
+def _value(value) -> str:
+    if value is None or isinstance(value, str):
+        return value or "-"
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+VERDICT_COLOURS = {"pass": "green", "pass (coarse)": "yellow", "fail": "red", "error": "red", "unverified": "yellow"}
+
+
+def verdict_cell(verdict: str) -> str:
+    colour = VERDICT_COLOURS.get(verdict, "yellow")
+    return f"[{colour}]{escape(verdict)}[/{colour}]"
 
 
 def _split_figures(parity: dict) -> str:
@@ -162,12 +181,11 @@ def pipeline_table(report: dict) -> Table:
 def verify_table(report: dict) -> Table:
     """`edgex verify`'s table: one row per artifact of the verification report."""
     table = Table(title=f"verify {report['manifest']}  ({report['status'].upper()})")
-    for col in ("component", "format", "precision", "files", "e2e dB", "gate dB", "verdict", "problem"):
+    for col in ("component", "format", "precision", "files", "e2e dB", "gate", "verdict", "problem"):
         table.add_column(col)
     for a in report["artifacts"]:
-        colour = {"pass": "green", "unverified": "yellow"}.get(a["verdict"], "red")
         table.add_row(a["component"], a["format"], a["precision"], a["files"], db(a.get("min_snr_db")),
-                      gate(a), f"[{colour}]{a['verdict']}[/{colour}]",
+                      gate(a), verdict_cell(a["verdict"]),
                       "; ".join(x for x in (a.get("problem"), a.get("note")) if x))
     return table
 
@@ -175,14 +193,13 @@ def verify_table(report: dict) -> Table:
 def build_table(data: dict) -> Table:
     """`edgex build`'s table: one row per artifact of build.json."""
     table = Table(title=f"edgex build ({data['status'].upper()})")
-    for col in ("artifact", "min SNR dB", "gate dB", "method", "reused", "s", "verdict"):
-        table.add_column(col, justify="right" if col in ("min SNR dB", "gate dB", "s") else "left")
+    for col in ("artifact", "min SNR dB", "gate", "method", "reused", "s", "verdict"):
+        table.add_column(col, justify="right" if col in ("min SNR dB", "gate", "s") else "left")
     for a in data["artifacts"]:
-        colour = {"pass": "green", "fail": "red", "error": "red"}.get(a["verdict"], "yellow")
         parity = a.get("parity", {})
         table.add_row(f"{a['id']} ({a['format']})", db(parity.get("min_snr_db")),
-                      db(parity.get("threshold_db")), parity.get("method", "-"), "yes" if a["build"]["reused"] else "no",
-                      f"{a['build']['seconds']:.1f}", f"[{colour}]{a['verdict']}[/{colour}]")
+                      gate(a), parity.get("method", "-"), "yes" if a["build"]["reused"] else "no",
+                      f"{a['build']['seconds']:.1f}", verdict_cell(a["verdict"]))
     return table
 
 

@@ -11,6 +11,12 @@ and build (and light: `edgex build merge` runs without torch).
 - Whatever is accepted, a job (one component, exporter and precision: the artifact and its
   sidecars) none of whose entries ran and passed leaves the set "incomplete": accepting sidecars
   never turns an export whose every file went unverified into a pass.
+- An empty set is "incomplete": nothing in it ran, so nothing passed (an empty shard or build).
+
+An entry whose scheme its recipe declares too coarse for the component (`coarse_scheme`, built only
+when asked for by name) and which passed its gates has the verdict "pass (coarse)": a pass, for the
+status and the exit code, that every reader shows as such and that a sweep never recommends
+unless asked (`edgex.sweep.recommend`). `passed` is the one test of a passing verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +27,20 @@ from .errors import EdgexError
 
 EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
 SIDECAR = "sidecar"
+PASS = "pass"
+COARSE_PASS = "pass (coarse)"  # a pass of a scheme the recipe declares too coarse for the component
+VERDICTS = (PASS, COARSE_PASS, "fail", "error", "unverified")
+
+
+def passed(verdict: str | None) -> bool:
+    """Whether a verdict is a pass, of a coarse scheme or not."""
+    return verdict in (PASS, COARSE_PASS)
+
+
+def entry_verdict(verdict: str, coarse: str | None) -> str:
+    """An entry's verdict from its checks' (`verdict`) and its job's coarse reason (`coarse_scheme`):
+    a pass of a coarse scheme is "pass (coarse)"."""
+    return COARSE_PASS if verdict == PASS and coarse else verdict
 
 
 def unverified_kinds() -> list[str]:
@@ -56,6 +76,8 @@ def _job(entry: dict) -> tuple:
 
 def status(entries: Iterable[dict], allow_unverified: Iterable[str] = ()) -> str:
     entries = list(entries)
+    if not entries:
+        return "incomplete"
     verdicts = {e["verdict"] for e in entries}
     if verdicts & {"fail", "error"}:
         return "fail"
@@ -64,4 +86,4 @@ def status(entries: Iterable[dict], allow_unverified: Iterable[str] = ()) -> str
     jobs: dict[tuple, set[str]] = {}
     for entry in entries:
         jobs.setdefault(_job(entry), set()).add(entry["verdict"])
-    return "pass" if all("pass" in found for found in jobs.values()) else "incomplete"
+    return "pass" if all(any(passed(v) for v in found) for found in jobs.values()) else "incomplete"

@@ -25,7 +25,8 @@ from .exporters import EXPORTERS
 from .parity.quantized import quantized_parity, summary
 from .parity.tensors import tensor_parity
 from .recipes import RECIPES
-from .status import check_unverified_kinds, status
+from .parity.check import entry_gate
+from .status import check_unverified_kinds, entry_verdict, status
 
 
 def find_manifest(directory: Path) -> Path:
@@ -136,16 +137,15 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         problems.append(f"parity run failed: {_one_line(exc)}")
         return {"verdict": "fail"}
     row = {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "method": report.method}
-    if report.min_waveform_snr_db is not None:  # spectral outputs: their SNR, recorded beside the gated figure
-        row["min_waveform_snr_db"] = report.min_waveform_snr_db
     figures = report.to_json()  # strict JSON: inf as a string
+    if report.min_waveform_snr_db is not None:  # spectral outputs: their SNR, recorded beside the gated figures
+        row["min_waveform_snr_db"] = report.min_waveform_snr_db
+        row["min_waveform_correlation"] = figures["min_waveform_correlation"]
     if figures["max_action_error"] is not None:  # action outputs: the worst dimension's error, gated too
         row["max_action_error"] = figures["max_action_error"]
     for figure in ("scheme", "lowering"):  # quantized and fp16 artifacts: each figure against its own gate
         if figures[figure]:
             row[figure] = {k: figures[figure][k] for k in ("min_snr_db", "threshold_db", "verdict")}
-    if figures["gate"]:
-        row["gate"] = figures["gate"]
     recorded = entry.get("parity", {}).get("threshold_db")
     if recorded != report.threshold_db:
         row["note"] = f"gate is {report.threshold_db} dB now, the manifest recorded {recorded} dB"
@@ -163,8 +163,13 @@ def _rerun(entry: dict, component, files: list[Path], overrides: dict, threads, 
         row["quantized_min_agreement_db"] = quantized.get("min_agreement_db")
         if quantized.get("unverified") and report.method != "none":
             row["reason"] = quantized["unverified"]
-    row["verdict"] = "fail" if problems else combined_verdict(report.verdict, tensors and tensors["verdict"], None,
-                                                               quantized and quantized["verdict"])
+    row["verdict"] = "fail" if problems else entry_verdict(combined_verdict(report.verdict, tensors and tensors["verdict"], None,
+                                                                            quantized and quantized["verdict"]), coarse)
+    gate = entry_gate(figures, tensors, quantized)
+    if gate:
+        row["gate"] = gate
+    if coarse:
+        row["coarse_scheme"] = coarse
     return row
 
 

@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 from conftest import run_cli
-from edgex.catalog import SIMD_FEATURES
+from edgex.host import SIMD_FEATURES
 from edgex.parity.runtimes import RUNTIMES
 
 

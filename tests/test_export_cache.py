@@ -80,7 +80,7 @@ def test_an_unchanged_reexport_is_a_hit_that_loads_nothing(exported, no_load):
 
 
 @pytest.mark.parametrize("change", ["seed", "precision", "gate", "lowering-gate", "threads", "force", "edgex-source",
-                                    "tool-version"])
+                                    "tool-version", "cpu-features"])
 def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
     out, _ = exported
     before = files_state(out)
@@ -99,6 +99,8 @@ def test_other_inputs_are_misses(exported, no_load, monkeypatch, change):
         args.update(reuse=False, reuse_jobs=False)
     elif change == "edgex-source":
         monkeypatch.setattr(edgex.artifacts.keys, "edgex_source_sha256", lambda: "0" * 64)
+    elif change == "cpu-features":  # another host kind: its runtimes choose other kernels
+        monkeypatch.setattr("edgex.host.cpu_features", lambda: ["avx2", "fma", "f16c"])
     else:
         monkeypatch.setattr(edgex.toolchain, "version", lambda dist: "0.0" if dist == "torch" else None)
     with pytest.raises(Loaded):
@@ -173,6 +175,41 @@ def test_a_flipped_byte_is_exported_again_and_passes(exported, tmp_path):
     assert again["export_key"]["sha256"] == first["export_key"]["sha256"]
     assert again["artifacts"][0]["files"][0] == record, "ONNX rebuilds to the same bytes"
     assert json.loads((folder / "manifest.json").read_text())["created"] == again["created"], "the manifest was rewritten"
+
+
+def test_an_export_made_on_another_host_kind_gates_again_here(exported, tmp_path, monkeypatch):
+    """The folder's export was made on this host; on a host with other CPU features the same
+    command neither reuses the export nor keeps its entry: the artifact is built and its parity run
+    here, and the manifest records this host's features."""
+    out, folder = copy_of(exported, tmp_path)
+    first = json.loads((folder / "manifest.json").read_text())
+    other = ["asimd", "asimdhp", "asimddp"]  # an Arm host's
+    assert first["host"].get("cpu_features") not in (None, other)
+    monkeypatch.setattr("edgex.host.cpu_features", lambda: other)
+    again = export_model("qwen3-tts", "cpu", out, **ARGS)
+    assert again["reused"] is False and again["export_key"]["sha256"] != first["export_key"]["sha256"]
+    (entry,) = again["artifacts"]
+    assert "reused" not in entry and entry["job_key"] != first["artifacts"][0]["job_key"]
+    assert entry["verdict"] == "pass" and entry["parity"]["seconds"] > 0, "parity ran again"
+    assert again["created"] != first["created"] or again["seconds"] != first["seconds"]
+    assert again["host"]["cpu_features"] == other and again["export_key"]["inputs"]["cpu_features"] == other
+
+
+def test_build_keys_follow_the_cpu_features_and_llama_cpps_cpu_backend(tmp_path, monkeypatch):
+    """Every build key changes with the host's CPU features; a GGUF artifact's also with the CPU
+    backend the llama.cpp build loaded (`Runtime.build_variant`), and no other artifact's."""
+    file = tmp_path / "b.toml"
+    file.write_text('[[entry]]\nmodel = "qwen3-tts"\ntargets = ["cpu", "llama-cpp"]\n')
+    jobs = load_plan(file).jobs
+    assert {j.exporter for j in jobs} >= {"gguf", "onnx"}
+    before = _keys(jobs, Cache(tmp_path / "cache"))
+    monkeypatch.setattr("edgex.host.cpu_features", lambda: ["avx2"])
+    features = _keys(jobs, Cache(tmp_path / "cache"))
+    assert all(features[j.id] != before[j.id] for j in jobs)
+    monkeypatch.undo()
+    monkeypatch.setattr("edgex.parity.runtimes.llamacpp._cpu_backend", lambda: "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 |")
+    backend = _keys(jobs, Cache(tmp_path / "cache"))
+    assert {j.id for j in jobs if backend[j.id] != before[j.id]} == {j.id for j in jobs if j.exporter == "gguf"}
 
 
 def test_the_cli_says_reused_in_one_line_and_exits_with_the_manifest_status(exported, tmp_path):

@@ -7,17 +7,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from noisy_scheme import NoisyScheme, noisy
-from edgex.component import Component, TensorSpec
+from edgex.component import LOGITS, Component, TensorSpec
 from edgex.exporters.base import StoredTensor
 from edgex.parity import metrics
 from edgex.parity.check import measure
 from edgex.parity.runtimes.base import Session
 from edgex.parity.scheme import measure_split
 from edgex.parity.tensors import row_snr_db, tensor_parity
+from edgex.render import gate as gate_text
+from edgex.status import status
 
 SHAPE = (4, 256)
 
@@ -56,7 +59,8 @@ def test_a_nan_in_one_output_of_one_sample_fails_with_that_reason():
     report = measure(_component(), _Run(nan_in_z_of_sample_2), "toy", "float32", 60.0)
     assert report.verdict == "fail" and report.min_snr_db == -math.inf
     assert report.failures[0] == "s2: z: 1 NaN / inf value(s) of 1024 where the reference is finite", report.failures
-    assert report.gate == {"figure": "end-to-end", "min_snr_db": -math.inf, "threshold_db": 60.0}
+    assert report.gate == {"figure": "end-to-end", "check": "non-finite", "value": 1, "limit": 0, "min_snr_db": -math.inf,
+                           "threshold_db": 60.0}
     assert measure(_component(), _Run(_faithful), "toy", "float32", 60.0).verdict == "pass"
 
 
@@ -150,4 +154,64 @@ def test_a_failed_reference_check_is_named_as_the_gate_that_decided():
     report = measure_split(component, session, "toy", "float32", 10.0, 12.0, scheme)
     assert report.scheme["verdict"] == "pass" and report.lowering["verdict"] == "pass"
     assert report.verdict == "fail" and report.failures == [f"reference: {scheme.failures[0]}"], report.failures
-    assert report.gate == {"figure": "fp32 graph", "min_snr_db": 15.9, "threshold_db": 60.0}, report.gate
+    assert report.gate == {"figure": "fp32 graph", "check": "SNR", "value": 15.9, "limit": 60.0, "min_snr_db": 15.9,
+                           "threshold_db": 60.0}, report.gate
+
+
+def _flipped_logits():
+    """Logits whose top-1 the artifact moves to the runner-up, far beyond the tie margin, with
+    an SNR that passes every gate: a scheme reference equal to eager, so the end-to-end and
+    lowering figures hold the same flip."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, 64, generator=gen)
+    logits[0, 0], logits[0, 1] = 4.0, 3.0
+    out = logits.clone()
+    out[0, 1] = 4.1
+    component = Component("prefill", "llm", nn.Identity(), [TensorSpec("x", (1, 1), "float32")],
+                          [TensorSpec("logits", (1, 64), "float32", LOGITS)], lambda x: (logits.clone(),), {"s": (torch.zeros(1, 1),)})
+
+    class Eager:
+        label = "eager"
+
+        def __call__(self, inputs, forced=None):
+            return (logits.clone(),)
+
+        def to_json(self):
+            return {"source": self.label}
+
+    return component, Eager(), _Run(lambda _call, inputs: [out.numpy()])
+
+
+def test_a_token_flip_that_failed_an_entry_is_its_deciding_gate_not_a_passing_snr():
+    """The artifact flips the top-1 token beyond the tie margin, end to end and against its scheme
+    reference, while every SNR passes (about 19 dB against 10 and 12). The check that failed it, the
+    end-to-end token flip and its size in tie margins, decides; not the lowering SNR, which passed
+    closest to its gate."""
+    component, scheme, session = _flipped_logits()
+    report = measure_split(component, session, "toy", "float32", 10.0, 12.0, scheme)
+    assert report.verdict == "fail" and report.failures[0].startswith("end-to-end: s: logits position 0"), report.failures
+    assert report.min_snr_db > 15.0 and report.lowering["min_snr_db"] > 15.0
+    gate = report.gate
+    assert (gate["figure"], gate["check"], gate["limit"]) == ("end-to-end", "token flip", 1.0), gate
+    (flip, *_) = [d for d in report.divergences if not d["tie"]]
+    assert gate["value"] == pytest.approx(flip["margin"] / flip["tie_margin"]) and gate["value"] > 1.0
+    assert gate_text({"parity": report.to_json()}).startswith("e2e token flip ")
+
+
+def test_a_failed_stored_tensor_check_is_the_entry_gate_where_the_parity_run_passed():
+    from edgex.parity.check import entry_gate
+
+    parity = {"verdict": "pass", "gate": {"figure": "lowering", "check": "SNR", "value": 40.0, "limit": 30.0,
+                                          "min_snr_db": 40.0, "threshold_db": 30.0}}
+    tensors = {"verdict": "fail", "min_snr_db": 12.0, "threshold_db": 30.0, "failure": "stored tensor t (row 3) ..."}
+    assert entry_gate(parity, tensors)["figure"] == "stored tensors" and entry_gate(parity, tensors)["value"] == 12.0
+    quantized = {"verdict": "fail", "min_agreement_db": 3.0, "threshold_db": 40.0, "failures": ["w: ..."]}
+    assert entry_gate(parity, None, quantized)["figure"] == "stored quantized tensors"
+    assert entry_gate(parity, {"verdict": "pass"}, {"verdict": "pass"}) == parity["gate"], "a pass: the thinnest margin"
+    failed = {"verdict": "fail", "gate": {**parity["gate"], "figure": "end-to-end", "check": "token flip"}}
+    assert entry_gate(failed, tensors) == failed["gate"], "the parity run's failure comes first"
+
+
+def test_an_empty_set_of_entries_is_never_a_pass():
+    assert status([]) == "incomplete" and status([], ["sidecar"]) == "incomplete"
+    assert status([{"verdict": "pass", "component": "c", "format": "onnx", "precision": "fp32"}]) == "pass"

@@ -23,6 +23,7 @@ from edgex.recipes.minicpm_o.stepaudio2_import import stepaudio2_modules
 RATE = 24000
 GATE_DB = 60.0  # fp32, the precision HiFT is placed in
 ROTATED_GATE_DB = 20.0
+WAVEFORM_CORRELATION = 0.5  # `edgex.parity.gates.WAVEFORM_CORRELATION` (a test checks they agree)
 
 
 def _voice(phase: np.ndarray, offsets=None, harmonics: int = 8) -> np.ndarray:
@@ -179,18 +180,23 @@ def test_b_hift_with_a_broken_f0_predictor_fails_on_the_spectral_figure(vocoder,
         assert report.failures[0].startswith("min SNR / spectral figure")
 
 
-def _turned(signal):
-    """Every frequency's phase turned by 90 degrees (a Hilbert rotation): the same magnitude
-    spectrum, a waveform SNR near -3 dB."""
-    return torch.fft.irfft(torch.fft.rfft(signal.double()) * 1j, signal.shape[-1]).float()
+def _turned(signal, degrees):
+    """Every frequency's phase turned by `degrees` (90: a Hilbert rotation; 180: the waveform
+    negated): the same magnitude spectrum, a waveform correlating at cos(degrees) with the original."""
+    turn = np.exp(1j * np.deg2rad(degrees))
+    return torch.fft.irfft(torch.fft.rfft(signal.double()) * complex(turn), signal.shape[-1]).float()
 
 
 class _Rotated(hift_graphs.HiFT):
-    """HiFT whose wav is turned by 90 degrees in phase."""
+    """HiFT whose wav is turned in phase by `degrees`."""
+
+    def __init__(self, hift, frames, degrees):
+        super().__init__(hift, frames)
+        self.degrees = degrees
 
     def forward(self, *inputs):
         wav, source = super().forward(*inputs)
-        return _turned(wav), source
+        return _turned(wav, self.degrees), source
 
 
 class _SourceChanged(hift_graphs.HiFT):
@@ -210,13 +216,34 @@ class _SourceChanged(hift_graphs.HiFT):
 
 
 def test_b_the_spectral_figure_decides_a_declared_output_and_the_snr_is_recorded(vocoder, tmp_path):
+    """A wav turned by 45 degrees in phase: its waveform SNR (2.3 dB) fails a 20 dB gate, its
+    spectral figure passes it, and its correlation with the reference (0.71) passes the floor."""
     hift, component = vocoder
-    files = _artifact(component, _Rotated(hift, FRAMES), tmp_path / "rotated.npz")
+    files = _artifact(component, _Rotated(hift, FRAMES, 45), tmp_path / "rotated.npz")
     report = measure(component, files, "stored", "float32", ROTATED_GATE_DB)
     assert report.verdict == "pass", report.failures
-    assert report.min_waveform_snr_db < 0.0 <= ROTATED_GATE_DB <= min(s["wav"]["spectral_db"] for s in report.samples.values())
+    assert report.min_waveform_snr_db < 5.0 < ROTATED_GATE_DB <= min(s["wav"]["spectral_db"] for s in report.samples.values())
+    assert WAVEFORM_CORRELATION < report.min_waveform_correlation < 0.75
     undeclared = measure(dataclasses.replace(component, spectral=()), files, "stored", "float32", ROTATED_GATE_DB)
     assert undeclared.verdict == "fail" and undeclared.min_waveform_snr_db is None
+
+
+@pytest.mark.parametrize("degrees", [90, 180])
+def test_b_a_negated_or_quarter_turned_wav_fails_on_its_correlation_where_its_spectrum_passes(vocoder, tmp_path, degrees):
+    """The spectrum cannot see a sign flip or a quarter-period turn; the waveform's correlation with
+    the reference (0 and -1) fails them, and that check is named as the one that decided."""
+    from edgex.parity.gates import WAVEFORM_CORRELATION as floor
+
+    assert floor == WAVEFORM_CORRELATION
+    hift, component = vocoder
+    files = _artifact(component, _Rotated(hift, FRAMES, degrees), tmp_path / f"turned{degrees}.npz")
+    report = measure(component, files, "stored", "float32", ROTATED_GATE_DB)
+    assert min(s["wav"]["spectral_db"] for s in report.samples.values()) >= ROTATED_GATE_DB
+    assert report.verdict == "fail" and report.failures == [
+        f"waveform correlation {report.min_waveform_correlation:.3f} with the reference below the {WAVEFORM_CORRELATION:g} "
+        "floor (a sign flip or a shifted waveform)"]
+    assert report.min_waveform_correlation == pytest.approx(np.cos(np.deg2rad(degrees)), abs=0.02)
+    assert (report.gate["check"], report.gate["value"]) == ("waveform correlation", report.min_waveform_correlation)
 
 
 def test_b_the_source_output_is_judged_by_its_spectrogram(vocoder, tmp_path):

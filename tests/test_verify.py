@@ -186,3 +186,52 @@ def test_verify_and_pipeline_refuse_a_checkpoint_that_is_not_the_one_exported(tm
         verify_directory(folder)
     with pytest.raises(EdgexError, match="is not the one exported"):
         run_pipeline([folder])
+
+
+@pytest.fixture(scope="module")
+def latent2wav_onnx():
+    """Qwen3-TTS's latent2wav (the streaming decoder's vocoder half) as ONNX fp32, exported once for
+    every worker; it passed its gates (exit 0)."""
+
+    def make(out):
+        proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "-c", "latent2wav", "-f", "onnx", "-p", "fp32",
+                       "--out", str(out), "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once("latent2wav-onnx", make) / "qwen3-tts" / "cpu"
+
+
+def test_verify_fails_a_negated_waveform_its_spectral_figure_cannot_see(latent2wav_onnx, tmp_path):
+    """latent2wav's `wav` output multiplied by -1 inside the ONNX graph, the manifest's hashes
+    rewritten: the spectral figure (blind to phase by design) still reads it as identical, the
+    waveform's correlation with the reference (-1) fails it. The faithful export passed."""
+    import onnx
+    from onnx import helper
+
+    faithful = json.loads((latent2wav_onnx / "manifest.json").read_text())["artifacts"][0]
+    assert faithful["verdict"] == "pass", faithful["parity"]["failures"]
+    root = tmp_path / "cpu"
+    shutil.copytree(latent2wav_onnx, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    (entry,) = manifest["artifacts"]
+    path = root / entry["files"][0]["path"]
+    model = onnx.load(str(path))
+    (wav,) = [o for o in model.graph.output if o.name == "wav"]
+    for node in model.graph.node:
+        node.output[:] = ["wav_unnegated" if o == "wav" else o for o in node.output]
+    model.graph.node.append(helper.make_node("Neg", ["wav_unnegated"], ["wav"], name="negate_wav"))
+    data = [r["path"] for r in entry["files"] if r["path"] != entry["files"][0]["path"]]
+    onnx.save(model, str(path), save_as_external_data=bool(data), all_tensors_to_one_file=True,
+              location=data[0].split("/")[-1] if data else None)
+    entry["files"] = [record for r in entry["files"] for record in file_records(root / r["path"], root)]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+    proc = run_cli("verify", str(root), "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["artifacts"]
+    assert row["files"] == "ok" and row["method"] == "runtime", row
+    assert row["min_snr_db"] >= row["threshold_db"], "the spectral figure passes a negated waveform"
+    assert row["min_waveform_correlation"] == pytest.approx(-1.0, abs=1e-3) and row["min_waveform_snr_db"] < -5.0, row
+    assert row["verdict"] == "fail" and "waveform correlation -1.000" in row["problem"], row
+    assert (row["gate"]["figure"], row["gate"]["check"]) == ("end-to-end", "waveform correlation"), row["gate"]
+    assert faithful["parity"]["min_waveform_correlation"] > 0.99, faithful["parity"]

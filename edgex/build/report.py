@@ -1,10 +1,18 @@
 """What CI reads from a build: JUnit XML (one test case per artifact), a JSON summary and a
-Markdown summary for the job page (`$GITHUB_STEP_SUMMARY`)."""
+Markdown summary for the job page (`$GITHUB_STEP_SUMMARY`).
+
+Every one of them carries an artifact's verdict as the manifest does, "pass (coarse)" included (a
+scheme its recipe declares too coarse for the component, built on request: `edgex.status`): JUnit
+has no outcome of its own for it, so its test case passes with a `verdict` property and a
+`coarse_scheme` property giving the reason, and its output line starts with the verdict."""
 
 from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+
+from ..render import gate as gate_text
+from ..status import COARSE_PASS, VERDICTS
 
 def _db(value) -> str:
     if value is None:
@@ -37,7 +45,19 @@ def failure_text(artifact: dict) -> tuple[str, str]:
     if device.get("verdict") == "fail":
         lines.append(f"on device: {_db(device.get('min_snr_db'))} dB (required {_db(gate)} dB)")
     message = f"min SNR {_db(parity.get('min_snr_db'))} dB, required {_db(gate)} dB ({parity.get('method', '-')})"
+    deciding = artifact.get("gate") or parity.get("gate") or {}
+    if artifact.get("verdict") == "fail" and (deciding.get("figure"), deciding.get("check")) not in ((None, None), ("end-to-end", "SNR")):
+        message = f"{gate_text(artifact)}: {_first_reason(artifact)} ({parity.get('method', '-')})"
     return message, "\n".join(lines)
+
+
+def _first_reason(artifact: dict) -> str:
+    """The first recorded reason an artifact failed, in the order of its blocks (its parity run, its
+    stored tensors, its stored quantized tensors, its device run)."""
+    reasons = [*(artifact.get("parity") or {}).get("failures", [])[:1], (artifact.get("tensor_parity") or {}).get("failure"),
+               *(artifact.get("quantized_parity") or {}).get("failures", [])[:1],
+               *(artifact.get("device_parity") or {}).get("failures", [])[:1]]
+    return next((r for r in reasons if r), "no reason recorded")
 
 
 def junit_xml(summary: dict, artifacts: list[dict]) -> bytes:
@@ -55,6 +75,10 @@ def junit_xml(summary: dict, artifacts: list[dict]) -> bytes:
         for key in ("key", "reused", "export_seconds"):
             ET.SubElement(props, "property", name=key, value=str(a["build"][key]))
         ET.SubElement(props, "property", name="method", value=str(a.get("parity", {}).get("method", "-")))
+        ET.SubElement(props, "property", name="verdict", value=a["verdict"])
+        ET.SubElement(props, "property", name="gate", value=gate_text(a))
+        if a.get("coarse_scheme"):
+            ET.SubElement(props, "property", name="coarse_scheme", value=a["coarse_scheme"])
         verdict = a["verdict"]
         if verdict == "fail":
             message, detail = failure_text(a)
@@ -64,7 +88,9 @@ def junit_xml(summary: dict, artifacts: list[dict]) -> bytes:
         elif verdict == "unverified":
             ET.SubElement(case, "skipped", message=f"unverified: {a.get('parity', {}).get('reason') or 'no runtime ran it'}")
         message, _ = failure_text(a)
-        ET.SubElement(case, "system-out").text = f"{message}; {'reused' if a['build']['reused'] else 'exported'}, key {a['build']['key']}"
+        ET.SubElement(case, "system-out").text = (f"{verdict}: {message}; {'reused' if a['build']['reused'] else 'exported'}, "
+                                                  f"key {a['build']['key']}"
+                                                  + (f"; coarse scheme: {a['coarse_scheme']}" if a.get("coarse_scheme") else ""))
     for suite in suites.values():
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))
@@ -80,34 +106,40 @@ def junit_xml(summary: dict, artifacts: list[dict]) -> bytes:
 def summary_json(build: dict, artifacts: list[dict]) -> dict:
     rows = [{
         "id": a["id"], "verdict": a["verdict"], "min_snr_db": a.get("parity", {}).get("min_snr_db"),
-        "gate_db": a.get("parity", {}).get("threshold_db"), "method": a.get("parity", {}).get("method"),
+        "gate_db": a.get("parity", {}).get("threshold_db"), "gate": gate_text(a), "method": a.get("parity", {}).get("method"),
         "reused": a["build"]["reused"], "seconds": a["build"]["seconds"],
         "bytes": sum(f["bytes"] for f in a.get("files", [])), "reproducible": a["build"].get("reproducible"),
         **({"error": a["error"]} if "error" in a else {}),
+        **({"coarse_scheme": a["coarse_scheme"]} if a.get("coarse_scheme") else {}),
     } for a in artifacts]
-    counts = {v: sum(1 for a in artifacts if a["verdict"] == v) for v in ("pass", "fail", "error", "unverified")}
+    counts = {v: sum(1 for a in artifacts if a["verdict"] == v) for v in VERDICTS}
     return {"status": build["status"], "seconds": build["seconds"], "jobs": build["jobs"],
             "artifacts": len(artifacts), "counts": counts,
             "reused": sum(1 for a in artifacts if a["build"]["reused"]), "artifact_rows": rows}
 
 
 def summary_markdown(summary: dict) -> str:
-    icon = {"pass": "✅", "fail": "❌", "error": "💥", "unverified": "⚠️"}
-    c = summary["counts"]
+    icon = {"pass": "✅", COARSE_PASS: "🔶", "fail": "❌", "error": "💥", "unverified": "⚠️"}
+    c = {v: summary["counts"].get(v, 0) for v in VERDICTS}
     lines = [
         f"## edgex build: {summary['status'].upper()}",
         "",
         f"{summary['artifacts']} artifacts from {summary['jobs']} jobs in {summary['seconds']:.0f} s: "
-        f"{c['pass']} pass, {c['fail']} fail, {c['error']} error, {c['unverified']} unverified; "
+        f"{c['pass']} pass, {c[COARSE_PASS]} pass (coarse), {c['fail']} fail, {c['error']} error, {c['unverified']} unverified; "
         f"{summary['reused']} reused from the cache.",
         "",
-        "| artifact | verdict | min SNR dB | gate dB | method | reused | s |",
+        "| artifact | verdict | min SNR dB | gate | method | reused | s |",
         "|---|---|---:|---:|---|---|---:|",
     ]
-    order = {"fail": 0, "error": 1, "unverified": 2, "pass": 3}
-    for r in sorted(summary["artifact_rows"], key=lambda r: (order.get(r["verdict"], 4), r["id"])):
-        lines.append(f"| `{r['id']}` | {icon.get(r['verdict'], '')} {r['verdict']} | {_db(r['min_snr_db'])} | {_db(r['gate_db'])} | "
+    order = {"fail": 0, "error": 1, "unverified": 2, COARSE_PASS: 3, "pass": 4}
+    for r in sorted(summary["artifact_rows"], key=lambda r: (order.get(r["verdict"], 5), r["id"])):
+        gate = r.get("gate") or _db(r["gate_db"])
+        lines.append(f"| `{r['id']}` | {icon.get(r['verdict'], '')} {r['verdict']} | {_db(r['min_snr_db'])} | {gate} | "
                      f"{r['method'] or '-'} | {'yes' if r['reused'] else 'no'} | {r['seconds']:.1f} |")
+    coarse = [r for r in summary["artifact_rows"] if r["verdict"] == COARSE_PASS]
+    if coarse:
+        lines += ["", "Passed at a scheme the recipe declares too coarse (built on request):", ""]
+        lines += [f"- `{r['id']}`: {r.get('coarse_scheme', '')}" for r in coarse]
     errors = [r for r in summary["artifact_rows"] if r.get("error")]
     if errors:
         lines += ["", "Errors:", ""] + [f"- `{r['id']}`: {r['error']}" for r in errors]

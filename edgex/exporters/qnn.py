@@ -103,7 +103,7 @@ class QnnExporter(Exporter):
         scheme = qdq_stored_scheme(component, model, onnx.load(str(float_graph)), called_modules(component))
         float_report = _float_graph_parity(component, float_graph)
         scheme.details = {"graph_sha256": digest, "quantization": details,
-                          "float_graph": {k: float_report[k] for k in ("min_snr_db", "threshold_db", "verdict")}}
+                          "float_graph": {k: float_report[k] for k in ("min_snr_db", "threshold_db", "verdict", "gate")}}
         scheme.failures = [f"the fp32 graph the QDQ graph was made from: {f}" for f in float_report["failures"]]
         return build(component, scheme)
 
@@ -263,4 +263,4 @@ def _float_graph_parity(component: Component, graph: Path) -> dict:
     runtime = RUNTIMES.get("onnxruntime")
     report = measure(component, runtime.load([graph]), runtime.name, "float32", DEFAULT_DB["fp32"])
     return {"min_snr_db": report.min_snr_db, "threshold_db": report.threshold_db, "verdict": report.verdict,
-            "failures": report.failures}
+            "failures": report.failures, "gate": report.gate}

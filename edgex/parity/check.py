@@ -12,7 +12,9 @@ model) for other figures. Every output is scored over every step:
 - State outputs a component declares in `written` are scored on the entries the call writes; the
   copied rest is a separate figure (`copied_snr_db`), so copies cannot inflate the written SNR.
 - Waveform outputs a component declares `spectral` (their phase is free) are gated by their
-  phase-insensitive spectral figure (`metrics.spectral_db`); their SNR is recorded beside it.
+  phase-insensitive spectral figure (`metrics.spectral_db`), which a sign flip or a shift leaves
+  as it is, and by their correlation with the reference (`metrics.cosine`, at least
+  `gates.WAVEFORM_CORRELATION`), which those fail; their SNR is recorded beside them.
 - Action outputs a component declares in `actions` (a policy's unnormalized actions) are also
   scored by their action error (`metrics.action_error`: per dimension, RMS over the chunk, in units
   of that dimension's spread), gated at `gates.ACTION_ERROR`: an SNR over the chunk weighs the
@@ -34,7 +36,7 @@ import torch
 from ..component import LOGITS, TOKENS, Component, Inputs, TensorSpec
 from ..artifacts.files import strict_json
 from . import metrics
-from .gates import ACTION_ERROR, tie_db
+from .gates import ACTION_ERROR, WAVEFORM_CORRELATION, tie_db
 from .runtimes.base import Session
 
 Reference = Callable[[Inputs, dict[str, torch.Tensor] | None], Inputs]
@@ -49,6 +51,7 @@ class ParityReport:
     threshold_db: float | None = None
     min_snr_db: float | None = None  # the lowest gated figure: SNR, or the spectral figure of `spectral` outputs
     min_waveform_snr_db: float | None = None  # `spectral` outputs: their lowest SNR (recorded, not deciding)
+    min_waveform_correlation: float | None = None  # `spectral` outputs: their lowest correlation with the reference (gated)
     min_token_agreement: float | None = None
     min_top1_agreement: float | None = None  # logits outputs: the lowest top-1 agreement (reported, judged by the tie rule)
     max_action_error: float | None = None  # `actions` outputs: the worst dimension's error, in units of its spread
@@ -63,7 +66,8 @@ class ParityReport:
     # and the artifact vs the scheme reference, each with its own gate; None for float schemes.
     scheme: dict | None = None
     lowering: dict | None = None
-    # The gate that decided the verdict (`deciding_gate`): {"figure", "min_snr_db", "threshold_db"}.
+    # The check that decided the verdict (`deciding_gate`): {"figure", "check", "value", "limit",
+    # "min_snr_db", "threshold_db"}.
     gate: dict | None = None
     # fp16 artifacts on a runtime that accumulates in fp16 (`edgex.parity.half_arithmetic`): the
     # component's floor there and the gates it set; None elsewhere.
@@ -77,19 +81,64 @@ class ParityReport:
 
 END_TO_END = "end-to-end"  # the artifact vs fp32 eager: the figure a user of the artifact gets
 
+# The checks a figure is judged by, in the order one decides a failure within a figure: a NaN / inf,
+# the SNR (or spectral figure) against the gate, a flip beyond the tie margin (value: the worst
+# flip's reference margin in tie margins), the action error, the waveform correlation, and nothing
+# scored at all (no figure).
+NONFINITE, SNR, TOKEN_FLIP, ACTION, CORRELATION, NOTHING = (
+    "non-finite", "SNR", "token flip", "action error", "waveform correlation", "nothing scored")
 
-def deciding_gate(figures: dict[str, tuple[float | None, float, bool]]) -> dict:
-    """The gate that decided a verdict, from `{figure: (min SNR, gate, failed)}` in report order:
-    of the failed figures (all of them when none failed), the one with the least margin over its
-    gate (no figure, NaN: -inf), the first on a tie. A pass names the gate it passed closest to."""
-    failed = {k: v for k, v in figures.items() if v[2]} or figures
 
-    def margin(item):
-        snr, gate, _ = item[1]
-        return -math.inf if snr is None or math.isnan(snr) else snr - gate
+def check(figure: str, name: str, value, limit, min_snr_db=None, threshold_db=None) -> dict:
+    """One check of a figure as the manifest records a deciding gate: what was compared with what,
+    its value and its limit, and the figure's SNR and gate beside them."""
+    return {"figure": figure, "check": name, "value": value, "limit": limit, "min_snr_db": min_snr_db,
+            "threshold_db": threshold_db}
 
-    name, (snr, gate, _) = min(failed.items(), key=margin)
-    return {"figure": name, "min_snr_db": snr, "threshold_db": gate}
+
+def _db_margin(gate: dict) -> float:
+    snr, limit = gate["min_snr_db"], gate["threshold_db"]
+    if snr is None or limit is None or math.isnan(snr) or math.isnan(limit):
+        return -math.inf
+    return snr - limit
+
+
+def deciding_gate(figures: dict[str, tuple[dict, bool]]) -> dict:
+    """The check that decided a verdict, from `{figure: (its deciding check, failed)}` in report
+    order. Of failed figures: a NaN / inf first, then an SNR under its gate by the least margin
+    (the one furthest under), then any other failed check in report order (a token flip, an action
+    error, a waveform correlation, a reference's own check). A pass names the figure whose SNR it
+    passed closest to its gate."""
+    failed = [(name, gate) for name, (gate, bad) in figures.items() if bad]
+    if failed:
+        def rank(item):
+            gate = item[1]
+            return (0, 0.0) if gate["check"] == NONFINITE else (1, _db_margin(gate)) if gate["check"] == SNR else (2, 0.0)
+
+        name, gate = min(failed, key=rank)
+    else:
+        name, gate = min(((name, gate) for name, (gate, _) in figures.items()), key=lambda item: _db_margin(item[1]))
+    return {**gate, "figure": name}
+
+
+def entry_gate(parity: dict | None, tensors: dict | None = None, quantized: dict | None = None,
+               device: dict | None = None) -> dict | None:
+    """An entry's deciding check, from its blocks (the manifest's `parity`, `tensor_parity`,
+    `quantized_parity`, `device_parity`): the parity run's when it failed; else the first of the
+    stored-tensor checks and the device run that failed; else the parity run's (its thinnest margin)."""
+    gate = (parity or {}).get("gate")
+    if (parity or {}).get("verdict") == "fail":
+        return gate
+    if (tensors or {}).get("verdict") == "fail":
+        return check("stored tensors", SNR, tensors.get("min_snr_db"), tensors.get("threshold_db"),
+                     tensors.get("min_snr_db"), tensors.get("threshold_db"))
+    if (quantized or {}).get("verdict") == "fail":
+        return check("stored quantized tensors", "agreement", quantized.get("min_agreement_db"), quantized.get("threshold_db"),
+                     quantized.get("min_agreement_db"), quantized.get("threshold_db"))
+    if (device or {}).get("verdict") == "fail":
+        return {**(device.get("gate") or check("device", SNR, device.get("min_snr_db"), device.get("threshold_db"),
+                                                device.get("min_snr_db"), device.get("threshold_db"))), "figure": "device"}
+    return gate
 
 
 def to_numpy(inputs, float_dtype: str) -> list[np.ndarray]:
@@ -262,7 +311,7 @@ def measure(
     start = time.perf_counter()
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
-    snrs, waveform, agreements, top1, actions, failures, nonfinite = [], [], [], [], [], [], []
+    snrs, waveform, correlations, agreements, top1, actions, failures, nonfinite = [], [], [], [], [], [], [], []
     for sample, inputs in component.samples.items():
         result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db,
                               tie_level_db)
@@ -272,26 +321,45 @@ def measure(
         nonfinite += [f"{sample}: {f}" for f in result.nonfinite]
         snrs += [f for s in result.scores.values() for f in gated_figures(s)]
         waveform += [s["snr_db"] for s in result.scores.values() if "spectral_db" in s]
+        correlations += [s["cosine"] for s in result.scores.values() if "spectral_db" in s]
         agreements += [s["agreement"] for s in result.scores.values() if "agreement" in s]
         top1 += [s["top1_agreement"] for s in result.scores.values() if "top1_agreement" in s]
         actions += [s["action_error"] for s in result.scores.values() if "action_error" in s]
     report.min_snr_db = metrics.lowest(snrs)
     report.min_waveform_snr_db = metrics.lowest(waveform)
+    report.min_waveform_correlation = metrics.lowest(correlations)
     report.min_token_agreement = min(agreements) if agreements else None
     report.min_top1_agreement = min(top1) if top1 else None
     report.max_action_error = max(actions) if actions else None
+    nothing = not component.samples or (not snrs and not agreements)
     if not component.samples:
         failures.append(f"{component.name} has no samples: nothing was run")
     elif not snrs and not agreements:
         failures.append(f"{component.name}: no output was scored")
-    if report.min_snr_db is not None and not report.min_snr_db >= threshold_db:
+    low_snr = report.min_snr_db is not None and not report.min_snr_db >= threshold_db
+    if low_snr:
         figure = "min SNR / spectral figure" if component.spectral else "min SNR"
         failures.insert(0, f"{figure} {report.min_snr_db:.1f} dB below the {threshold_db:.1f} dB gate")
-    if actions and not report.max_action_error <= ACTION_ERROR:
+    low_action = bool(actions) and not report.max_action_error <= ACTION_ERROR
+    if low_action:
         failures.append(f"action error {report.max_action_error:.3g} of a dimension's spread above the {ACTION_ERROR:g} gate")
+    low_correlation = bool(correlations) and not report.min_waveform_correlation >= WAVEFORM_CORRELATION
+    if low_correlation:
+        failures.append(f"waveform correlation {report.min_waveform_correlation:.3f} with the reference below the "
+                        f"{WAVEFORM_CORRELATION:g} floor (a sign flip or a shifted waveform)")
     report.nonfinite = nonfinite
     report.failures = nonfinite + failures  # a NaN / inf is the reason, the -inf figure its consequence
     report.verdict = "fail" if report.failures else "pass"
-    report.gate = deciding_gate({END_TO_END: (report.min_snr_db, threshold_db, bool(report.failures))})
+    bad_flips = [d for d in report.divergences if not d["tie"]]
+    worst_flip = max((d["margin"] / d["tie_margin"] if d["tie_margin"] > 0 else math.inf for d in bad_flips), default=None)
+    figures = (report.min_snr_db, threshold_db)
+    checks = [(bool(nonfinite), check(END_TO_END, NONFINITE, len(nonfinite), 0, *figures)),
+              (low_snr, check(END_TO_END, SNR, report.min_snr_db, threshold_db, *figures)),
+              (bool(bad_flips), check(END_TO_END, TOKEN_FLIP, worst_flip, 1.0, *figures)),
+              (low_action, check(END_TO_END, ACTION, report.max_action_error, ACTION_ERROR, *figures)),
+              (low_correlation, check(END_TO_END, CORRELATION, report.min_waveform_correlation, WAVEFORM_CORRELATION, *figures)),
+              (nothing, check(END_TO_END, NOTHING, None, None, *figures))]
+    fallback = check(END_TO_END, "failed", None, None, *figures) if report.failures else checks[1][1]
+    report.gate = next((gate for bad, gate in checks if bad), fallback)
     report.seconds = time.perf_counter() - start
     return report

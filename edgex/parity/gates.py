@@ -111,6 +111,17 @@ TIE_DB = 30.0
 # its SNRs (18.8 dB end to end and lowering) pass the 10 / 12 dB gates: only this figure fails it.
 ACTION_ERROR = 0.25
 
+# The lowest correlation (`metrics.cosine`) a waveform output gated by its spectral figure
+# (`Component.spectral`) may have with its reference, at every precision. The spectral figure is
+# blind to phase by design, so it scores a negated waveform, or one turned or shifted by part of a
+# period, as (nearly) identical; a sign flip in a graph is a graph bug, whatever the ear says. A
+# negated waveform correlates at -1, a quarter-period turn near 0, a 60 degree turn at 0.5 (0 dB
+# waveform SNR); additive noise that passes the spectral gate stays above 0.7 (0 dB SNR: 0.71).
+# Faithful vocoders, tiny presets: MiniCPM-o HiFT fp32 1 - 5.5e-8 at worst, Qwen3-TTS decoders fp16
+# 1 - 3.1e-6, Core ML w4 (placed by default on `apple`, 6.0 dB waveform SNR) 0.878 at worst
+# (docs/parity.md, "Waveforms correlated with the reference").
+WAVEFORM_CORRELATION = 0.5
+
 
 def tie_db(gate_db: float) -> float:
     """The level whose tie margin judges a flip under a gate: the gate where it is stricter than

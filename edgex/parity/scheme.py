@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..component import Component
-from .check import END_TO_END, ParityReport, deciding_gate, measure
+from .check import END_TO_END, SNR, ParityReport, check, deciding_gate, measure
 from .gates import end_to_end_tie_db
 from .runtimes.base import Session
 
@@ -386,18 +386,20 @@ class _Eager(Session):
         return [t.detach().cpu().numpy() for t in outputs]
 
 
-_FIGURES = ("threshold_db", "min_snr_db", "min_waveform_snr_db", "min_token_agreement", "min_top1_agreement", "max_action_error", "samples", "divergences", "failures", "verdict")
+_FIGURES = ("threshold_db", "min_snr_db", "min_waveform_snr_db", "min_waveform_correlation", "min_token_agreement",
+            "min_top1_agreement", "max_action_error", "samples", "divergences", "failures", "verdict", "gate")
 
 
 REFERENCE_CHECK = "fp32 graph"  # the figure a scheme reference's own check failed on
 
 
-def _reference_check(reference: Reference) -> tuple[float | None, float, bool]:
-    """A failed check of the scheme reference itself, as a deciding figure: the fp32 graph a QDQ
-    graph was quantized from, run against eager (`details["float_graph"]`); no figure where the
-    reference records none, so it decides as a failure without a margin."""
+def _reference_check(reference: Reference) -> dict:
+    """A failed check of the scheme reference itself, as a deciding check: the fp32 graph a QDQ
+    graph was quantized from, run against eager (`details["float_graph"]`, with the check that
+    decided it where recorded); without figures it decides as a failure without a margin."""
     graph = reference.to_json().get("float_graph") or {}
-    return graph.get("min_snr_db"), graph.get("threshold_db", math.nan), True
+    snr, limit = graph.get("min_snr_db"), graph.get("threshold_db", math.nan)
+    return {**(graph.get("gate") or check(REFERENCE_CHECK, SNR, snr, limit, snr, limit)), "figure": REFERENCE_CHECK}
 
 
 def measure_split(component: Component, session: Session, runtime: str, float_dtype: str, scheme_db: float,
@@ -427,15 +429,15 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     lowering = measure(component, recorded.replay(), runtime, float_dtype, lowering_db, method, simulator,
                        reference=reference)
     scheme = measure(component, _Eager(reference), "eager", "float32", scheme_db, "eager")
+    scheme.gate["figure"], lowering.gate["figure"] = "scheme", "lowering"
     report.scheme = {"reference": reference.label, **reference.to_json(),
                      **{k: getattr(scheme, k) for k in _FIGURES}}
     report.lowering = {"reference": f"scheme reference ({reference.label})", **{k: getattr(lowering, k) for k in _FIGURES}}
     end_to_end = report.failures
     policy = [f"{END_TO_END}: {f}" for f in end_to_end] + [f"scheme: {f}" for f in scheme.failures]
     report.failures = policy + [f"lowering: {f}" for f in lowering.failures]
-    figures = {END_TO_END: (report.min_snr_db, scheme_db, bool(end_to_end)),
-               "scheme": (scheme.min_snr_db, scheme_db, bool(scheme.failures)),
-               "lowering": (lowering.min_snr_db, lowering_db, bool(lowering.failures))}
+    figures = {END_TO_END: (report.gate, bool(end_to_end)), "scheme": (scheme.gate, bool(scheme.failures)),
+               "lowering": (lowering.gate, bool(lowering.failures))}
     if accepted:
         kept = {f"{END_TO_END}: {f}" for f in report.nonfinite} | {f"scheme: {f}" for f in scheme.nonfinite}
         report.waived = [f for f in policy if f not in kept]
@@ -444,7 +446,7 @@ def measure_split(component: Component, session: Session, runtime: str, float_dt
     reference_failures = getattr(reference, "failures", [])
     report.failures += [f"reference: {f}" for f in reference_failures]
     if reference_failures:
-        figures[REFERENCE_CHECK] = _reference_check(reference)
+        figures[REFERENCE_CHECK] = (_reference_check(reference), True)
     report.verdict = "fail" if report.failures else "pass"
     report.gate = deciding_gate(figures)
     report.seconds += scheme.seconds

@@ -1,7 +1,8 @@
 """The sweep's picture: per component, dB against fp32 eager over artifact size, every point shown.
 
-Passing points are filled, failed ones a red cross with the scheme named; the Pareto front of the
-passing points is a line; each precision's gate is a dashed line in its colour. matplotlib is
+Passing points are filled, those at a scheme the recipe declares too coarse (verdict "pass
+(coarse)") hollow and labelled so, failed ones a red cross with the scheme named; the Pareto front
+of the candidate points is a line; each precision's gate is a dashed line in its colour. matplotlib is
 imported here only (the Agg backend: no display needed)."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+from ..status import COARSE_PASS
 
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 
@@ -50,6 +53,9 @@ def plot(path: Path, title: str, rows: list[dict], fronts: dict[str, list[int]])
             label = scheme + (f" cal {r['calibration']}" if r["explicit_calibration"] else "")
             if r["verdict"] == "pass":
                 ax.scatter(x, y, s=60, color=colour[scheme], edgecolor="black", zorder=3)
+            elif r["verdict"] == COARSE_PASS:
+                ax.scatter(x, y, s=60, facecolors="none", edgecolors=colour[scheme], linewidths=2, zorder=3)
+                label += " (pass, coarse)"
             else:
                 ax.scatter(x, y, s=80, color="red", marker="x", linewidths=2.5, zorder=3)
                 label += f" ({r['verdict']})"
@@ -76,10 +82,13 @@ def plot(path: Path, title: str, rows: list[dict], fronts: dict[str, list[int]])
         ax.axis("off")
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="", color=colour[s], markeredgecolor="black", label=f"{s} (pass)")
-               for s in schemes]
+    handles = [Line2D([], [], marker="o", linestyle="", color=colour[s], markeredgecolor="black", label=s) for s in schemes]
+    handles.append(Line2D([], [], marker="o", linestyle="", color="grey", markeredgecolor="black", label="passed its gates"))
+    if any(r["verdict"] == COARSE_PASS for r in rows):
+        handles.append(Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="none", markeredgewidth=2,
+                              label="pass at a scheme declared too coarse"))
     handles += [Line2D([], [], marker="x", linestyle="", color="red", markeredgewidth=2.5, label="failed its gate"),
-                Line2D([], [], marker="o", linestyle="-", color="black", markerfacecolor="none", label="Pareto front (passing)"),
+                Line2D([], [], marker="o", linestyle="-", color="black", markerfacecolor="none", label="Pareto front (candidates)"),
                 Line2D([], [], linestyle="--", color="grey", label="gate (dB, colour of its scheme)")]
     per_line = 3 if width < 12 else 4
     fig.legend(handles=handles, loc="lower center", ncol=per_line, fontsize=8, frameon=False)

@@ -5,6 +5,10 @@ placement checked in situ (`edgex pipeline`) before it is recommended.
   (the artifact's own runtime, not a simulator), else `bytes`; ties go to the higher dB.
 - **Floor**: every recommended point passed its own gate (dB against fp32 eager, the scheme and
   lowering gates for quantized and fp16 points); no failed or unverified point is ever a candidate.
+  Nor is a point at a scheme its recipe declares too coarse for the component (verdict "pass
+  (coarse)": its lowering passed, its scheme is ruled out by the model's own facts), unless the
+  sweep is asked to admit them (`allow_coarse`, `--allow-coarse`); the recommendation lists the
+  points it left out and why (`left_out`).
 - **In situ**: the points that serve the model's pipeline stages (`Recipe.in_situ_components`) are
   tried as whole placements in objective order (best-first by the sum of each stage's rank: first
   every stage's best, then one stage at its second best, ...), each run through the pipeline, up to
@@ -21,6 +25,7 @@ import math
 from typing import Callable
 
 from ..errors import EdgexError
+from ..status import COARSE_PASS, PASS, passed
 
 DEFAULT_BOUND = 3
 
@@ -30,15 +35,29 @@ def _number(value) -> float:
     return -math.inf if value is None else float(value)
 
 
-def objective(rows: list[dict]) -> str:
-    """`latency_ms` when every passing row has one measured here, else `bytes`."""
-    passing = [r for r in rows if r["verdict"] == "pass"]
+def candidate(row: dict, allow_coarse: bool = False) -> bool:
+    """Whether a row may be recommended: it passed, and at a scheme not declared too coarse for its
+    component unless `allow_coarse`."""
+    return row["verdict"] == PASS or (allow_coarse and row["verdict"] == COARSE_PASS)
+
+
+def objective(rows: list[dict], allow_coarse: bool = False) -> str:
+    """`latency_ms` when every candidate row has one measured here, else `bytes`."""
+    passing = [r for r in rows if candidate(r, allow_coarse)]
     return "latency_ms" if passing and all(r.get("latency_ms") is not None for r in passing) else "bytes"
 
 
-def ranked(rows: list[dict], by: str) -> list[dict]:
-    """The passing rows, best first by `by`, ties to the higher dB."""
-    return sorted((r for r in rows if r["verdict"] == "pass"), key=lambda r: (r[by], -_number(r["min_snr_db"])))
+def ranked(rows: list[dict], by: str, allow_coarse: bool = False) -> list[dict]:
+    """The candidate rows, best first by `by`, ties to the higher dB."""
+    return sorted((r for r in rows if candidate(r, allow_coarse)), key=lambda r: (r[by], -_number(r["min_snr_db"])))
+
+
+def left_out(rows: list[dict], placement_line: Callable[[dict], str], allow_coarse: bool = False) -> list[dict]:
+    """The passing points no recommendation may name, each with why: those at a coarse scheme."""
+    if allow_coarse:
+        return []
+    return [{"point": placement_line(r), "reason": f"{COARSE_PASS}: {r.get('coarse_scheme') or 'declared too coarse'}"}
+            for r in rows if r["verdict"] == COARSE_PASS]
 
 
 def placements(stages: list[list[dict]], bound: int) -> list[tuple[dict, ...]]:
@@ -50,17 +69,19 @@ def placements(stages: list[list[dict]], bound: int) -> list[tuple[dict, ...]]:
 
 
 def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict], str],
-              run: Callable[[list[str]], dict] | None, bound: int = DEFAULT_BOUND) -> dict:
-    """`{"objective", "chosen", "in_situ"}`: per component its objective and chosen row (None: none
-    passed, or no placement passed in situ), and the in-situ verdict with every placement tried.
+              run: Callable[[list[str]], dict] | None, bound: int = DEFAULT_BOUND, allow_coarse: bool = False) -> dict:
+    """`{"objective", "chosen", "in_situ", "left_out", "allow_coarse"}`: per component its objective
+    and chosen row (None: none passed, or no placement passed in situ), the in-situ verdict with
+    every placement tried, and the passing points left out of the choice with why (`left_out`).
     `run(placement lines)` runs the pipeline and returns its report (`edgex.in_situ.run_pipeline`);
     None or `pipeline_stages` empty: not run."""
     components = list(dict.fromkeys(r["component"] for r in rows))
-    by = {c: objective([r for r in rows if r["component"] == c]) for c in components}
-    chosen = {c: next(iter(ranked([r for r in rows if r["component"] == c], by[c])), None) for c in components}
+    by = {c: objective([r for r in rows if r["component"] == c], allow_coarse) for c in components}
+    chosen = {c: next(iter(ranked([r for r in rows if r["component"] == c], by[c], allow_coarse)), None) for c in components}
     stages = [(s,) if isinstance(s, str) else tuple(s) for s in pipeline_stages]
     swept = set(components)
-    result = {"objective": by, "chosen": chosen, "in_situ": {"bound": bound, "tried": []}}
+    result = {"objective": by, "chosen": chosen, "in_situ": {"bound": bound, "tried": []},
+              "left_out": left_out(rows, placement_line, allow_coarse), "allow_coarse": allow_coarse}
     situ = result["in_situ"]
     if run is None or not stages:
         situ.update(verdict="not run", reason="the model has no in-situ pipeline" if not stages else "--in-situ 0")
@@ -72,7 +93,7 @@ def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict]
     candidates = []
     for stage in stages:  # a stage with alternative components: their passing points in one ranking
         mine = [r for r in rows if r["component"] in stage]
-        candidates.append(ranked(mine, objective(mine)))
+        candidates.append(ranked(mine, objective(mine, allow_coarse), allow_coarse))
     if any(not c for c in candidates) or bound < 1:
         situ.update(verdict="not run", reason="a pipeline stage has no passing point" if bound >= 1 else "bound 0")
         return result
@@ -84,14 +105,14 @@ def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict]
             situ["tried"].append({"placement": lines, "verdict": "error", "failures": [str(exc)]})
             continue
         situ["tried"].append({"placement": lines, "verdict": report["verdict"], "failures": report["failures"][:3]})
-        if report["verdict"] == "pass":
+        if passed(report["verdict"]):
             for row in placement:
                 served = [s for s in stages if row["component"] in s][0]
                 for component in served:  # the stage's other alternative is not what the placement deploys
                     if component in chosen and component != row["component"]:
                         chosen[component] = None
                 chosen[row["component"]] = row
-            situ.update(verdict="pass", placement=lines)
+            situ.update(verdict=report["verdict"], placement=lines)
             return result
     for stage in stages:
         for component in stage:

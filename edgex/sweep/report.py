@@ -10,9 +10,12 @@ import math
 from pathlib import Path
 
 from ..artifacts.files import strict_json, write_bytes_atomic, write_json_atomic
+from ..status import COARSE_PASS, passed
+from .recommend import candidate
 
 COLUMNS = ("component", "format", "precision", "calibration", "min_snr_db", "gate_db", "scheme_db", "scheme_gate_db",
-           "lowering_db", "lowering_gate_db", "verdict", "bytes", "export_s", "reused", "latency_ms", "latency_note")
+           "lowering_db", "lowering_gate_db", "verdict", "coarse_scheme", "bytes", "export_s", "reused", "latency_ms",
+           "latency_note")
 PLACEMENT_FILE = "recommended.placement"
 
 
@@ -21,10 +24,11 @@ def _number(value) -> float | None:
     return None if value is None else float(value)
 
 
-def pareto(rows: list[dict]) -> list[dict]:
-    """The passing points no other passing point beats on both size and dB (smaller and at least as
-    good, or as small and better), smallest first: the only ones worth choosing between."""
-    points = [r for r in rows if r["verdict"] == "pass" and r["min_snr_db"] is not None]
+def pareto(rows: list[dict], allow_coarse: bool = False) -> list[dict]:
+    """The candidate points (`recommend.candidate`: passing, coarse schemes only with `allow_coarse`)
+    no other candidate beats on both size and dB (smaller and at least as good, or as small and
+    better), smallest first: the only ones worth choosing between."""
+    points = [r for r in rows if candidate(r, allow_coarse) and r["min_snr_db"] is not None]
     front = []
     for r in sorted(points, key=lambda r: (r["bytes"], -_number(r["min_snr_db"]))):
         if not front or _number(r["min_snr_db"]) > _number(front[-1]["min_snr_db"]):
@@ -44,9 +48,13 @@ def placement_text(model: str, target: str, recommendation: dict) -> str:
     chosen, situ = recommendation["chosen"], recommendation["in_situ"]
     lines = [f"# edgex sweep {model} --target {target}",
              "# objective per component (best first): " + ", ".join(f"{c} {o}" for c, o in recommendation["objective"].items()),
-             "# floor: every point below passed its own gate (dB vs fp32 eager; scheme and lowering gates where quantized)"]
-    if situ["verdict"] == "pass":
-        lines.append(f"# in situ: pass (edgex pipeline), placement {len(situ['tried'])} of at most {situ['bound']} tried in objective order")
+             "# floor: every point below passed its own gate (dB vs fp32 eager; scheme and lowering gates where quantized)"
+             + ("; schemes declared too coarse admitted (--allow-coarse)" if recommendation.get("allow_coarse") else
+                "; no scheme its recipe declares too coarse (--allow-coarse admits them)")]
+    lines += [f"# left out: {item['point']} ({item['reason']})" for item in recommendation.get("left_out", [])]
+    if passed(situ["verdict"]):
+        lines.append(f"# in situ: {situ['verdict']} (edgex pipeline), placement {len(situ['tried'])} of at most {situ['bound']} "
+                     "tried in objective order")
     elif situ["verdict"] == "fail":
         lines.append(f"# in situ: {situ['reason']} (at most {situ['bound']}); no pipeline placement is recommended")
         lines += [f"#   tried {' '.join(t['placement'])}: {t['verdict']} ({(t['failures'] or ['-'])[0]})" for t in situ["tried"]]
@@ -58,7 +66,8 @@ def placement_text(model: str, target: str, recommendation: dict) -> str:
             lines.append(f"# {component}: nothing recommended; the target's default placement applies")
         else:
             lines.append(f"{placement_line(row)}  # {_cell(row['min_snr_db'])} dB >= gate {_cell(row['gate_db'])} dB, "
-                         f"{row['bytes']} bytes" + (f", {_cell(row['latency_ms'])} ms" if row.get("latency_ms") is not None else ""))
+                         f"{row['bytes']} bytes" + (f", {_cell(row['latency_ms'])} ms" if row.get("latency_ms") is not None else "")
+                         + (f", {COARSE_PASS}: {row.get('coarse_scheme')}" if row["verdict"] == COARSE_PASS else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -73,8 +82,10 @@ def _cell(value) -> str:
     return str(value)
 
 
-def markdown(rows: list[dict], chosen: dict[str, dict | None]) -> str:
-    """One table per component; the recommended row marked, failed rows with their first reason."""
+def markdown(rows: list[dict], chosen: dict[str, dict | None], left: list[dict] | None = None) -> str:
+    """One table per component; the recommended row marked, failed rows with their first reason;
+    then the points left out of the choice, with why (a scheme declared too coarse: the recipe's
+    reason)."""
     heads = ("scheme", "calibration", "dB vs fp32 (gate)", "scheme dB (gate)", "lowering dB (gate)", "verdict", "bytes",
              "export s", "latency ms")
     parts = []
@@ -82,7 +93,7 @@ def markdown(rows: list[dict], chosen: dict[str, dict | None]) -> str:
         parts += [f"### {component}", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         for r in (r for r in rows if r["component"] == component):
             mark = " **recommended**" if chosen.get(component) is r else ""
-            verdict = r["verdict"] + mark + (f" ({r['failures'][0]})" if r["verdict"] != "pass" and r["failures"] else "")
+            verdict = r["verdict"] + mark + (f" ({r['failures'][0]})" if not passed(r["verdict"]) and r["failures"] else "")
             pair = lambda a, b: "-" if r[a] is None else f"{_cell(r[a])} ({_cell(r[b])})"
             latency = _cell(r["latency_ms"]) if r["latency_ms"] is not None else f"- ({r['latency_note']})"
             parts.append("| " + " | ".join((f"{r['format']} {r['precision']}", _cell(r["calibration"]), pair("min_snr_db", "gate_db"),
@@ -90,6 +101,8 @@ def markdown(rows: list[dict], chosen: dict[str, dict | None]) -> str:
                                             verdict, str(r["bytes"]), f"{r['export_s']:.1f}" + (" (reused)" if r["reused"] else ""),
                                             latency)) + " |")
         parts.append("")
+    if left:
+        parts += ["Left out of the recommendation:", ""] + [f"- {item['point']}: {item['reason']}" for item in left] + [""]
     return "\n".join(parts)
 
 
@@ -98,19 +111,21 @@ def write(out: Path, model: str, target: str, data: dict, plot, recommendation: 
     `recommendation` is `recommend.recommend`'s."""
     rows = data["rows"]
     chosen = recommendation["chosen"]
-    fronts = {c: [rows.index(r) for r in pareto([r for r in rows if r["component"] == c])] for c in chosen}
+    allow_coarse = recommendation.get("allow_coarse", False)
+    fronts = {c: [rows.index(r) for r in pareto([r for r in rows if r["component"] == c], allow_coarse)] for c in chosen}
     paths = {name: out / name for name in ("sweep.json", "sweep.csv", "sweep.md", PLACEMENT_FILE, "sweep.png")}
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(strict_json(rows))
     write_bytes_atomic(paths["sweep.csv"], buffer.getvalue().encode())
-    write_bytes_atomic(paths["sweep.md"], markdown(rows, chosen).encode())
+    write_bytes_atomic(paths["sweep.md"], markdown(rows, chosen, recommendation.get("left_out")).encode())
     write_bytes_atomic(paths[PLACEMENT_FILE], placement_text(model, target, recommendation).encode())
     summary = {"model": model, "target": target, "status": data["status"], "seconds": data["build"]["seconds"],
                "reused": sum(1 for r in rows if r["reused"]), "rows": rows, "pareto": fronts,
                "recommendation": {c: (placement_line(r) if r else None) for c, r in chosen.items()},
                "objective": recommendation["objective"], "in_situ": recommendation["in_situ"],
+               "allow_coarse": allow_coarse, "left_out": recommendation.get("left_out", []),
                "files": {k: str(v) for k, v in paths.items()}}
     write_json_atomic(paths["sweep.json"], strict_json(summary))
     plot(paths["sweep.png"], f"edgex sweep {model} -> {target}", rows, fronts)  # last: the figures are on disk whatever happens

@@ -51,7 +51,7 @@ def _row(artifact: dict, out: Path, threads: int | None) -> dict:
         "min_snr_db": parity.get("min_snr_db"), "gate_db": parity.get("threshold_db"),
         "scheme_db": split["scheme"].get("min_snr_db"), "scheme_gate_db": split["scheme"].get("threshold_db"),
         "lowering_db": split["lowering"].get("min_snr_db"), "lowering_gate_db": split["lowering"].get("threshold_db"),
-        "verdict": artifact["verdict"], "failures": parity.get("failures") or ([artifact["error"]] if "error" in artifact else []),
+        "verdict": artifact["verdict"], "coarse_scheme": artifact.get("coarse_scheme"), "failures": parity.get("failures") or ([artifact["error"]] if "error" in artifact else []),
         "bytes": sum(f["bytes"] for f in artifact.get("files", [])), "export_s": artifact["build"]["export_seconds"],
         "reused": artifact["build"]["reused"], "method": parity.get("method"), "files": [str(f) for f in files],
         "explicit_calibration": "calibration_size" in options,

@@ -1,7 +1,7 @@
 """`python -m edgex.build.executors.child SCRATCH`: one export job in a fresh process, on a Ray node.
 
 Reads the job, its cache key and the driver's key inputs from `SCRATCH/job.pickle`; computes the
-key again here (same edgex source, toolchain, Python, machine and weights give the same key) and
+key again here (same edgex source, toolchain, Python, machine, CPU features and weights give the same key) and
 exports only if it matches, into `SCRATCH/out`; writes `SCRATCH/result.json` last, so a process
 that dies leaves no result. Dies with its parent, the Ray worker.
 """
@@ -34,8 +34,9 @@ def main(scratch: Path) -> None:
     if cache.key(inputs) != key:
         differ = sorted(k for k in set(inputs) | set(driver_inputs) if inputs.get(k) != driver_inputs.get(k))
         write_json_atomic(scratch / RESULT_FILE, {
-            "error": f"this node's {', '.join(differ)} differ(s) from the driver's, so its artifact would not be the one "
-                     "the cache key names: install the same edgex and toolchain on every node"})
+            "error": f"this node's {', '.join(differ)} differ(s) from the driver's, so its artifact and verdict would not be "
+                     "the ones the cache key names: install the same edgex and toolchain on every node, on one CPU kind "
+                     "(the features edgex doctor prints)"})
         return
     started = time.perf_counter()
     manifest = export_job(job, scratch / OUT_DIR, lambda message: print(message, flush=True))

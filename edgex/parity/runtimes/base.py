@@ -52,6 +52,13 @@ class Runtime(ABC):
     def load(self, files: list[Path], threads: int | None = None) -> Session:
         ...
 
+    def build_variant(self) -> str | None:
+        """What this runtime's build chose for this host beyond the CPU features (`edgex.host`), where
+        that can move a figure: llama.cpp's CPU backend and the instruction sets it was compiled
+        for. In the key of every artifact this runtime gates (`edgex.artifacts.keys`); None where
+        there is nothing more to say, or the runtime is not installed."""
+        return None
+
     def accumulates_in_half(self) -> bool:
         """Whether this runtime sums fp16 matrix products in an fp16 accumulator on this machine
         (`edgex.parity.half_arithmetic`); runtimes that compute fp16 ops in fp32 do not."""

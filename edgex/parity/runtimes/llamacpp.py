@@ -19,6 +19,7 @@ The KV cache is llama.cpp's default F16, as a device would run it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import time
 from collections.abc import Sequence
@@ -361,5 +362,26 @@ class LlamaCppRuntime(Runtime):
             raise RuntimeError(f"libllama loaded but reports no CPU backend: {info.strip()!r}")
         return "loaded libllama and its CPU backend (no model run)"
 
+    def build_variant(self) -> str | None:
+        """The CPU backend's line of `llama_print_system_info` (the instruction sets the loaded
+        backend was built for, e.g. `CPU : ... AVX512 = 1 | AMX_INT8 = 1 | ...`): set-up builds
+        llama.cpp with `GGML_NATIVE`, so one wheel computes differently on another CPU kind."""
+        return _cpu_backend()
+
     def version(self) -> str | None:
         return version("llama-cpp-python")
+
+
+@functools.cache
+def _cpu_backend() -> str | None:
+    try:
+        ensure_installed("llama_cpp", "running .gguf artifacts")
+    except EdgexError:
+        return None
+    with native_output_silenced():
+        import llama_cpp as llama
+
+        llama.llama_backend_init()
+        info = llama.llama_print_system_info().decode(errors="replace")
+    lines = [part.strip() for part in info.split("\n") if part.strip().startswith("CPU")]
+    return " ".join(lines) or info.strip()
