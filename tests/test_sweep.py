@@ -186,3 +186,18 @@ def test_the_recommendation_is_tried_in_situ_in_objective_order_up_to_its_bound(
     fast = recommend(timed, (), placement_line, None)
     assert fast["objective"] == {"decode": "latency_ms"} and fast["chosen"]["decode"]["precision"] == "fp16"
     assert fast["in_situ"]["verdict"] == "not run" and "no in-situ pipeline" in fast["in_situ"]["reason"]
+
+
+def test_a_stage_served_by_its_alternative_component_is_no_failure_of_the_sweep():
+    """Qwen3-TTS's predictor stage is the frame graph or the step graph the runner loops: when the
+    placement that passes in situ deploys the step graph, the frame graph is recommended nowhere
+    and `served_by` names the step graph, so `edgex sweep` exits 0 (it exited 1 on the default
+    sweep); a component with no passing point still has none and no server."""
+    from edgex.sweep.recommend import recommend
+    from edgex.sweep.report import placement_line
+
+    rows = [_row("prefill", "fp16", 600), _row("frame", "fp16", 900), _row("step", "fp16", 300), _row("other", "fp16", 10, verdict="fail")]
+    result = recommend(rows, ("prefill", ("frame", "step")), placement_line, lambda p: {"verdict": "pass", "failures": []})
+    assert result["in_situ"]["verdict"] == "pass" and result["chosen"]["step"] and result["chosen"]["frame"] is None
+    assert result["served_by"] == {"frame": "step"}
+    assert result["chosen"]["other"] is None and "other" not in result["served_by"]

@@ -70,8 +70,9 @@ def placements(stages: list[list[dict]], bound: int) -> list[tuple[dict, ...]]:
 
 def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict], str],
               run: Callable[[list[str]], dict] | None, bound: int = DEFAULT_BOUND, allow_coarse: bool = False) -> dict:
-    """`{"objective", "chosen", "in_situ", "left_out", "allow_coarse"}`: per component its objective
-    and chosen row (None: none passed, or no placement passed in situ), the in-situ verdict with
+    """`{"objective", "chosen", "in_situ", "left_out", "allow_coarse", "served_by"}`: per component its
+    objective and chosen row (None: none passed, or no placement passed in situ, or its stage is served
+    by an alternative component, named in `served_by`), the in-situ verdict with
     every placement tried, and the passing points left out of the choice with why (`left_out`).
     `run(placement lines)` runs the pipeline and returns its report (`edgex.in_situ.run_pipeline`);
     None or `pipeline_stages` empty: not run."""
@@ -111,6 +112,7 @@ def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict]
                 for component in served:  # the stage's other alternative is not what the placement deploys
                     if component in chosen and component != row["component"]:
                         chosen[component] = None
+                        result.setdefault("served_by", {})[component] = row["component"]
                 chosen[row["component"]] = row
             situ.update(verdict=report["verdict"], placement=lines)
             return result

@@ -126,6 +126,7 @@ def write(out: Path, model: str, target: str, data: dict, plot, recommendation: 
                "recommendation": {c: (placement_line(r) if r else None) for c, r in chosen.items()},
                "objective": recommendation["objective"], "in_situ": recommendation["in_situ"],
                "allow_coarse": allow_coarse, "left_out": recommendation.get("left_out", []),
+               "served_by": recommendation.get("served_by", {}),
                "files": {k: str(v) for k, v in paths.items()}}
     write_json_atomic(paths["sweep.json"], strict_json(summary))
     plot(paths["sweep.png"], f"edgex sweep {model} -> {target}", rows, fronts)  # last: the figures are on disk whatever happens
