@@ -71,6 +71,16 @@ def _fail(exc: EdgexError) -> None:
     raise typer.Exit(2)
 
 
+_EXECUTOR_HELP = ("where uncached jobs run: local (here, side by side as edgex export runs them) or ray (on a Ray cluster, "
+                  "docs/ray.md)")
+_JOBS_HELP = ("with --executor local: jobs side by side, each in a process that shares its eager model (default: one per "
+              "core)")
+_MAX_MEMORY_HELP = ("with --executor local: GB of memory the build may hold: a job starts beside others only while it fits "
+                    "(default: 85 % of what is free)")
+_ADDRESS_HELP = ("with --executor ray: an existing Ray cluster (host:port of its head, auto, or ray://HOST:PORT); "
+                 "default: an embedded Ray instance on this machine, loopback only")
+
+
 @app.command()
 def export(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
@@ -198,9 +208,6 @@ def _print_plan(checked, as_json: bool) -> None:
     out.print(line, highlight=False)
 
 
-_EXECUTOR_HELP = "where uncached jobs run: local (here, one after another) or ray (one Ray task each, docs/ray.md)"
-_ADDRESS_HELP = ("with --executor ray: an existing Ray cluster (host:port of its head, auto, or ray://HOST:PORT); "
-                 "default: an embedded Ray instance on this machine, loopback only")
 
 
 @app.command()
@@ -222,6 +229,8 @@ def sweep(
     threads: Optional[int] = _threads_option(),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help=_JOBS_HELP),
+    max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help=_MAX_MEMORY_HELP),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
     frames: Optional[int] = typer.Option(None, "--frames", help="frames (or decode steps) of each in-situ run (default: the model's)"),
@@ -244,7 +253,7 @@ def sweep(
         from .sweep.plan import sweep_jobs
 
         allowed = tuple(check_unverified_kinds(split_values(allow_unverified)))
-        runner = make_executor(executor, address)
+        runner = make_executor(executor, address, jobs, max_memory)
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=split_values(component),
                           formats=split_values(fmt), precisions=split_values(precision), calibrations=calibration_sizes(calibration),
@@ -398,6 +407,8 @@ def build_run(
     costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json, build output or build cache: balance shards by its recorded export seconds"),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help=_JOBS_HELP),
+    max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help=_MAX_MEMORY_HELP),
     as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
     verbose: bool = _verbose_option(),
 ):
@@ -412,7 +423,7 @@ def build_run(
 
         shard_spec = parse_shard(shard) if shard else None
         data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.print(m, highlight=False),
-                         executor=make_executor(executor, address))
+                         executor=make_executor(executor, address, jobs, max_memory))
     except EdgexError as exc:
         _fail(exc)
     _build_result(data, out_dir, as_json)
