@@ -100,6 +100,9 @@ def export(
                                        "(default: one per core)"),
     max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help="GB of memory the export may hold: a job starts "
                                                "beside others only while it fits (default: 85 % of what is free)"),
+    executor: str = typer.Option("local", "--executor", help="where the jobs run: local (here) or ray (on a Ray cluster, "
+                                 "docs/ray.md; the manifest is written here)"),
+    address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. max_context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
@@ -142,7 +145,10 @@ def export(
                          precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        from .build.executors.remote_export import export_runner
         from .side_by_side import default_jobs
+
+        runner = export_runner(executor, address, hub=bool(hub_settings))
 
         jobs = jobs or default_jobs()
         for job in checked.jobs:
@@ -172,7 +178,7 @@ def export(
                 # reuse=False: looked above already (or --force / --hub)
                 options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
                                jobs=jobs, max_memory_mb=max_memory * 1024 if max_memory else None, hub=hub_settings, allow_unverified=allow_unverified, reuse=False,
-                               reuse_jobs=not force)
+                               reuse_jobs=not force, runner=runner)
                 if as_json:
                     manifest = export_model(model, target, out_dir, **options)
                 else:
