@@ -63,15 +63,16 @@ class Source:
 class Task:
     """One job to run on its source's model: `start(component)` sets it going (`Started`), in a
     process forked from this one or here; `started()` / `finished(entries, described)` are called
-    around it from the scheduling thread (`described`: the model's `source` and `options` records). `scratch`: a folder on the output's disk, where the model's weights
-    file is written (`map_weights`) when this is its source's first task."""
+    around it from the scheduling thread (`described`: the model's `source` and `options` records,
+    None where no model was built for it). `scratch`: a folder on the output's disk, where the
+    model's weights file is written (`map_weights`) when this is its source's first task."""
 
     source: Source
     job: Job
     start: Callable[[Component], Started]
     scratch: Path
     started: Callable[[], None] = lambda: None
-    finished: Callable[[list[dict], tuple[dict, dict]], None] = lambda entries, described: None
+    finished: Callable[[list[dict], tuple[dict, dict] | None], None] = lambda entries, described: None
 
 
 @dataclass

@@ -68,7 +68,7 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                      added_mb: Callable[[R], float | None], alone: Callable[[J], bool] = lambda job: False,
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
                      held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True,
-                     prepare: Callable[[int], bool] = lambda in_flight: False,
+                     prepare: Callable[[int], bool | None] = lambda in_flight: False,
                      safe_points: Callable[[Callable[[], None]], AbstractContextManager] = lambda point: nullcontext()) -> list[R]:
     """Every job, up to `workers` at once, results in the order of `jobs`. `start(job)` is called in
     this thread and sets the job going (a forked child); its `result()` is awaited in a worker
@@ -165,7 +165,7 @@ class _Preparing:
     """`prepare` called in a thread of its own, one call at a time; `paused()` holds that thread at
     its next safe point (or between calls) for as long as the scheduling thread needs."""
 
-    def __init__(self, prepare: Callable[[int], bool], safe_points: Callable[[Callable[[], None]], AbstractContextManager]):
+    def __init__(self, prepare: Callable[[int], bool | None], safe_points: Callable[[Callable[[], None]], AbstractContextManager]):
         self._prepare, self._safe_points = prepare, safe_points
         self._executor = ThreadPoolExecutor(1)
         self._turn = threading.Condition()
@@ -179,7 +179,7 @@ class _Preparing:
         self._in_flight = in_flight
         self.future = self._executor.submit(self._call, in_flight)
 
-    def _call(self, in_flight: int) -> bool:
+    def _call(self, in_flight: int) -> bool | None:
         with self._safe_points(self._point):
             return self._prepare(in_flight)
 
