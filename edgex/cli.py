@@ -72,6 +72,16 @@ def _fail(exc: EdgexError) -> None:
     raise typer.Exit(2)
 
 
+_EXECUTOR_HELP = ("where uncached jobs run: local (here, side by side as edgex export runs them) or ray (on a Ray cluster, "
+                  "docs/ray.md)")
+_JOBS_HELP = ("with --executor local: jobs side by side, each in a process that shares its eager model (default: one per "
+              "core)")
+_MAX_MEMORY_HELP = ("with --executor local: GB of memory the build may hold: a job starts beside others only while it fits "
+                    "(default: 85 % of what is free)")
+_ADDRESS_HELP = ("with --executor ray: an existing Ray cluster (host:port of its head, auto, or ray://HOST:PORT); "
+                 "default: an embedded Ray instance on this machine, loopback only")
+
+
 @app.command()
 def export(
     model: str = typer.Argument(..., help="model recipe, e.g. qwen3-tts"),
@@ -91,6 +101,9 @@ def export(
                                        "(default: one per core)"),
     max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help="GB of memory the export may hold: a job starts "
                                                "beside others only while it fits (default: 85 % of what is free)"),
+    executor: str = typer.Option("local", "--executor", help="where the jobs run: local (here) or ray (on a Ray cluster, "
+                                 "docs/ray.md; the manifest is written here)"),
+    address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="recipe build option KEY=VALUE, e.g. max_context=1024 (see edgex list)"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
     hub: bool = typer.Option(False, "--hub", help="also run each artifact on a Qualcomm AI Hub device (token: qai-hub configure)"),
@@ -133,7 +146,10 @@ def export(
                          precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        from .build.executors.remote_export import export_runner
         from .side_by_side import default_jobs
+
+        runner = export_runner(executor, address, hub=bool(hub_settings))
 
         jobs = jobs or default_jobs()
         for job in checked.jobs:
@@ -163,7 +179,7 @@ def export(
                 # reuse=False: looked above already (or --force / --hub)
                 options = dict(selection, checkpoint=checked.checkpoint, seed=seed, min_db=overrides, threads=threads,
                                jobs=jobs, max_memory_mb=max_memory * 1024 if max_memory else None, hub=hub_settings, allow_unverified=allow_unverified, reuse=False,
-                               reuse_jobs=not force)
+                               reuse_jobs=not force, runner=runner)
                 if as_json:
                     manifest = export_model(model, target, out_dir, **options)
                 else:
@@ -199,9 +215,6 @@ def _print_plan(checked, as_json: bool) -> None:
     out.print(line, highlight=False)
 
 
-_EXECUTOR_HELP = "where uncached jobs run: local (here, one after another) or ray (one Ray task each, docs/ray.md)"
-_ADDRESS_HELP = ("with --executor ray: an existing Ray cluster (host:port of its head, auto, or ray://HOST:PORT); "
-                 "default: an embedded Ray instance on this machine, loopback only")
 
 
 @app.command()
@@ -223,6 +236,8 @@ def sweep(
     threads: Optional[int] = _threads_option(),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help=_JOBS_HELP),
+    max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help=_MAX_MEMORY_HELP),
     allow_unverified: Optional[List[str]] = typer.Option(None, "--allow-unverified", help=_ALLOW_HELP),
     in_situ: int = typer.Option(3, "--in-situ", min=0, help="run at most N whole placements, in objective order, through edgex pipeline before recommending one (0: none)"),
     allow_coarse: bool = typer.Option(False, "--allow-coarse", help="let the recommendation name points at a scheme the recipe declares too coarse for the component (verdict 'pass (coarse)'); by default they are left out, and the report says so"),
@@ -246,7 +261,7 @@ def sweep(
         from .sweep.plan import sweep_jobs
 
         allowed = tuple(check_unverified_kinds(split_values(allow_unverified)))
-        runner = make_executor(executor, address)
+        runner = make_executor(executor, address, jobs, max_memory)
 
         jobs = sweep_jobs(model, target, preset=preset, checkpoint=checkpoint, seed=seed, components=split_values(component),
                           formats=split_values(fmt), precisions=split_values(precision), calibrations=calibration_sizes(calibration),
@@ -405,6 +420,8 @@ def build_run(
     costs: Optional[Path] = typer.Option(None, "--costs", help="a previous build.json, build output or build cache: balance shards by its recorded export seconds"),
     executor: str = typer.Option("local", "--executor", help=_EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=_ADDRESS_HELP),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help=_JOBS_HELP),
+    max_memory: Optional[float] = typer.Option(None, "--max-memory", min=0.1, help=_MAX_MEMORY_HELP),
     as_json: bool = typer.Option(False, "--json", help="print build.json on stdout"),
     verbose: bool = _verbose_option(),
 ):
@@ -419,7 +436,7 @@ def build_run(
 
         shard_spec = parse_shard(shard) if shard else None
         data = run_build(file, out_dir, cache, shard_spec, costs, progress=lambda m: err.print(m, highlight=False),
-                         executor=make_executor(executor, address))
+                         executor=make_executor(executor, address, jobs, max_memory))
     except EdgexError as exc:
         _fail(exc)
     _build_result(data, out_dir, as_json)

@@ -10,6 +10,7 @@ import json
 import platform
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,9 +27,8 @@ from .component import Component
 from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
-from .isolation import ChildDied, RanHere, between_module_calls, die_with_parent, forking_supported, run_forked, start_forked
-from .mapped_weights import map_weights
 from . import host
+from .isolation import ChildDied, RanHere, die_with_parent, forking_supported, run_forked, start_forked
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, entry_gate, measure
@@ -42,7 +42,8 @@ from .parity.tensors import tensor_parity
 from .plan import Job, make_plan
 from .recipes import RECIPES
 from .resources import JobMemory, PeakRss, return_free_memory
-from .side_by_side import auto_budget_mb, default_jobs, run_side_by_side
+from .scheduler import Source, Task, run_tasks, warm_up
+from .side_by_side import auto_budget_mb
 from .status import check_unverified_kinds, entry_verdict, status
 from .toolchain import versions
 
@@ -238,66 +239,6 @@ def error_entries(job: Job, exc: BaseException) -> list[dict]:
              "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
 
 
-class _Builder:
-    """The components the jobs need, built one at a time in plan order (`Recipe.iter_components`),
-    each with every sample's eager reference: while the first component's jobs run, the next
-    components are built beside them (`run_side_by_side`'s `prepare`)."""
-
-    def __init__(self, components, names: list[str], todo: list[Job], progress):
-        self._components, self._names, self._progress = components, names, progress
-        # components some job casts its graph for or rounds its reference's weights for
-        self._reads = {job.component for job in todo if job.precision != "fp32"}
-        self.built: dict[str, Component] = {}
-
-    def next(self, in_flight: int) -> bool:
-        """Build the next component; False when all are built. With jobs in flight, torch runs here
-        on the cores they leave."""
-        import torch
-
-        if len(self.built) == len(self._names):
-            return False
-        self._progress(f"building {self._names[len(self.built)]} from the eager pipeline", None)
-        threads = torch.get_num_threads()
-        if in_flight:
-            torch.set_num_threads(max(1, default_jobs() - in_flight))
-        try:
-            component = next(self._components)
-            _references(component, component.name in self._reads)
-        finally:
-            torch.set_num_threads(threads)
-        self.built[component.name] = component
-        return True
-
-
-def _references(component: Component, reads: bool) -> None:
-    """Every sample's eager reference, computed here before the component's jobs fork (a child runs
-    torch on one thread) and shared with every job of the component; with `reads`
-    (some job casts its graph or rounds its reference's weights), the tensors the reference and the
-    module read too (`Component.compute_references`). The freed pages of that work go back to the
-    system, as the children would carry them."""
-    component.compute_references(reads)
-    gc.collect()
-    return_free_memory()
-
-
-_WARM: set[str] = set()  # exporters warmed up in this process
-
-
-def _warm_up(plan_jobs: list[Job]) -> None:
-    """Each exporter's one-time costs, paid in this process once rather than in every forked job.
-    Best effort: an exporter that cannot warm up fails its jobs with the real error instead."""
-    if not forking_supported():
-        return
-    for name in dict.fromkeys(job.exporter for job in plan_jobs):
-        if name in _WARM:
-            continue
-        _WARM.add(name)
-        try:
-            EXPORTERS.get(name).warm_up()
-        except Exception:  # noqa: BLE001 - the job reports it
-            pass
-
-
 def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | RanHere":
     """`_export_guarded` set going in a child process (`start_forked`): the memory the job allocates
     goes with it, and what it computed for the component comes back when its result is taken. A
@@ -352,7 +293,7 @@ def _worker_init(model, preset, checkpoint, seed, options, names, threads_per_wo
 def _worker_job(job: Job, args) -> list[dict]:
     if "error" in _WORKER:
         raise EdgexError(f"an export worker could not build the model: {_WORKER['error']}")
-    _warm_up([job])
+    warm_up([job])
     return _start_isolated(job, _WORKER["components"][job.component], *args).result()
 
 
@@ -437,6 +378,31 @@ def parity_in(runtime_name: str | None, reason: str | None, component, files, io
         return ParityReport("none", runtime.name, runtime.simulator, reason=str(exc), threshold_db=gate)
 
 
+@dataclass
+class ExportCall:
+    """One export's inputs, as `export_model` takes them (`export_models` takes several)."""
+
+    model: str
+    target: str
+    out: Path
+    preset: str | None = None
+    checkpoint: Path | None = None
+    seed: int = 0
+    components: list[str] | None = None
+    formats: list[str] | None = None
+    precisions: list[str] | None = None
+    min_db: dict[str, float] | None = None
+    placements: list[str] | None = None
+    calibration_size: int | None = None
+    threads: int | None = None
+    hub: HubSettings | None = None
+    settings: dict[str, str] | None = None
+    allow_unverified: list[str] | None = None
+    reuse: bool = True
+    reuse_jobs: bool = True
+    progress: Callable[[str, Job | None], None] | None = None
+
+
 def export_model(
     model: str,
     target: str,
@@ -460,6 +426,7 @@ def export_model(
     reuse: bool = True,
     reuse_jobs: bool = True,
     progress: Callable[[str, Job | None], None] | None = None,
+    runner: "Runner | None" = None,
 ) -> dict:
     """Export, gate and record. Returns the manifest (also written to <out>/<model>/<target>/),
     with `manifest_path` and `reused` added.
@@ -481,81 +448,180 @@ def export_model(
     leaves the status "incomplete". Accepted or not, its files stay under `unverified/`.
 
     `settings` are the recipe's build options as text (`--set KEY=VALUE`), checked before any
-    model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs."""
-    progress = progress or (lambda _msg, _job: None)
-    checked = make_plan(model, target, out, preset=preset, checkpoint=checkpoint, components=components, formats=formats,
-                        precisions=precisions, placements=placements, calibration_size=calibration_size, settings=settings)
-    tgt, plan_jobs, options, checkpoint = checked.target, checked.jobs, checked.options, checked.checkpoint
-    check_overrides(min_db or {}, set(checked.recipe.components.values()))
-    allow_unverified = check_unverified_kinds(allow_unverified)
-    out_dir = ensure_writable_dir(checked.out_dir)
-    connection = connect_hub(hub, tgt) if hub else None  # token and device checked before any build
-    key = None if hub else export_key(checked, seed=seed, settings=settings, min_db=min_db, threads=threads,
-                                      allow_unverified=allow_unverified)
-    if key is not None and reuse:
-        manifest = unchanged(out_dir, key)
-        if manifest is not None:
-            return manifest
+    model is built and recorded in the manifest so `edgex verify` rebuilds the same graphs.
 
-    started = time.perf_counter()
-    keys = dict(zip(plan_jobs, job_keys(key))) if key is not None else {}
-    earlier = reusable_jobs(out_dir, list(keys.values())) if keys and reuse_jobs else {}
-    todo = [job for job in plan_jobs if keys.get(job) not in earlier]
-    for job in plan_jobs:
-        if job not in todo:
-            progress(f"{job.component} {job.exporter} {job.precision}: reused, {earlier[keys[job]][0]['verdict']}", job)
-    # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
-    # and refuse a folder whose content is no longer this
-    checkpoint_sha256 = (key["inputs"].get("checkpoint_sha256") if key else tree_sha256(checkpoint)) if checkpoint else None
-    if todo:
-        progress("loading model", None)
-        recipe = RECIPES.get(model)
-        loaded = recipe.load(preset, checkpoint, seed, options)
-        if checkpoint_sha256:
-            loaded.source = {**loaded.source, "checkpoint_sha256": checkpoint_sha256}
-        source, model_options = _described(loaded.source), loaded.options
-    else:  # every job reused: the earlier export's model, whose key inputs are these
-        source, model_options = earlier_model(out_dir)
-    names = list(dict.fromkeys(j.component for j in todo))
-    spawned = jobs > 1 and len(todo) > 1 and not forking_supported()
+    `jobs` run side by side within `max_memory_mb` (None: 85 % of the memory free), through the one
+    scheduler every export shares (`edgex.scheduler`), or elsewhere with `runner` (a Ray cluster,
+    `edgex.build.executors.remote_export`); `export_models` runs several exports as one."""
+    call = ExportCall(model, target, Path(out), preset=preset, checkpoint=checkpoint, seed=seed, components=components,
+                      formats=formats, precisions=precisions, min_db=min_db, placements=placements,
+                      calibration_size=calibration_size, threads=threads, hub=hub, settings=settings,
+                      allow_unverified=allow_unverified, reuse=reuse, reuse_jobs=reuse_jobs, progress=progress)
+    say = progress or (lambda _msg, _job: None)
+    return export_models([call], jobs=jobs, max_memory_mb=max_memory_mb, progress=lambda message: say(message, None),
+                         runner=runner)[0]
 
-    # The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first and
-    # the staged files published after it, so a crash (a manifest that cannot be written included)
-    # never leaves artifacts that look valid without the manifest that vouches for them. Reused
-    # entries' files stay where they are.
-    with staging_dir(out_dir) as stage:
-        args = (stage, min_db, threads, connection)
-        if not todo:
-            made = []
+
+# Runs jobs elsewhere (a Ray cluster: `edgex.build.executors.remote_export`): each (call, task) given,
+# it calls `task.finished(entries, described)` with the job's entries, their files placed in
+# `task.scratch` (the call's stage) as a job run here places them.
+Runner = Callable[[list[tuple[ExportCall, Task]], Callable[[str], None]], None]
+
+
+def export_models(calls: list[ExportCall], *, jobs: int = 1, max_memory_mb: float | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  done: Callable[[int, dict], None] | None = None, runner: Runner | None = None) -> list[dict]:
+    """`export_model` of each call, run as one. Every call is checked, and what it reuses looked up,
+    before any model is built; then every job left, of every call, runs through `edgex.scheduler`,
+    side by side, each eager model built once for all the calls whose jobs need it. Each call's
+    output is its own, as `export_model` would write it alone: its manifest is written and its files
+    published as soon as its last job has finished, and `done(index, manifest)` is called then (at
+    once for a call reused whole). Returns the manifests in the order of `calls`.
+
+    `progress(message)`: the models' loading and building; each call's own `progress` gets its jobs'.
+    An error stops every call not yet published, as it would stop one export. `runner`: where the jobs
+    run instead of here (`Runner`)."""
+    progress = progress or (lambda _message: None)
+    done = done or (lambda _index, _manifest: None)
+    exports = [_Export(call) for call in calls]
+    results: list = [None] * len(calls)
+
+    def finish(i: int) -> None:
+        results[i] = exports[i].finish()
+        done(i, results[i])
+
+    try:
+        for i, export in enumerate(exports):
+            if export.unchanged is not None:
+                results[i] = export.unchanged
+                done(i, export.unchanged)
+            elif not export.todo:
+                export.open()
+                finish(i)
+        building = [i for i, export in enumerate(exports) if results[i] is None]
+        for i in building:
+            exports[i].open()
+        spawned = (jobs > 1 and len(building) == 1 and len(exports[building[0]].todo) > 1
+                   and not forking_supported())
+        if runner is not None:
+            runner([(exports[i].call, exports[i].task(job, lambda i=i: finish(i))) for i in building for job in exports[i].todo],
+                   progress)
         elif spawned:  # no fork here: workers build their own components
-            progress(f"{jobs} worker processes: building the model, then exporting", None)
-            made = _export_parallel(todo, jobs, (model, preset, checkpoint, seed, options, names), args, progress)
-        else:
-            if forking_supported():  # the jobs fork: they share the weights as page cache
-                map_weights(loaded.models, stage, meanwhile=lambda: _warm_up(todo))
-            _warm_up(todo)
-            builder = _Builder(recipe.iter_components(loaded, names), names, todo, progress)
+            export = exports[building[0]]
+            progress(f"{jobs} worker processes: building the model, then exporting")
+            loaded = export.source.load()  # for the manifest's records: the workers build their own
+            export.source_records = (dict(loaded.source), dict(loaded.options))
+            del loaded
+            made = _export_parallel(export.todo, jobs, export.worker_source(), export.job_args(), export.progress)
+            export.made = dict(zip(export.todo, made))
+            finish(building[0])
+        elif building:
+            tasks = [exports[i].task(job, lambda i=i: finish(i)) for i in building for job in exports[i].todo]
             budget = max_memory_mb if max_memory_mb is not None else auto_budget_mb()
-            made = run_side_by_side(
-                todo, lambda job: _start_isolated(job, builder.built[job.component], *args), jobs, budget,
-                added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
-                alone=lambda job: not (EXPORTERS.get(job.exporter).fork_safe and forking_supported()),
-                started=lambda job: progress(f"{job.component} -> {job.exporter} {job.precision}", job),
-                finished=lambda job, entries: progress(f"{job.component} {job.exporter} {job.precision}: "
-                                                       f"{entries[0]['verdict']}", job),
-                ready=lambda job: job.component in builder.built, prepare=builder.next, safe_points=between_module_calls)
-        made_by = dict(zip(todo, made))
+            run_tasks(tasks, jobs, budget, progress)
+    finally:
+        for export in exports:
+            export.close()
+    return results
+
+
+class _Export:
+    """One call of `export_models`: its checked plan and what it reuses (`unchanged`: the manifest
+    of an unchanged export, returned as it stands), its stage while its jobs run, and its manifest
+    once they have (`finish`)."""
+
+    def __init__(self, call: ExportCall):
+        self.call = call
+        self.progress = call.progress or (lambda _msg, _job: None)
+        checked = make_plan(call.model, call.target, call.out, preset=call.preset, checkpoint=call.checkpoint,
+                            components=call.components, formats=call.formats, precisions=call.precisions,
+                            placements=call.placements, calibration_size=call.calibration_size, settings=call.settings)
+        self.checked = checked
+        check_overrides(call.min_db or {}, set(checked.recipe.components.values()))
+        self.allow_unverified = check_unverified_kinds(call.allow_unverified)
+        self.out_dir = ensure_writable_dir(checked.out_dir)
+        self.connection = connect_hub(call.hub, checked.target) if call.hub else None  # token and device checked before any build
+        self.key = None if call.hub else export_key(checked, seed=call.seed, settings=call.settings, min_db=call.min_db,
+                                                    threads=call.threads, allow_unverified=self.allow_unverified)
+        self.unchanged = unchanged(self.out_dir, self.key) if self.key is not None and call.reuse else None
+        self.started = time.perf_counter()
+        plan_jobs = checked.jobs
+        self.keys = dict(zip(plan_jobs, job_keys(self.key))) if self.key is not None else {}
+        self.earlier = reusable_jobs(self.out_dir, list(self.keys.values())) if self.keys and call.reuse_jobs else {}
+        self.todo = [job for job in plan_jobs if self.keys.get(job) not in self.earlier] if self.unchanged is None else []
+        if self.unchanged is None:
+            for job in plan_jobs:
+                if job not in self.todo:
+                    self.progress(f"{job.component} {job.exporter} {job.precision}: reused, "
+                                  f"{self.earlier[self.keys[job]][0]['verdict']}", job)
+        # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
+        # and refuse a folder whose content is no longer this
+        checkpoint = checked.checkpoint
+        self.checkpoint_sha256 = ((self.key["inputs"].get("checkpoint_sha256") if self.key else tree_sha256(checkpoint))
+                                  if checkpoint else None)
+        self.source = Source.of(call.model, None if checkpoint else checked.preset or checked.recipe.default_preset,
+                                checkpoint, call.seed, checked.options)
+        self.made: dict[Job, list[dict]] = {}
+        self.source_records: tuple[dict, dict] | None = None  # the loaded model's source and options
+        self._closing = ExitStack()
+        self.stage: Path | None = None
+
+    def open(self) -> None:
+        """The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first
+        and the staged files published after it, so a crash (a manifest that cannot be written
+        included) never leaves artifacts that look valid without the manifest that vouches for them.
+        Reused entries' files stay where they are."""
+        self.stage = self._closing.enter_context(staging_dir(self.out_dir))
+
+    def close(self) -> None:
+        self._closing.close()
+
+    def job_args(self) -> tuple:
+        return (self.stage, self.call.min_db, self.call.threads, self.connection)
+
+    def worker_source(self) -> tuple:
+        names = list(dict.fromkeys(j.component for j in self.todo))
+        return (self.call.model, self.call.preset, self.checked.checkpoint, self.call.seed, self.checked.options, names)
+
+    def task(self, job: Job, last: Callable[[], None]) -> Task:
+        """The job as the scheduler runs it; `last()` once it is this call's last to finish."""
+
+        def finished(entries: list[dict], described: tuple[dict, dict] | None) -> None:
+            self.made[job] = entries
+            self.source_records = described or self.source_records
+            self.progress(f"{job.component} {job.exporter} {job.precision}: {entries[0]['verdict']}", job)
+            if len(self.made) == len(self.todo):
+                last()
+
+        return Task(self.source, job, lambda component: _start_isolated(job, component, *self.job_args()), self.stage,
+                    started=lambda: self.progress(f"{job.component} -> {job.exporter} {job.precision}", job),
+                    finished=finished)
+
+    def finish(self) -> dict:
+        """The manifest written, then the staged files published; the stage removed."""
+        call = self.call
+        if self.made:
+            if self.source_records is None:  # no job that ran elsewhere built the model: its records from here
+                loaded = self.source.load()
+                self.source_records = (dict(loaded.source), dict(loaded.options))
+            recorded, model_options = self.source_records
+            if self.checkpoint_sha256:
+                recorded = {**recorded, "checkpoint_sha256": self.checkpoint_sha256}
+            source = _described(recorded)
+        else:  # every job reused: the earlier export's model, whose key inputs are these
+            source, model_options = earlier_model(self.out_dir)
         entries = []
-        for job in plan_jobs:
-            if job in made_by:
-                entries += [{**entry, **({"job_key": keys[job]} if job in keys else {})} for entry in made_by[job]]
+        for job in self.checked.jobs:
+            if job in self.made:
+                entries += [{**entry, **({"job_key": self.keys[job]} if job in self.keys else {})} for entry in self.made[job]]
             else:
-                entries += [{**entry, "reused": True} for entry in earlier[keys[job]]]
-        manifest = _manifest(model, source, model_options, settings, tgt, threads, min_db, connection, entries, started,
-                             allow_unverified, key)
-        write_json_atomic(out_dir / MANIFEST, manifest)
-        publish(stage, out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
-    return {**manifest, "manifest_path": str(out_dir / MANIFEST), "reused": False}
+                entries += [{**entry, "reused": True} for entry in self.earlier[self.keys[job]]]
+        manifest = _manifest(call.model, source, model_options, call.settings, self.checked.target, call.threads,
+                             call.min_db, self.connection, entries, self.started, self.allow_unverified, self.key)
+        write_json_atomic(self.out_dir / MANIFEST, manifest)
+        publish(self.stage, self.out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
+        self.close()
+        return {**manifest, "manifest_path": str(self.out_dir / MANIFEST), "reused": False}
 
 
 # What a preset's weights are, in the manifest beside its name: nobody should ship them by mistake.

@@ -68,7 +68,7 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                      added_mb: Callable[[R], float | None], alone: Callable[[J], bool] = lambda job: False,
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
                      held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True,
-                     prepare: Callable[[int], bool] = lambda in_flight: False,
+                     prepare: Callable[[int], bool | None] = lambda in_flight: False,
                      safe_points: Callable[[Callable[[], None]], AbstractContextManager] = lambda point: nullcontext()) -> list[R]:
     """Every job, up to `workers` at once, results in the order of `jobs`. `start(job)` is called in
     this thread and sets the job going (a forked child); its `result()` is awaited in a worker
@@ -78,7 +78,8 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
 
     Jobs start in their order, each once `ready(job)`. `prepare(in_flight)` readies later jobs (builds
     their inputs), one call after another in a thread of its own until it returns False, overlapping
-    the jobs (`in_flight`: how many will run meanwhile). `safe_points(point)` is a context in which
+    the jobs (`in_flight`: how many will run meanwhile); None: it has nothing to do before a job in
+    flight finishes (it is called again then). `safe_points(point)` is a context in which
     the preparing thread calls `point()` at the moments it may be paused for a fork (without one,
     only between two calls). An exception (preparing, starting) stops every job in flight."""
     results: list = [None] * len(jobs)
@@ -98,6 +99,7 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
         for future in futures:
             if future not in running:  # the preparing call
                 continue
+            preparing.waiting = False
             i, _ = running.pop(future)
             results[i] = future.result()
             cost = added_mb(results[i])
@@ -134,9 +136,12 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                 preparing.check()
                 collect([f for f in running if f.done()])
                 start_ready()
-                if not preparing.done and preparing.future is None:
+                if not preparing.done and preparing.future is None and not preparing.waiting:
                     preparing.next(will_run())
                 if not running and preparing.future is None:
+                    if preparing.waiting:  # the job it waited for finished before it returned
+                        preparing.waiting = False
+                        continue
                     if pending:
                         raise RuntimeError(f"job {jobs[pending[0]]!r} never became ready")
                     continue
@@ -160,18 +165,21 @@ class _Preparing:
     """`prepare` called in a thread of its own, one call at a time; `paused()` holds that thread at
     its next safe point (or between calls) for as long as the scheduling thread needs."""
 
-    def __init__(self, prepare: Callable[[int], bool], safe_points: Callable[[Callable[[], None]], AbstractContextManager]):
+    def __init__(self, prepare: Callable[[int], bool | None], safe_points: Callable[[Callable[[], None]], AbstractContextManager]):
         self._prepare, self._safe_points = prepare, safe_points
         self._executor = ThreadPoolExecutor(1)
         self._turn = threading.Condition()
         self._hold = self._held = self._cancelled = False
         self.future: Future | None = None
         self.done = False
+        self.waiting = False  # the last call had nothing to do before a job finishes
+        self._in_flight = 0
 
     def next(self, in_flight: int) -> None:
+        self._in_flight = in_flight
         self.future = self._executor.submit(self._call, in_flight)
 
-    def _call(self, in_flight: int) -> bool:
+    def _call(self, in_flight: int) -> bool | None:
         with self._safe_points(self._point):
             return self._prepare(in_flight)
 
@@ -188,10 +196,15 @@ class _Preparing:
             self._held = False
 
     def check(self) -> None:
-        """The finished call's outcome: its exception raised here, False ending the preparing."""
+        """The finished call's outcome: its exception raised here, False ending the preparing, None
+        holding it until a job finishes."""
         if self.future is not None and self.future.done():
             future, self.future = self.future, None
-            self.done = not future.result()
+            outcome = future.result()
+            if outcome is None and not self._in_flight:
+                raise RuntimeError("preparing waits for a job to finish, and no job will run meanwhile")
+            self.waiting = outcome is None
+            self.done = outcome is False
 
     @contextmanager
     def paused(self):

@@ -1,7 +1,8 @@
 """`edgex build --executor ray` on a real two-node Ray cluster on 127.0.0.1 (one CPU and a small
-object store per node): the same artifacts, verdicts and hashes as the local executor with a worker
-killed mid-job; a cache hit schedules no task; a lost task is its job's error; a job larger than
-every node is refused before anything runs; no Ray process listens beyond loopback, on the test
+object store per node): one task per model per node, the same artifacts, verdicts and hashes as the
+local executor with a worker killed mid-job; a cache hit schedules no task; a lost task is its jobs'
+error; a job larger than every node is refused before anything runs; `edgex export --executor ray`
+writes the manifest a local export writes; no Ray process listens beyond loopback, on the test
 cluster or on the embedded instance `--executor ray` starts without `--address`."""
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("build-ray")
 
 ONE_JOB = ONE_JOB_BUILD
+TWO_JOBS = ONE_JOB_BUILD.replace('["fp32"]', '["fp32", "fp16"]')
 JOB_ID = "qwen3-tts/cpu/talker_decode.fp32.onnx"
+JOB_ID_FP16 = "qwen3-tts/cpu/talker_decode.fp16.onnx"
 OBJECT_STORE = 80 * 2**20  # Ray's smallest
 CHILD = "edgex.build.executors.child"
 
@@ -103,10 +106,12 @@ class WorkerKiller(threading.Thread):
 
 
 def test_ray_build_matches_local_and_survives_a_killed_worker(cluster, tmp_path):
+    """Two jobs of one model: one batch per node (each node builds the model once); the first
+    batch's worker is killed mid-job and that batch runs again."""
     from edgex.build.executors.ray_cluster import RayExecutor
 
-    file = tmp_path / "one.toml"
-    file.write_text(ONE_JOB)
+    file = tmp_path / "two.toml"
+    file.write_text(TWO_JOBS)
     local = run_build(file, tmp_path / "local")
 
     killer = WorkerKiller(after=1.0)
@@ -117,11 +122,13 @@ def test_ray_build_matches_local_and_survives_a_killed_worker(cluster, tmp_path)
     finally:
         killer.stop.set()
     finished = time.perf_counter()
-    assert killer.killed_at is not None and len(killer.spawned) == 2  # killed mid-job, then retried once
+    assert killer.killed_at is not None and len(killer.spawned) == 3  # two batches, one killed mid-job and run again
     assert finished - killer.killed_at < 60
-    assert executor.submitted == [JOB_ID]
+    assert sorted(executor.submitted) == sorted([JOB_ID, JOB_ID_FP16])
+    assert sorted(len(ids) for _, ids in executor.batches) == [1, 1]
+    assert {node for node, _ in executor.batches} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # both nodes
     assert digest(remote) == digest(local) and remote["status"] == local["status"] == "pass"
-    assert remote["artifacts"][0]["build"]["reused"] is False
+    assert all(a["build"]["reused"] is False for a in remote["artifacts"])
 
     again = RayExecutor(cluster.address)
     cached = run_build(file, tmp_path / "ray", executor=again)
@@ -159,6 +166,26 @@ def test_lost_task_is_the_jobs_error_and_a_job_larger_than_every_node_is_refused
     with pytest.raises(EdgexError, match=rf"{JOB_ID} needs 1 CPU, 96.0 GiB memory \(1.5x the 65536 MB peak RSS recorded"):
         run_build(file, tmp_path / "big", executor=refused)
     assert refused.submitted == []
+
+
+def test_an_export_on_ray_writes_what_a_local_export_writes(cluster, tmp_path):
+    from edgex.build.executors.ray_cluster import RayExecutor
+    from edgex.build.executors.remote_export import ray_runner
+    from edgex.export import export_model
+
+    def exported(out, **options) -> dict:
+        manifest = export_model("qwen3-tts", "cpu", out, preset="tiny", components=["talker_decode"], formats=["onnx"],
+                                precisions=["fp32", "fp16"], threads=1, **options)
+        return {(a["component"], a["precision"]): (a["verdict"], a.get("job_key"), sorted((f["path"], f["sha256"]) for f in a["files"]))
+                for a in manifest["artifacts"]}, manifest
+
+    local, _ = exported(tmp_path / "local")
+    executor = RayExecutor(cluster.address)
+    remote, manifest = exported(tmp_path / "ray", runner=ray_runner(cluster.address, executor))
+    assert remote == local and manifest["status"] == "pass" and manifest["source"]["preset"] == "tiny"
+    assert len(executor.batches) == 2  # the export's two jobs, one per node
+    folder = tmp_path / "ray" / "qwen3-tts" / "cpu"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["manifest.json", *(f for _, _, files in remote.values() for f, _ in files)])
 
 
 EMBEDDED = """

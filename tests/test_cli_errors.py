@@ -29,6 +29,11 @@ def assert_one_line_error(proc, *fragments):
         (["export", "qwen3-tts", "--format", "onnx", "--precision", "w8"], ["w8", "not supported"]),
         (["export", "qwen3-tts", "--min-db", "decoder=loud"], ["bad --min-db"]),
         (["export", "qwen3-tts", "--min-db", "decodr:fp16=40"], ["'decodr:fp16' is no role", "decoder"]),
+        (["export", "qwen3-tts", "--executor", "slurm"], ["unknown --executor 'slurm'", "local, ray"]),
+        (["export", "qwen3-tts", "--address", "10.0.0.5:6379"], ["--address names a Ray cluster", "--executor ray"]),
+        (["export", "qwen3-tts", "--executor", "ray", "--hub"], ["--hub", "--executor local"]),
+        (["build", str(Path(__file__).parents[1] / "builds" / "example.toml"), "--executor", "ray", "--jobs", "2"],
+         ["--jobs and --max-memory", "local executor"]),
     ],
 )
 def test_unknown_names(tmp_path, args, fragments):

@@ -1,17 +1,17 @@
 """`edgex build FILE` and `edgex build merge DIRS`: run a build's jobs through the cache, then
 publish one output tree with per-folder manifests, a merged `build.json` and the CI reports.
 
-Each job is one `export_model` call restricted to one component, format and precision, written
-into a temporary cache folder. Why one call per artifact and not one per
-group of artifacts: an artifact must be a function of its cache key alone, and a recipe's samples
-are not always independent of the other components derived with it (measured: one language model's decode
-graph's samples differ when its prefill graph is derived in the same call; a speech model's talker decode
-graph's do not). A
-grouped call would make an artifact's parity samples, and a quantized artifact's calibration, depend
-on its neighbours in the build. And `export_model` is the public contract of what an export
-produces (files, manifest entries and their folders, verdicts, sidecars), so calling it inherits
-every change to that contract. The price: the eager model and the one component are rebuilt per
-artifact (10-20 s on the tiny preset on 2 shared cores); cached artifacts pay nothing.
+Each job is one artifact: what one `export_model` call restricted to its component, format and
+precision writes, into a temporary cache folder. Why one call per artifact and not one per group of
+artifacts: an artifact must be a function of its cache key alone, so its manifest entry, verdict
+and files must not depend on its neighbours in the build; and `export_model` is the public contract
+of what an export produces (files, manifest entries and their folders, verdicts, sidecars), so
+calling it inherits every change to that contract. The calls run as one (`edgex.export.export_models`
+through `edgex.scheduler`): the eager model and each component are built once for every job that
+needs them, and the jobs run side by side, as `edgex export` runs its own. That relies on a recipe's
+samples not depending on which other components are derived with them (a recipe's builder runs the
+same seeded eager pipeline whichever components are asked for; `tests/test_spark.py` holds one
+recipe to it, and `benchmarks/bench_build_vs_export.py` compares a build's sha256 with an export's).
 
 What is published and how: `publish.py`.
 """
@@ -42,7 +42,7 @@ DEFAULT_CACHE = ".edgex-cache"
 def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple[int, int] | None = None,
               costs: Path | None = None, progress: Callable[[str], None] | None = None, executor=None) -> dict:
     """Run (this shard of) a build file; returns build.json's content. `executor`: where the jobs
-    the cache does not hold run (`edgex.build.executors`; default: here, one after another)."""
+    the cache does not hold run (`edgex.build.executors`; default: here, side by side)."""
     progress = progress or (lambda _msg: None)
     started = time.perf_counter()
     plan = load_plan(file)
@@ -69,9 +69,9 @@ def run_build(file: Path, out: Path, cache_dir: Path | None = None, shard: tuple
 
 def run_jobs(jobs: list[BuildJob], cache: Cache, progress, executor=None) -> list[Outcome]:
     """Each job's outcome, in plan order. A cache hit is read here and never leaves this process;
-    the other jobs are exported by `executor` (`edgex.build.executors`: one after another in this
-    process by default, or as tasks on a Ray cluster) and committed to the cache here by `settle`,
-    whichever ran them."""
+    the other jobs are exported by `executor` (`edgex.build.executors`: side by side in this process
+    by default, or on a Ray cluster) and committed to the cache here by `settle`, whichever ran
+    them."""
     weights = {(j.model, j.preset, j.checkpoint): weights_inputs(j.model, j.preset, Path(j.checkpoint) if j.checkpoint else None)
                for j in jobs}  # each checkpoint hashed once
     checkpoints = {c: w["checkpoint_sha256"] for (_, _, c), w in weights.items() if c}

@@ -24,7 +24,7 @@ def run_sweep(jobs: list[BuildJob], out: Path, cache_dir: Path | None = None, th
     """Run the jobs through the build cache, publish them as a build (manifests that `edgex verify`
     and `edgex pipeline` read), and return the build data plus one row per artifact. The published
     status follows `edgex.status` with the kinds accepted by name (`allow_unverified`), as a build's. `executor`:
-    where the uncached jobs run (`edgex.build.executors`; default: here, one after another)."""
+    where the uncached jobs run (`edgex.build.executors`; default: here, side by side)."""
     progress = progress or (lambda _m: None)
     started = time.perf_counter()
     with output_lock(out) as out:

@@ -1,5 +1,6 @@
-"""Where a build's uncached jobs run: here, one after another (`LocalExecutor`, the default), or as
-tasks on a Ray cluster (`edgex.build.executors.ray_cluster`, `--executor ray`).
+"""Where a build's uncached jobs run: here, side by side as `edgex export` runs its jobs
+(`LocalExecutor`, the default), or on a Ray cluster (`edgex.build.executors.ray_cluster`,
+`--executor ray`).
 
 Either way the driver (the process running `edgex build` or `edgex sweep`) keeps the cache: it
 looks every job up before anything runs, so a cache hit never reaches an executor, and it commits
@@ -22,37 +23,61 @@ EXECUTORS = ("local", "ray")
 
 
 class LocalExports:
-    def __init__(self, pending: list[Pending], cache):
+    """Every pending job exported at the first `result` asked for, as one (`export_jobs`): side by
+    side under a memory budget, each eager model built once for all the jobs that need it; each job
+    committed to the cache (`settle`) as soon as it has finished, so a build stopped midway keeps
+    what it finished."""
+
+    def __init__(self, pending: list[Pending], cache, progress, total: int, workers: int | None, max_memory_mb: float | None):
         self._pending = {p.index: p for p in pending}
-        self._cache = cache
+        self._cache, self._progress, self._total = cache, progress, total
+        self._workers, self._max_memory_mb = workers, max_memory_mb
+        self._results: dict[int, tuple] | None = None
 
     def result(self, index: int, progress: Callable[[str], None]):
-        from ..commit import export_job, settle
+        if self._results is None:
+            self._results = {}
+            self._run()
+        return self._results.pop(index)
 
-        item = self._pending.pop(index)
-        progress("exporting")
+    def _run(self) -> None:
+        from ..commit import export_jobs, settle
+
+        items = list(self._pending.values())
+        staged = [self._cache.staging(item.key) for item in items]
         started = time.perf_counter()
-        staged = self._cache.staging(item.key)
+
+        def done(i: int, manifest: dict, seconds: float) -> None:
+            item = items[i]
+            root = settle(item.job, self._cache, item.key, item.inputs, staged[i], manifest, seconds)
+            self._results[item.index] = (manifest, root, seconds, seconds)
+            verdicts = ", ".join(a["verdict"] for a in manifest["artifacts"])
+            self._progress(f"[{item.index + 1}/{self._total}] {item.job.id}: {verdicts} ({seconds:.1f} s; "
+                           f"{time.perf_counter() - started:.1f} s into the build)")
+
         try:
-            manifest = export_job(item.job, staged, progress)
-            export_seconds = round(time.perf_counter() - started, 3)
-            root = settle(item.job, self._cache, item.key, item.inputs, staged, manifest, export_seconds)
-        except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise
-        return manifest, root, export_seconds, round(time.perf_counter() - started, 3)
+            export_jobs(list(zip((item.job for item in items), staged)), self._progress, done, self._workers,
+                        self._max_memory_mb)
+        finally:
+            for folder in staged:  # committed ones were renamed away
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class LocalExecutor:
-    """Each job in this process, when its result is asked for."""
+    """The jobs here, side by side (`LocalExports`): `workers` at once (None: one per core) within
+    `max_memory_mb` (None: 85 % of the memory free)."""
+
+    def __init__(self, workers: int | None = None, max_memory_mb: float | None = None):
+        self.workers, self.max_memory_mb = workers, max_memory_mb
 
     @contextmanager
     def exports(self, pending: list[Pending], cache, progress, total: int) -> Iterator[LocalExports]:
-        yield LocalExports(pending, cache)
+        yield LocalExports(pending, cache, progress, total, self.workers, self.max_memory_mb)
 
 
-def make_executor(name: str, address: str | None = None):
-    """The executor `--executor NAME [--address ADDRESS]` names; bad input is a one-line error."""
+def make_executor(name: str, address: str | None = None, jobs: int | None = None, max_memory_gb: float | None = None):
+    """The executor `--executor NAME [--address ADDRESS] [--jobs N] [--max-memory GB]` names; bad
+    input is a one-line error."""
     from ...errors import EdgexError
 
     if name not in EXECUTORS:
@@ -60,7 +85,11 @@ def make_executor(name: str, address: str | None = None):
     if name == "local":
         if address:
             raise EdgexError("--address names a Ray cluster: give it with --executor ray")
-        return None
+        return LocalExecutor(jobs, max_memory_gb * 1024 if max_memory_gb else None)
+    if jobs is not None or max_memory_gb is not None:
+        raise EdgexError("--jobs and --max-memory size the local executor: with --executor ray, each job's CPUs and "
+                         "memory come from what earlier builds recorded (docs/ray.md)")
     from .ray_cluster import RayExecutor
 
     return RayExecutor(address)
+

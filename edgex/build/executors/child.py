@@ -1,17 +1,18 @@
-"""`python -m edgex.build.executors.child SCRATCH`: one export job in a fresh process, on a Ray node.
+"""`python -m edgex.build.executors.child SCRATCH`: a batch of export jobs of one model in a fresh
+process, on a Ray node.
 
-Reads the job, its cache key and the driver's key inputs from `SCRATCH/job.pickle`; computes the
-key again here (same edgex source, toolchain, Python, machine, CPU features and weights give the same key) and
-exports only if it matches, into `SCRATCH/out`; writes `SCRATCH/result.json` last, so a process
-that dies leaves no result. Dies with its parent, the Ray worker.
+Reads the jobs, their cache keys, the driver's key inputs and how many jobs run side by side from
+`SCRATCH/batch.pickle`; computes each key again here (same edgex source, toolchain, Python, machine,
+CPU features and weights give the same key) and exports the jobs whose key matches as one (`export_jobs`: the
+eager model built once, the jobs side by side), each into `SCRATCH/out/<i>`. `SCRATCH/results/<i>.json`
+is written when job `i` has finished, after its files, so a process that dies leaves no result for a
+job it did not finish. Dies with its parent, the Ray worker.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
-import time
 from pathlib import Path
 
 
@@ -25,23 +26,34 @@ def main(scratch: Path) -> None:
     quiet_libraries()
     from ...artifacts.keys import weights_inputs
     from ..cache import Cache
-    from ..commit import export_job, job_key_inputs
-    from .worker import JOB_FILE, OUT_DIR, RESULT_FILE
+    from ..commit import export_jobs, job_key_inputs
+    from .worker import JOB_FILE, OUT_DIR, RESULTS_DIR
 
-    job, key, driver_inputs = pickle.loads((scratch / JOB_FILE).read_bytes())
+    jobs, keys, driver_inputs, workers = pickle.loads((scratch / JOB_FILE).read_bytes())
+    results = scratch / RESULTS_DIR
+    results.mkdir()
     cache = Cache(scratch / "key")
-    inputs = job_key_inputs(cache, job, weights_inputs(job.model, job.preset, Path(job.checkpoint) if job.checkpoint else None))
-    if cache.key(inputs) != key:
-        differ = sorted(k for k in set(inputs) | set(driver_inputs) if inputs.get(k) != driver_inputs.get(k))
-        write_json_atomic(scratch / RESULT_FILE, {
+    weights: dict = {}
+    todo = []
+    for i, (job, key, driver) in enumerate(zip(jobs, keys, driver_inputs)):
+        source = (job.model, job.preset, job.checkpoint)
+        if source not in weights:
+            weights[source] = weights_inputs(job.model, job.preset, Path(job.checkpoint) if job.checkpoint else None)
+        inputs = job_key_inputs(cache, job, weights[source])
+        if cache.key(inputs) == key:
+            todo.append(i)
+            continue
+        differ = sorted(k for k in set(inputs) | set(driver) if inputs.get(k) != driver.get(k))
+        write_json_atomic(results / f"{i}.json", {
             "error": f"this node's {', '.join(differ)} differ(s) from the driver's, so its artifact and verdict would not be "
                      "the ones the cache key names: install the same edgex and toolchain on every node, on one CPU kind "
                      "(the features edgex doctor prints)"})
-        return
-    started = time.perf_counter()
-    manifest = export_job(job, scratch / OUT_DIR, lambda message: print(message, flush=True))
-    write_json_atomic(scratch / RESULT_FILE, strict_json({"manifest": manifest,
-                                                          "export_seconds": round(time.perf_counter() - started, 3)}))
+
+    def done(n: int, manifest: dict, seconds: float) -> None:
+        write_json_atomic(results / f"{todo[n]}.json", strict_json({"manifest": manifest, "export_seconds": seconds}))
+
+    export_jobs([(jobs[i], scratch / OUT_DIR / str(i)) for i in todo], lambda message: print(message, flush=True), done,
+                workers)
 
 
 if __name__ == "__main__":

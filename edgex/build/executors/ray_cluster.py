@@ -1,4 +1,5 @@
-"""`--executor ray`: a build's uncached jobs as Ray tasks, one per job.
+"""`--executor ray`: a build's uncached jobs as Ray tasks, one per model per node (`batches`), each
+building its eager model once and running its jobs side by side.
 
 Connecting: `--address` names an existing cluster (`ray.init(address=...)`: host:port of its head,
 `auto`, or a `ray://` client address); without it an embedded Ray instance starts on this machine
@@ -6,10 +7,11 @@ and stops with the build: its node address is 127.0.0.1, so every Ray process li
 only, no dashboard, usage statistics off, a `OBJECT_STORE_BYTES` object store (larger objects
 spill to disk).
 
-Each task declares the CPUs and memory its job needs (`edgex.build.executors.memory`); a job no
-node can hold is refused before any task is submitted. A task lost with its worker or node is
-retried (`MAX_RETRIES`); a task that still fails, or whose job's process dies, is that job's
-`error` with the reason. Checkpoints travel by content hash through Ray's object store, one object
+Each task declares the CPUs its batch runs side by side and the memory its largest job needs
+(`edgex.build.executors.memory`); a job no node can hold is refused before any task is submitted. A
+task lost with its worker or node is retried, its whole batch (`MAX_RETRIES`); a task that still
+fails is the `error` of each of its jobs, and a job whose process dies or that its batch's process
+did not finish is that job's `error`, with the reason. Checkpoints travel by content hash through Ray's object store, one object
 per checkpoint, materialized once per node; no filesystem is shared. The driver writes what a task
 returns into a cache staging folder, checks every file against the manifest (sha256 and size) and
 commits it with `edgex.build.commit.settle`, exactly as a local export. Leaving the build early
@@ -29,9 +31,11 @@ from ...artifacts.files import MANIFEST, intact, write_json_atomic
 from ...artifacts.keys import tree_sha256
 from ...errors import EdgexError
 from ..cache import files_root
+from ..shard import Recorded, recorded_costs
 from .pending import Pending
 from .memory import check_fits, demand, recorded_peaks
-from .worker import run_export_task
+from .batches import Node, plan_batches
+from .worker import run_export_batch
 
 MAX_RETRIES = 2  # retries of a task whose worker process or node was lost
 OBJECT_STORE_BYTES = 512 * 2**20  # the embedded instance's
@@ -45,38 +49,58 @@ class TaskFailed(RuntimeError):
 
 class RayExecutor:
     """`address`: an existing Ray cluster, or None for an embedded one. `submitted` lists the job
-    ids sent to the cluster (a cache hit never is)."""
+    ids sent to the cluster (a cache hit never is); `batches` the tasks, each a (node id, job ids)."""
 
-    def __init__(self, address: str | None = None, max_retries: int = MAX_RETRIES, task: Callable = run_export_task):
+    def __init__(self, address: str | None = None, max_retries: int = MAX_RETRIES, task: Callable = run_export_batch):
         self.address = address
         self.max_retries = max_retries
         self.task = task
         self.submitted: list[str] = []
+        self.batches: list[tuple[str, list[str]]] = []
 
     @contextmanager
     def exports(self, pending: list[Pending], cache, progress, total: int) -> Iterator["RayExports"]:
         if not pending:  # everything cached: no cluster is needed, nothing is started
             yield RayExports(None, {}, {}, cache, progress, total)
             return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         peaks = recorded_peaks(cache.root)
         demands = {p.index: demand(p.job, peaks) for p in pending}
         with connected(self.address) as ray:
-            check_fits(list(demands.values()), [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            check_fits(list(demands.values()), [n["Resources"] for n in alive])
+            nodes = [Node(n["NodeID"], int(n["Resources"].get("CPU", 0))) for n in alive if n["Resources"].get("CPU", 0) >= 1]
             remote = ray.remote(self.task)
             checkpoints = _send_checkpoints(ray, [p.job.checkpoint for p in pending if p.job.checkpoint])
             refs = {}
-            for p in pending:
-                d = demands[p.index]
-                refs[p.index] = remote.options(num_cpus=d.cpus, memory=d.memory, max_retries=self.max_retries,
-                                               retry_exceptions=False, name=f"edgex {p.job.id}").remote(
-                    p.job, p.key, p.inputs, checkpoints.get(p.job.checkpoint))
-                self.submitted.append(p.job.id)
-                progress(f"[{p.index + 1}/{total}] {p.job.id}: submitted to Ray ({d.describe()})")
+            for batch in plan_batches(pending, demands, nodes, _recorded(cache.root)):
+                first = batch.items[0].job
+                ref = remote.options(
+                    num_cpus=batch.cpus, memory=batch.memory, max_retries=self.max_retries, retry_exceptions=False,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(batch.node.node_id, soft=True),
+                    name=f"edgex {first.name} x{len(batch.items)}",
+                ).remote([p.job for p in batch.items], [p.key for p in batch.items], [p.inputs for p in batch.items],
+                         checkpoints.get(first.checkpoint), batch.cpus)
+                refs[ref] = [p.index for p in batch.items]
+                self.batches.append((batch.node.node_id, [p.job.id for p in batch.items]))
+                for p in batch.items:
+                    self.submitted.append(p.job.id)
+                    progress(f"[{p.index + 1}/{total}] {p.job.id}: submitted to Ray ({batch.describe()}, for node "
+                             f"{batch.node.node_id[:8]})")
             exports = RayExports(ray, refs, {p.index: p for p in pending}, cache, progress, total)
             try:
                 yield exports
             finally:
                 exports.cancel()
+
+
+def _recorded(cache_root: Path) -> Recorded:
+    """What earlier exports in the build cache took (for balancing batches), or nothing."""
+    try:
+        return recorded_costs(cache_root)
+    except EdgexError:  # an empty cache
+        return Recorded()
 
 
 @contextmanager
@@ -126,10 +150,12 @@ def _send_checkpoints(ray, folders: list[str]) -> dict[str, tuple[str, list]]:
 
 
 class RayExports:
+    """`refs`: each task's ObjectRef -> the plan indices of its batch's jobs, in the batch's order."""
+
     def __init__(self, ray, refs: dict, pending: dict[int, Pending], cache, progress, total: int):
-        self._ray, self._refs, self._pending, self._cache = ray, refs, pending, cache
+        self._ray, self._pending, self._cache = ray, pending, cache
         self._progress, self._total = progress, total
-        self._waiting = {ref: index for index, ref in refs.items()}
+        self._waiting = dict(refs)
         self._done: dict[int, tuple[dict | None, str | None, float]] = {}  # value, failure, seconds since submit
         self._started = time.perf_counter()
 
@@ -146,20 +172,23 @@ class RayExports:
         if failure is not None:
             return _failed(item, failure), None, 0.0, round(time.perf_counter() - started, 3)
         manifest, root = self._commit(item, value)
-        return manifest, root, value["export_seconds"], round(value["task_seconds"] + time.perf_counter() - started, 3)
+        return manifest, root, value["export_seconds"], value["export_seconds"]
 
     def _collect(self, ref) -> None:
-        index = self._waiting.pop(ref)
-        item = self._pending[index]
+        indices = self._waiting.pop(ref)
         seconds = time.perf_counter() - self._started
         try:
-            value, failure = self._ray.get(ref), None
-            where = f"on {value.get('node')}"
+            batch = self._ray.get(ref)
+            values, failure, where = batch["results"], None, f"on {batch['node']}"
         except self._ray.exceptions.RayError as exc:
-            value, failure = None, f"the Ray task failed: {type(exc).__name__}: {_first_line(exc)}"
+            values, failure = [None] * len(indices), f"the Ray task failed: {type(exc).__name__}: {_first_line(exc)}"
             where = "failed"
-        self._done[index] = (value, failure, seconds)
-        self._progress(f"[{index + 1}/{self._total}] {item.job.id}: finished {where} ({seconds:.1f} s after submission)")
+        for index, value in zip(indices, values):
+            if value is not None:
+                value = {**value, "node": batch["node"]}
+            self._done[index] = (value, failure, seconds)
+            self._progress(f"[{index + 1}/{self._total}] {self._pending[index].job.id}: finished {where} ({seconds:.1f} s "
+                           "after submission)")
 
     def _commit(self, item: Pending, value: dict):
         """The task's files into a cache staging folder, checked against their manifest, then

@@ -1,13 +1,15 @@
-"""The body of one export job's Ray task, on whichever node Ray chose.
+"""The body of one Ray task: a batch of export jobs of one model, on the node Ray placed it on.
 
-The job runs in a freshly spawned Python process (`edgex.build.executors.child`): torch and the
-exporters are not fork-safe inside a Ray worker, and a job's memory ends with its process. The task
-gives it a scratch folder of its own under this node's temporary folder, waits for it, and returns
-what it exported, file bytes and manifest, to the driver, which verifies and commits them; nothing
-on this node outlives the task but the checkpoints it was sent (`<tmp>/edgex-ray/checkpoints/<sha256>`,
-kept for the next job of the same weights). A scratch folder left by a killed worker is removed by
-the next task on the node. The worker's own process is what Ray retries when it is lost; the child
-dies with it (`die_with_parent`).
+The batch runs in one freshly spawned Python process (`edgex.build.executors.child`): torch and the
+exporters are not fork-safe inside a Ray worker, and the batch's memory ends with its process. That
+process builds the eager model once and runs the batch's jobs side by side, as a local build does
+(`edgex.build.commit.export_jobs`), each job in a process forked from it. The task gives it a
+scratch folder of its own under this node's temporary folder, waits for it, and returns what each
+job exported, file bytes and manifest, to the driver, which verifies and commits them; nothing on
+this node outlives the task but the checkpoints it was sent (`<tmp>/edgex-ray/checkpoints/<sha256>`,
+kept for the next batch of the same weights). A scratch folder left by a killed worker is removed by
+the next task on the node. The worker's own process is what Ray retries when it is lost (the whole
+batch again); the batch's process dies with it (`die_with_parent`).
 
 This module imports neither torch nor Ray at import time: Ray pickles the task by reference to it.
 """
@@ -23,11 +25,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
-JOB_FILE, RESULT_FILE, LOG_FILE, OUT_DIR = "job.pickle", "result.json", "job.log", "out"
+JOB_FILE, RESULTS_DIR, LOG_FILE, OUT_DIR = "batch.pickle", "results", "batch.log", "out"
 SCRATCH_PREFIX = "job-"
 
 
@@ -97,11 +98,13 @@ def _last_line(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def run_export_task(job, key: str, inputs: dict, checkpoint: tuple[str, list] | None) -> dict:
-    """Export `job` (a `BuildJob`) here; `checkpoint`: (content sha256, [ObjectRef of its files]) or
-    None. Returns {"manifest", "export_seconds", "files": {path: bytes}, "node", "checkpoint_path"},
-    or {"error": reason} when the job's process ended without a result or this node's environment
-    gives another cache key than the driver's."""
+def run_export_batch(jobs: list, keys: list[str], inputs: list[dict], checkpoint: tuple[str, list] | None,
+                     workers: int) -> dict:
+    """Export `jobs` (`BuildJob`s of one model) here, `workers` side by side; `checkpoint`: (content
+    sha256, [ObjectRef of its files]) or None. Returns {"node", "results"}: per job, in order,
+    {"manifest", "export_seconds", "files": {path: bytes}, "checkpoint_path"}, or {"error": reason}
+    when the batch's process ended before the job finished or this node's environment gives another
+    cache key than the driver's."""
     root = node_root()
     _sweep_scratch(root)
     node = socket.gethostname()
@@ -111,27 +114,29 @@ def run_export_task(job, key: str, inputs: dict, checkpoint: tuple[str, list] | 
 
         sha256, refs = checkpoint
         local_checkpoint = str(materialize(root, sha256, lambda: ray.get(refs[0])))
-        job = replace(job, checkpoint=local_checkpoint)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{key[:12]}-", dir=root))
+        jobs = [replace(job, checkpoint=local_checkpoint) for job in jobs]
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{keys[0][:12]}-", dir=root))
     try:
-        (scratch / JOB_FILE).write_bytes(pickle.dumps((job, key, inputs)))
+        (scratch / JOB_FILE).write_bytes(pickle.dumps((jobs, keys, inputs, workers)))
         package_parent = str(Path(__file__).resolve().parents[3])  # the edgex this worker runs
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package_parent, os.environ.get("PYTHONPATH")))))
-        started = time.perf_counter()
         with open(scratch / LOG_FILE, "wb") as log:
             code = subprocess.call([sys.executable, "-m", "edgex.build.executors.child", str(scratch)],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        result_path = scratch / RESULT_FILE
-        if not result_path.is_file():
-            last = _last_line(scratch / LOG_FILE)
-            return {"error": f"the job's process on {node} {_describe(code)}" + (f"; its last line: {last}" if last else ""),
-                    "node": node}
-        result = json.loads(result_path.read_text())
-        if "error" in result:
-            return {**result, "node": node}
-        out = scratch / OUT_DIR
-        files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-        return {**result, "files": files, "node": node, "checkpoint_path": local_checkpoint,
-                "task_seconds": round(time.perf_counter() - started, 3)}
+        results = []
+        for i in range(len(jobs)):
+            path = scratch / RESULTS_DIR / f"{i}.json"
+            if not path.is_file():
+                last = _last_line(scratch / LOG_FILE)
+                results.append({"error": f"the batch's process on {node} {_describe(code)} before this job finished"
+                                         + (f"; its last line: {last}" if last else "")})
+                continue
+            result = json.loads(path.read_text())
+            if "error" not in result:
+                out = scratch / OUT_DIR / str(i)
+                result["files"] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+                result["checkpoint_path"] = local_checkpoint
+            results.append(result)
+        return {"node": node, "results": results}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
