@@ -146,18 +146,18 @@ def export(
                          precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        for job in checked.jobs:
+            if job.coarse:
+                err.print(coarse_warning(model, job), highlight=False, soft_wrap=True)
+        if dry_run:  # before the executors' imports: a plan imports no toolchain
+            _print_plan(checked, as_json)
+            return
         from .build.executors.remote_export import export_runner
         from .side_by_side import default_jobs
 
         runner = export_runner(executor, address, hub=bool(hub_settings))
 
         jobs = jobs or default_jobs()
-        for job in checked.jobs:
-            if job.coarse:
-                err.print(coarse_warning(model, job), highlight=False, soft_wrap=True)
-        if dry_run:
-            _print_plan(checked, as_json)
-            return
         manifest = None
         if not (force or hub_settings):
             from .artifacts.reuse import unchanged_export

@@ -9,7 +9,6 @@ import pytest
 from conftest import ONE_JOB_BUILD
 from edgex.build.run import run_build
 from edgex.export import export_model
-from edgex.recipes import RECIPES
 
 pytestmark = pytest.mark.xdist_group("build-local")
 
@@ -17,15 +16,16 @@ TWO_JOBS = ONE_JOB_BUILD.replace('["fp32"]', '["fp32", "fp16"]')
 
 
 def test_a_build_of_two_jobs_loads_the_model_once_and_runs_them_side_by_side(tmp_path, monkeypatch):
-    recipe = type(RECIPES.get("qwen3-tts"))
-    loads = []
-    original = recipe.load
+    from edgex import scheduler
 
-    def counted(self, *args, **kwargs):
-        loads.append(args)
+    loads = []
+    original = scheduler.Source.load
+
+    def counted(self, *args, **kwargs):  # the scheduler's one way to build an eager model
+        loads.append((self.model, self.preset))
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(recipe, "load", counted)
+    monkeypatch.setattr(scheduler.Source, "load", counted)
     file = tmp_path / "two.toml"
     file.write_text(TWO_JOBS)
     lines: list[str] = []
