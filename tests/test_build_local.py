@@ -29,7 +29,8 @@ def test_a_build_of_two_jobs_loads_the_model_once_and_runs_them_side_by_side(tmp
     file = tmp_path / "two.toml"
     file.write_text(TWO_JOBS)
     lines: list[str] = []
-    data = run_build(file, tmp_path / "out", progress=lines.append, executor=None)
+    monkeypatch.setenv("EDGEX_CACHE_DIR", str(tmp_path / "edgex-cache"))  # nothing another test cached serves these jobs
+    data = run_build(file, tmp_path / "out", cache_dir=tmp_path / "build-cache", progress=lines.append, executor=None)
     assert data["status"] == "pass" and len(data["artifacts"]) == 2
     assert len(loads) == 1, loads
     # both jobs started before either finished (each export's lines: "... -> onnx fp16", "...: pass")
