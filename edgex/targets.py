@@ -161,10 +161,11 @@ TARGETS: dict[str, Target] = {
             {
                 "runtimes": ["llama.cpp (libllama, cpu)", "llama.cpp (libmtmd speech generation, cpu)"],
                 "declared_only": {
-                    "predictor": "llama.cpp runs a speech model's code predictor only as libmtmd's fixed graph for its "
-                                 "model (Qwen3-TTS's whole frame), from an mmproj GGUF",
-                    "decoder": "llama.cpp runs a speech decoder only as libmtmd's fixed graph for its model (Qwen3-TTS's "
-                               "Code2Wav, at fixed sizes); it has no flow-matching or neural-vocoder decoder graph",
+                    "predictor": "llama.cpp runs a speech model's code predictor only as libmtmd's fixed graph for "
+                                 "that model, from an mmproj GGUF the recipe declares",
+                    "decoder": "llama.cpp runs a speech decoder only as libmtmd's fixed graph for that model (at fixed "
+                               "sizes), from an mmproj GGUF the recipe declares; it has no flow-matching or "
+                               "neural-vocoder decoder graph",
                 },
                 "not_placed": {
                     **dict.fromkeys(VLA_ROLES, "llama.cpp has no robot-policy architecture: no vision encoder "
