@@ -57,6 +57,20 @@ def test_libmtmd_runs_the_predictor_and_its_codes_logits_and_embedding_pass(mmpr
     assert "libmtmd samples inside its graph" in report.samples["utterance_b_frame30_sampled"]["not_run"]
 
 
+def test_the_pipeline_refuses_libmtmds_predictor_in_one_line(mmproj_components, tmp_path):
+    """The in-situ passes sample with the eager pipeline's noise, which libmtmd cannot take: a one-line
+    error before anything runs, naming what to compose instead."""
+    from edgex.in_situ import Stage
+    from edgex.parity.runtimes.llamacpp import LlamaCppRuntime
+    from edgex.recipes.qwen3_tts.in_situ import _check_sampling
+
+    session = LlamaCppRuntime().load([_export(mmproj_components["code_predictor"], tmp_path)])
+    stage = Stage("code_predictor", {"format": "gguf", "precision": "f32"}, session, 45.0)
+    with pytest.raises(EdgexError, match="libmtmd samples inside its graph.*--placement code_predictor=onnx:fp32"):
+        _check_sampling({"code_predictor": stage})
+    session.close()
+
+
 def test_swapped_codebook_rows_in_the_mmproj_fail_the_predictor(mmproj_components, tmp_path):
     """Two rows of codebook 3's embedding swapped: the rows of the code eager picks there on a greedy
     sample and another; libmtmd's later codes follow the wrong embedding and flip beyond ties."""

@@ -84,10 +84,11 @@ def check_mmproj(path: Path) -> dict:
     names = {t.name: t for t in reader.tensors}
     if not get("clip.has_audio_encoder") or "mm.a.fc.weight" not in names:
         raise RuntimeError(f"{path.name} holds no speaker encoder: libmtmd loads an mmproj only with an input encoder")
-    head, embd = names.get("a.gen.code.head.weight"), names.get("a.gen.code.embd.weight")
-    if head is None or embd is None:
+    head, embd, first = (names.get(f"a.gen.code.{n}.weight") for n in ("head", "embd", "out_embd"))
+    if head is None or embd is None or first is None:
         raise RuntimeError(f"{path.name} lacks the code predictor's stacked heads / tables")
-    return {"width": int(get("clip.gen.audio.projection_dim")), "vocab": int(head.shape[1]), "groups": int(head.shape[2])}
+    return {"width": int(get("clip.gen.audio.projection_dim")), "vocab": int(head.shape[1]), "groups": int(head.shape[2]),
+            "codec_rows": int(first.shape[1])}
 
 
 class MtmdGen:
@@ -149,7 +150,7 @@ class MtmdGen:
         hidden = np.ascontiguousarray(np.asarray(hidden, np.float32).reshape(-1))
         if hidden.size != self.facts["width"]:
             raise RuntimeError(f"libmtmd's predictor takes a {self.facts['width']}-wide hidden state, got {hidden.size}")
-        if not 0 <= int(code0) < self.facts["vocab"] + 1024:
+        if not 0 <= int(code0) < self.facts["codec_rows"]:
             raise RuntimeError(f"code 0 {code0} is outside the talker's codec rows")
         inp = mtmd.mtmd_gen_inp_default(self._ctx)
         inp.type = mtmd.MTMD_GEN_PROCESS_TYPE_GEN_CODE

@@ -104,6 +104,23 @@ class _StepLoop:
         return [np.concatenate(codes, axis=1), np.concatenate(logits, axis=1), embeds[None].astype(np.float32)]
 
 
+def _check_sampling(stages: dict) -> None:
+    """The passes below feed the predictor the eager pipeline's sampling noise: a predictor artifact
+    that draws its own samples (llama.cpp's libmtmd, greedy only here) is refused in one line before
+    anything runs, with what to compose instead."""
+    from ...errors import EdgexError
+
+    stage = stages.get("code_predictor")
+    if stage is None:
+        return
+    probe = [np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.int64), np.ones((1, predictor.GROUPS, AUDIO_CODES), np.float32)]
+    why = stage.session.cannot_run(probe)
+    if why:
+        raise EdgexError(f"code_predictor ({stage.entry.get('format')} {stage.entry.get('precision')}): {why}; the in-situ passes "
+                         "sample with the eager pipeline's noise: compose the predictor from another folder "
+                         "(--placement code_predictor=onnx:fp32)")
+
+
 def _predictor(stages: dict, talker):
     """The predictor stage: the frame graph's artifact, or the step graph's driven by `_StepLoop`."""
     return stages["code_predictor"] if "code_predictor" in stages else _StepLoop(stages["code_predictor_step"], talker)
@@ -205,6 +222,7 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
         raise EdgexError(f"--frames must be 1..{slots - prefill_len} (the talker graph's {slots} KV slots minus the "
                          f"{prefill_len}-position prompt)")
+    _check_sampling(stages)
     stages = {**stages, "code_predictor": _predictor(stages, models.talker)}  # a looped step graph stays too: its calls are timed
     looped = isinstance(stages["code_predictor"], _StepLoop)
     gates = {n: s.gate_db for n, s in stages.items()}
