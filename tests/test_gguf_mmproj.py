@@ -57,18 +57,32 @@ def test_libmtmd_runs_the_predictor_and_its_codes_logits_and_embedding_pass(mmpr
     assert "libmtmd samples inside its graph" in report.samples["utterance_b_frame30_sampled"]["not_run"]
 
 
-def test_the_pipeline_refuses_libmtmds_predictor_in_one_line(mmproj_components, tmp_path):
-    """The in-situ passes sample with the eager pipeline's noise, which libmtmd cannot take: a one-line
-    error before anything runs, naming what to compose instead."""
+def test_a_component_none_of_whose_samples_the_runtime_takes_fails(mmproj_components, tmp_path):
+    component = mmproj_components["code_predictor"]
+    sampled = dataclasses.replace(component, samples={k: v for k, v in component.samples.items() if "sampled" in k})
+    report = _gate(sampled, _export(component, tmp_path))
+    assert report.verdict == "fail" and any("runs none of its samples" in f for f in report.failures), report.failures
+
+
+def test_the_pipeline_runs_libmtmds_predictor_greedy(mmproj_components, tmp_path):
+    """The in-situ passes that feed the eager pipeline's noise cannot run on libmtmd's predictor: the
+    pipeline knows it before anything runs and takes its greedy path (`greedy_in_situ`)."""
     from edgex.in_situ import Stage
     from edgex.parity.runtimes.llamacpp import LlamaCppRuntime
-    from edgex.recipes.qwen3_tts.in_situ import _check_sampling
+    from edgex.recipes.qwen3_tts.in_situ import draws_own_samples
 
     session = LlamaCppRuntime().load([_export(mmproj_components["code_predictor"], tmp_path)])
     stage = Stage("code_predictor", {"format": "gguf", "precision": "f32"}, session, 45.0)
-    with pytest.raises(EdgexError, match="libmtmd samples inside its graph.*--placement code_predictor=onnx:fp32"):
-        _check_sampling({"code_predictor": stage})
+    assert "libmtmd samples inside its graph" in draws_own_samples({"code_predictor": stage})
     session.close()
+
+    from edgex.parity.runtimes.base import Session
+
+    class TakesNoise(Session):  # a graph that samples from its noise input (ONNX, .pte ...)
+        def run(self, inputs):
+            raise AssertionError("the probe runs nothing")
+
+    assert draws_own_samples({"code_predictor": Stage("code_predictor", {}, TakesNoise(), 30.0)}) is None
 
 
 def test_swapped_codebook_rows_in_the_mmproj_fail_the_predictor(mmproj_components, tmp_path):

@@ -22,15 +22,11 @@ import re
 import numpy as np
 
 from ...layouts import CODEC_EMBEDS, GEN_CODE0, GEN_CODES, GEN_HIDDEN, GEN_LOGITS, GEN_NOISE, GEN_WAV, GEN_WAV_CODES, GgufLayout, LlamaFeed
-
 from .libmtmd_facts import unsupported_reason
 
 ARCH = "clip"
-GROUPS = 15  # residual codebooks: stacked tables and heads
 DAC_RESIDUAL_UNITS = 3  # dilations 1, 3, 9
-SAMPLES_PER_FRAME = 1920
 SPEAKER_STAGES = 3  # SE-Res2Net blocks 1..3 (the converter's `clip.audio.block_count`)
-RES2NET_CONVS = 7  # clip.cpp loads res2.0 .. res2.6
 
 _PREDICTOR_LAYER = {
     "input_layernorm": "ln1", "self_attn.q_proj": "attn_q", "self_attn.q_norm": "attn_q_norm",
