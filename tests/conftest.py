@@ -53,14 +53,58 @@ def pytest_sessionfinish(session, exitstatus):
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# Every test file sits in one layer; `pytest -m LAYER` runs one (docs/testing.md says what each
+# checks and how long it takes). A file in no layer, or in two, stops the collection.
+LAYERS = {
+    "logic": ("planners, keys, reports, parsers, scoring rules, CLI errors and layout rules, on toy "
+              "inputs, stand-in models or recorded manifests: no export",
+              ["build_plan", "catalog", "cli_errors", "cli_options", "coarse_verdicts", "component_builder", "docs",
+               "first_run", "gate_outcomes", "half_arithmetic", "import_circles", "knowledge_layout", "mapped_weights",
+               "metrics", "qwen3_tts_runner", "ray_batches", "scheduler", "side_by_side", "spectral_gate",
+               "task_figures", "tie_rule"]),
+    "graphs": ("each recipe's eager graphs and wrappers against the model's own published code, and the "
+               "samples parity runs, before any exporter",
+               ["hift_verdicts", "minicpm_o", "pi0", "samples_cover", "utterance_replay", "vla", "wrappers"]),
+    "artifacts": ("real exports run in their real runtimes, one per format and precision a target places by "
+                  "default: a broken artifact fails its gate, a faithful one passes; contracts, pipelines, "
+                  "checkpoints in published layouts",
+                  ["checkpoint", "coarse_schemes", "contract", "coreml", "coreml_interpreter", "executorch_lowering",
+                   "export_cost", "export_cpu", "fault_injection", "gate", "gguf", "gguf_vocab", "hub", "manifest",
+                   "minicpm_o_stream", "mnn", "nonfinite", "norm_quantization", "official_utterance", "onnx_fusions",
+                   "pipeline", "planted_graph", "policy_configs", "predictor_gate", "qdq_lowering", "qnn",
+                   "quantized", "sampling_quantization", "scheme", "spark", "streaming", "unverified", "verify",
+                   "voice_prompt"]),
+    "commands": ("commands on what other commands wrote and under faults: builds, sweeps, the cache, "
+                 "executors (local and Ray), killed and interrupted runs, temporary files",
+                 ["build", "build_faults", "build_local", "build_ray", "export_cache", "export_workers", "sweep",
+                  "temp_files"]),
+}
+
+
+def pytest_configure(config):
+    for layer, (what, _) in LAYERS.items():
+        config.addinivalue_line("markers", f"{layer}: {what}")
+
+
+def layer_of(path: Path) -> str:
+    """The one layer `tests/test_NAME.py` belongs to; a usage error where it is in none or several."""
+    name = path.stem.removeprefix("test_")
+    layers = [layer for layer, (_, files) in LAYERS.items() if name in files]
+    if len(layers) != 1:
+        raise pytest.UsageError(f"{path.name} is in {len(layers)} layers of tests/conftest.py LAYERS; put it in one")
+    return layers[0]
+
+
 def pytest_xdist_auto_num_workers(config):
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into scheduling groups
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the README-demo export runs on the worker that built it."""
+    """Every test gets its layer's mark; every test that uses the README-demo export runs on the
+    worker that built it."""
     for item in items:
+        item.add_marker(getattr(pytest.mark, layer_of(item.path)))
         if "cpu_export" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
 
