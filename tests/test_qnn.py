@@ -373,3 +373,41 @@ def test_calibration_runs_on_one_thread_whatever_the_process_runs_on(tmp_path, m
     finally:
         torch.set_num_threads(threads)
     assert seen["torch"] == [1] and seen["ort"] and all(s == (1, 1) for s in seen["ort"]), seen
+
+
+def test_a_dlc_larger_than_its_context_binary_is_not_written_and_the_entry_says_why(tmp_path, monkeypatch):
+    """A `.dlc` larger than the context binary and EPContext model it is another build of is not
+    written, so a target's folder holds at most twice its runnable bytes, and the artifact's manifest
+    entry says why (`sidecars_not_written`); no `.dlc` entry or file is left. Here the `.dlc` keeps
+    its MatMul weights in fp32 (no reader takes an fp16 weight: `HALF_READERS` empty), 2.1 MB beside
+    the binary's 1.1 MB, as every fp16 `.dlc` did when it was written from the fp32 graph as it is."""
+    import tempfile
+
+    from torch import nn
+
+    import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_dlc as qnn_dlc
+    import edgex.exporters.qnn_graphs as qnn_graphs
+    from edgex.component import Component, TensorSpec
+    from edgex.export import _export_one
+    from edgex.exporters import EXPORTERS
+    from edgex.plan import Job
+    from edgex.targets import get_target
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512)).eval()
+    x = torch.randn(1, 512)
+    component = Component("stack", "talker", module, [TensorSpec("x", (1, 512), "float32")], [TensorSpec("y", (1, 512), "float32")],
+                          lambda t: (module(t),), {"s": (x,)})
+    monkeypatch.setattr(qnn_dlc, "HALF_READERS", {})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the graph store's folder, removed with tmp_path
+    monkeypatch.setattr(qnn, "GRAPHS", qnn_graphs.Graphs())
+    options = tuple(get_target("s25-htp").exporter_options["qnn"].items())
+    (stage := tmp_path / "stage").mkdir()
+    entries = _export_one(Job("stack", "talker", "qnn", "fp16", options), component, EXPORTERS.get("qnn"), stage, {}, None, None)
+    (entry,) = entries
+    assert entry["verdict"] == "pass" and not list(stage.rglob("*.dlc")), entry.get("parity", {}).get("failures")
+    runnable = sum(f["bytes"] for f in entry["files"])
+    why = entry["sidecars_not_written"]["qnn-dlc"]
+    assert why.startswith("not written: QAIRT's IR backend wrote a 2.1 MB .dlc, larger than the") and "twice" in why, why
+    assert f"{runnable / 1e6:.1f} MB of the context binary and EPContext model" in why

@@ -167,3 +167,72 @@ def folded_constants(graph) -> set[str]:
                                    all(not i or i in constant for i in n.input) for n in nodes)
 
     return {i.name for i in graph.initializer if folded(i.name)}
+
+
+# The inputs at which QNN's op takes a weight as a computed tensor as readily as a constant: an
+# fp16 `.dlc` stores these weights in fp16, each behind one Cast to float32 that every reader (every
+# step of an unrolled graph) shares. Other float constants (norm weights, scalars, a BatchNorm's
+# statistics, Resize scales) stay float32: QNN takes several of them only as constants, and they are
+# a small part of a graph's bytes.
+HALF_READERS = {"MatMul": (0, 1), "Gemm": (0, 1, 2), "Gather": (0,), "Conv": (1, 2), "ConvTranspose": (1, 2)}
+
+
+def half_weight_names(graph) -> set[str]:
+    """The float32 initializers (of 2 or more elements) an fp16 `.dlc` stores in fp16: those every
+    reader of which takes them at one of its `HALF_READERS` inputs."""
+    from onnx import TensorProto
+
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, i))
+    return {init.name for init in graph.initializer
+            if init.data_type == TensorProto.FLOAT and _elements(init) >= 2 and init.name in readers
+            and all(i in HALF_READERS.get(op, ()) for op, i in readers[init.name])}
+
+
+def _elements(init) -> int:
+    size = 1
+    for d in init.dims:
+        size *= d
+    return size
+
+
+def half_weights(source: Path, dest: Path) -> Path:
+    """`source` (an fp32 graph) written to `dest` with each of its `half_weight_names` stored as fp16
+    (rounded to nearest) behind one Cast to float32, for QAIRT's IR backend to write an fp16 `.dlc`
+    from. The backend stores a constant in the dtype the graph gives it, so the fp32 graph's `.dlc`
+    held fp32 weights: twice the bytes of the fp16 context binary, which keeps weights in fp16. The
+    session writing the `.dlc` must not fold constants (`htp_session(fold_constants=False)`), or
+    ONNX Runtime turns each Cast back into a float32 constant. The graph computes what the HTP runs
+    at fp16 precision, whose weights are the same fp16 values."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(source))
+    half = half_weight_names(model.graph)
+    casts = []
+    for init in model.graph.initializer:
+        if init.name in half:
+            array = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(array.astype("float16"), f"{init.name}.fp16"))
+            casts.append(helper.make_node("Cast", [init.name], [init.name.removesuffix(".fp16")], to=TensorProto.FLOAT,
+                                          name=f"{init.name}.cast"))
+    nodes = casts + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{dest.name}.data")
+    return dest
+
+
+def oversized(dlc: Path, runnable_bytes: int) -> str | None:
+    """Why a `.dlc` is not kept beside its artifact, or None: one larger than the runnable files it
+    is another build of (the context binary and its EPContext model) is not written, so that a
+    target's folder holds at most twice its runnable bytes. The reason goes in the artifact's
+    manifest entry (`sidecars_not_written`)."""
+    size = dlc.stat().st_size
+    if size <= runnable_bytes:
+        return None
+    return (f"not written: QAIRT's IR backend wrote a {size / 1e6:.1f} MB .dlc, larger than the {runnable_bytes / 1e6:.1f} MB "
+            f"of the context binary and EPContext model it is another build of (a target's folder holds at most twice its "
+            f"runnable bytes)")
