@@ -439,12 +439,13 @@ def _qnn_export_of(graph, tmp_path, monkeypatch):
 
 
 def test_an_fp16_dlc_stores_each_weight_once_in_fp16_and_one_changed_weight_fails(tmp_path, monkeypatch):
-    """An fp16 `.dlc` holds the fp16 weights the HTP runs, not the fp32 graph's, and a weight that
-    three unrolled steps read is stored once: the conv kernel, the gather table and the steps' shared
-    matrix are each found once in `model.params.bin` as the fp32 weight rounded to fp16, never in
-    fp32, and the `.dlc` is no larger than the runnable files. The stored-tensor check reads them
-    back as fp16 (the rounding's SNR, ~74 dB); one element of the shared matrix one fp16 step off in
-    the written file fails that weight alone."""
+    """An fp16 `.dlc` holds the fp16 weights the HTP runs, not the fp32 graph's, and the weight
+    three unrolled steps read is stored once, whether the steps read one initializer or copies of it
+    (torch's export folds each step's transposed weight into an initializer of its own): the conv
+    kernel, the gather table and the steps' matrix are each found once in `model.params.bin` as the
+    fp32 weight rounded to fp16, never in fp32, and the `.dlc` is no larger than the runnable files.
+    The stored-tensor check reads them back as fp16 (the rounding's SNR, ~74 dB); one element of the
+    steps' matrix one fp16 step off in the written file fails it (each step's copy) and nothing else."""
     from onnx import TensorProto, helper
 
     from edgex.exporters.qnn_dlc import dlc_members
@@ -457,15 +458,17 @@ def test_an_fp16_dlc_stores_each_weight_once_in_fp16_and_one_changed_weight_fail
              helper.make_node("Reshape", ["c", "shape"], ["c2"]),
              helper.make_node("Gather", ["table", "ids"], ["e"]),
              helper.make_node("Add", ["c2", "e"], ["h0"])]
-    for step in range(3):  # an unrolled loop: every step reads the same matrix
-        nodes += [helper.make_node("MatMul", [f"h{step}", "shared"], [f"m{step}"]),
+    steps = ["shared", "shared", "shared.copy"]  # an unrolled loop: the steps read one matrix, or a copy of it
+    for step, matrix in enumerate(steps):
+        nodes += [helper.make_node("MatMul", [f"h{step}", matrix], [f"m{step}"]),
                   helper.make_node("Mul", [f"m{step}", "norm"], [f"n{step}"]),
                   helper.make_node("Tanh", [f"n{step}"], [f"h{step + 1}"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4]),
                                            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
                               [helper.make_tensor_value_info("h3", TensorProto.FLOAT, [1, 2, 128])],
                               [numpy_helper.from_array(a, n) for n, a in weights.items()]
-                              + [numpy_helper.from_array(np.array([1, 2, 128], np.int64), "shape")])
+                              + [numpy_helper.from_array(weights["shared"], "shared.copy"),
+                                 numpy_helper.from_array(np.array([1, 2, 128], np.int64), "shape")])
     exporter, component, result = _qnn_export_of(graph, tmp_path, monkeypatch)
     (sidecar,) = result.sidecars
     (dlc,) = sidecar.files
@@ -476,7 +479,7 @@ def test_an_fp16_dlc_stores_each_weight_once_in_fp16_and_one_changed_weight_fail
         assert data.count(w.astype(np.float16).tobytes()) == 1 and data.count(w.tobytes()) == 0, name
     good = tensor_parity(exporter, component, [dlc], 30.0, "fp16")
     assert good["verdict"] == "pass", good
-    for name in ("kernel", "table", "shared"):
+    for name in ("kernel", "table", "shared", "shared.copy"):
         assert good["tensors"][name]["type"] == "float16 in model.params.bin" and 70 < good["tensors"][name]["snr_db"] < 80
     assert good["tensors"]["norm"] == {"type": "float32 in model.params.bin", "shape": [128], "snr_db": np.inf}
 
@@ -486,6 +489,6 @@ def test_an_fp16_dlc_stores_each_weight_once_in_fp16_and_one_changed_weight_fail
     broken = tmp_path / "changed.dlc"
     broken.write_bytes(dlc.read_bytes().replace(half.tobytes(), changed.tobytes()))
     bad = tensor_parity(exporter, component, [broken], 30.0, "fp16")
-    assert bad["verdict"] == "fail" and [n for n, t in bad["tensors"].items() if t["snr_db"] < 30] == ["shared"], bad
+    assert bad["verdict"] == "fail" and [n for n, t in bad["tensors"].items() if t["snr_db"] < 30] == ["shared", "shared.copy"], bad
     assert bad["tensors"]["shared"]["error"] == "missing from the file"
 

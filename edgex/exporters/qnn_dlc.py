@@ -199,18 +199,22 @@ def _elements(init) -> int:
 
 
 def half_weights(source: Path, dest: Path) -> Path:
-    """`source` (an fp32 graph) written to `dest` with each of its `half_weight_names` stored as fp16
-    (rounded to nearest) behind one Cast to float32, for QAIRT's IR backend to write an fp16 `.dlc`
-    from. The backend stores a constant in the dtype the graph gives it, so the fp32 graph's `.dlc`
-    held fp32 weights: twice the bytes of the fp16 context binary, which keeps weights in fp16. The
-    session writing the `.dlc` must not fold constants (`htp_session(fold_constants=False)`), or
-    ONNX Runtime turns each Cast back into a float32 constant. The graph computes what the HTP runs
-    at fp16 precision, whose weights are the same fp16 values."""
+    """`source` (an fp32 graph) written to `dest` as QAIRT's IR backend is to write an fp16 `.dlc`
+    from: each of its `half_weight_names` stored as fp16 (rounded to nearest) behind one Cast to
+    float32, and initializers of identical bytes merged into one (`merged_duplicates`). The backend
+    stores each constant in the dtype the graph gives it, and each initializer apart: written from
+    the fp32 graph as it is, the `.dlc` held fp32 weights (twice the fp16 context binary) and an
+    unrolled graph's weights once per step (torch's export folds each step's transposed weight into
+    an initializer of its own: the tiny 15-step predictor frame's 346 initializers hold 150 distinct
+    tensors). The session writing the `.dlc` must not fold constants (`htp_session(fold_constants=
+    False)`), or ONNX Runtime turns each Cast back into a float32 constant. The graph computes what
+    the HTP runs at fp16 precision, whose weights are the same fp16 values."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(source))
     half = half_weight_names(model.graph)
+    merged_duplicates(model.graph, half)
     casts = []
     for init in model.graph.initializer:
         if init.name in half:
@@ -223,6 +227,51 @@ def half_weights(source: Path, dest: Path) -> Path:
     model.graph.node.extend(nodes)
     onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{dest.name}.data")
     return dest
+
+
+def merged_duplicates(graph, half: set[str]) -> int:
+    """Merge initializers of the same dtype, shape and bytes (and the same `half` membership, so each
+    weight keeps the dtype the `.dlc` check looks for) into the first of them: the others are
+    removed and their readers read it. Initializers a subgraph or a graph output names are left as
+    they are. Returns how many were merged."""
+    import hashlib
+
+    from onnx import AttributeProto, numpy_helper
+
+    def names_in(g) -> set[str]:
+        used = set()
+        for node in g.node:
+            used.update(node.input)
+            for a in node.attribute:
+                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []):
+                    used |= names_in(sub)
+        return used
+
+    pinned = {o.name for o in graph.output}
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []):
+                pinned |= names_in(sub)
+    first, rename = {}, {}
+    for init in graph.initializer:
+        if init.name in pinned:
+            continue
+        array = numpy_helper.to_array(init)
+        key = (init.name in half, array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).digest())
+        if key in first:
+            rename[init.name] = first[key]
+        else:
+            first[key] = init.name
+    if not rename:
+        return 0
+    kept = [i for i in graph.initializer if i.name not in rename]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+    return len(rename)
 
 
 def oversized(dlc: Path, runnable_bytes: int) -> str | None:
