@@ -239,7 +239,7 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
 
 def test_dlc_check_counts_only_weights_qairt_folds_as_unverified():
     """A weight missing from the .dlc is a failure unless every node reading it (looking through
-    DequantizeLinear) computes from constants only, which QAIRT folds when it writes the .dlc (ACT's
+    DequantizeLinear) computes from constants only, which ONNX Runtime folds before the .dlc is written (ACT's
     first decoder step, from a constant zero query): the LayerNorm of a constant is folded, a MatMul
     of the input is not, nor a quantized weight the input's MatMul reads."""
     from onnx import TensorProto, helper, numpy_helper

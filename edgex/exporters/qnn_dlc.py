@@ -1,5 +1,5 @@
 """The QAIRT `.dlc` sidecar read back: its zip members, the weights and quantization it stores, and
-the constants QAIRT folds away when it writes one."""
+the constants folded away before one is written."""
 
 from __future__ import annotations
 
@@ -142,16 +142,18 @@ def _scale_offset_pairs(scale, zero) -> list[bytes]:
     return [s.tobytes() + (np.int32(-z).tobytes() if z else b"") for s, z in zip(scales, zeros)]
 
 
-FOLDED = ("unverified: read only by nodes whose inputs are all constants, which QAIRT folds into new constants when "
-           "it writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
+FOLDED = ("unverified: read only by nodes whose inputs are all constants, which ONNX Runtime folds into new constants "
+          "before QAIRT writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
 
 
 def folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
-    DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
-    its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
-    nor the constants around it."""
+    DequantizeLinear): ONNX Runtime's constant folding, on in the session that writes a QDQ graph's
+    .dlc, evaluates such nodes, and QAIRT stores their results, not these inputs. Measured on a
+    one-pass action policy whose first decoder layer starts from a constant zero query: its
+    self-attention and norm1 are input-independent, and its fp16 .dlc written with constant folding
+    on held neither norm1's weight nor the constants around it; written with it off, as the fp16
+    .dlc is (`half_weights`), it holds all six as given."""
     constant = {i.name for i in graph.initializer}
     for node in graph.node:  # topological order
         if all(not i or i in constant for i in node.input):
@@ -203,12 +205,12 @@ def half_weights(source: Path, dest: Path) -> Path:
     from: each of its `half_weight_names` stored as fp16 (rounded to nearest) behind one Cast to
     float32, and initializers of identical bytes merged into one (`merged_duplicates`). The backend
     stores each constant in the dtype the graph gives it, and each initializer apart: written from
-    the fp32 graph as it is, the `.dlc` held fp32 weights (twice the fp16 context binary) and an
+    the fp32 graph as it is, a `.dlc` holds fp32 weights (twice the fp16 context binary) and an
     unrolled graph's weights once per step (torch's export folds each step's transposed weight into
-    an initializer of its own: the tiny 15-step predictor frame's 346 initializers hold 150 distinct
-    tensors). The session writing the `.dlc` must not fold constants (`htp_session(fold_constants=
-    False)`), or ONNX Runtime turns each Cast back into a float32 constant. The graph computes what
-    the HTP runs at fp16 precision, whose weights are the same fp16 values."""
+    an initializer of its own: a tiny 15-step graph's 346 initializers hold 150 distinct tensors).
+    The session writing the `.dlc` must not fold constants (`htp_session(fold_constants=False)`),
+    or ONNX Runtime turns each Cast back into a float32 constant. The graph computes what the HTP
+    runs at fp16 precision, whose weights are the same fp16 values."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -277,8 +279,8 @@ def merged_duplicates(graph, half: set[str]) -> int:
 # How much larger than the runnable files it sits beside (context binary + EPContext model) a
 # `.dlc` may be. Both hold the graph's weights once in fp16 (or the QDQ graph's integers), so a
 # faithful `.dlc` is about their size: measured 0.93-1.03 x on the tiny presets (the rest is each
-# file's own graph and layout: the 15-step predictor frame's .dlc 9.4 MB beside 9.1 MB, ACT's w8a16
-# 11.5 MB beside 11.4 MB). One holding its weights twice (fp32, or once per unrolled step) is 2 x or
+# file's own graph and layout: an unrolled 15-step graph's .dlc 9.4 MB beside 9.1 MB, a ResNet
+# policy's w8a16 .dlc 11.5 MB beside 11.4 MB). One holding its weights twice (fp32, or once per unrolled step) is 2 x or
 # more. A folder whose every artifact has a `.dlc` is then about twice its runnable bytes, and at
 # most 2.25 times.
 DLC_SIZE_LIMIT = 1.25
