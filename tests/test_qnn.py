@@ -411,3 +411,26 @@ def test_a_dlc_much_larger_than_its_context_binary_is_not_written_and_the_entry_
     why = entry["sidecars_not_written"]["qnn-dlc"]
     assert why.startswith("not written: QAIRT's IR backend wrote a 2.1 MB .dlc, 1.87 x the") and "at most 1.25 x" in why, why
     assert f"x the {runnable / 1e6:.1f} MB of the context binary and EPContext model" in why
+
+
+def test_identical_initializers_merge_for_the_dlc_except_where_a_subgraph_or_output_names_them():
+    """`merged_duplicates`: an initializer of the same bytes as an earlier one is removed and its
+    readers read that one; one a subgraph reads (an If branch, which names it from outside) or a graph
+    output names stays, and so does one of the same bytes that the fp16 `.dlc` keeps in another dtype."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgex.exporters.qnn_dlc import merged_duplicates
+
+    ones = np.ones((2, 2), np.float32)
+    branch = helper.make_graph([helper.make_node("Add", ["b", "b"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 2])])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+                               helper.make_node("Add", ["a", "d"], ["z"]), helper.make_node("MatMul", ["z", "h"], ["w"])], "g",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 2]),
+                               helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 2])],
+                              [numpy_helper.from_array(ones, n) for n in ("a", "b", "d", "e", "h")])
+    assert merged_duplicates(graph, half={"h"}) == 1
+    assert [i.name for i in graph.initializer] == ["a", "b", "e", "h"]
+    assert [list(n.input) for n in graph.node] == [["c"], ["a", "a"], ["z", "h"]]
