@@ -173,10 +173,13 @@ def folded_constants(graph) -> set[str]:
 
 # The inputs at which QNN's op takes a weight as a computed tensor as readily as a constant: an
 # fp16 `.dlc` stores these weights in fp16, each behind one Cast to float32 that every reader (every
-# step of an unrolled graph) shares. Other float constants (norm weights, scalars, a BatchNorm's
+# step of an unrolled graph) shares. Transpose is one: torch's export transposes a linear layer's
+# weight at each call, and onnxscript folds that Transpose into a new initializer only where the
+# weight has at most 8192 elements or one reader, so an unrolled graph's larger weights reach QNN
+# as one Transpose per step. Other float constants (norm weights, scalars, a BatchNorm's
 # statistics, Resize scales) stay float32: QNN takes several of them only as constants, and they are
 # a small part of a graph's bytes.
-HALF_READERS = {"MatMul": (0, 1), "Gemm": (0, 1, 2), "Gather": (0,), "Conv": (1, 2), "ConvTranspose": (1, 2)}
+HALF_READERS = {"MatMul": (0, 1), "Gemm": (0, 1, 2), "Gather": (0,), "Conv": (1, 2), "ConvTranspose": (1, 2), "Transpose": (0,)}
 
 
 def half_weight_names(graph) -> set[str]:
