@@ -216,11 +216,12 @@ def test_corrupted_mnn_weights_fail_verify(exported, codec_head, tmp_path):
 def test_corrupted_qnn_context_binary_and_dlc_fail_verify(exported, codec_head, tmp_path):
     """The HTP binary keeps pairs of fp16 weights together (its own tiling): found by pairs; its
     parity run fails. The .dlc, which nothing here runs (its entry stays method `none`), fails on
-    its stored tensors: every weight of the graph it was written from must be in it byte for byte."""
+    its stored tensors: every weight of the graph it was written from must be in it byte for byte
+    (the weights in fp16, as the ONNX graph's MatMul reads them: [hidden, 3072])."""
     def corrupt(folder):
         (binary,) = folder.glob(f"{COMPONENT}.fp16*.bin")
         _corrupt_located(binary, codec_head, np.float16, needle=2)
-        _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", codec_head, np.float32)  # kept apart
+        _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", np.ascontiguousarray(codec_head.T), np.float16)  # kept apart
 
     manifest, report, proc = _tamper_and_verify(exported, "qnn", corrupt, tmp_path)
     assert proc.returncode == 1 and "verification failed: 2 problem(s)" in proc.stderr

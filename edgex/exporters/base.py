@@ -46,6 +46,8 @@ class ExportResult:
     io_float_dtype: str  # dtype of the artifact's float inputs/outputs ("float32" / "float16")
     details: dict = field(default_factory=dict)
     sidecars: list[Sidecar] = field(default_factory=list)
+    # sidecar format -> why this export wrote none (the artifact's manifest entry, `sidecars_not_written`)
+    sidecars_not_written: dict[str, str] = field(default_factory=dict)
 
 
 class Exporter(ABC):
