@@ -1,0 +1,136 @@
+"""Every patch edgex makes to another library's internals, registered in one place.
+
+edgex uses its dependencies through their public APIs. Where a measured gain needs a private
+symbol, or a package installed without its dependencies needs a placeholder to import, the patch is
+one function in this package's module for that library, registered here with what it patches, the
+versions it was checked against, what it saves and when it changes nothing. Nothing else in edgex
+assigns to another library's attributes, edits the import system or names a patched symbol
+(`tests/test_patches.py` scans the source for it).
+
+Three kinds:
+- `SPEED_UP`: a context manager around an export that makes it cheaper and leaves its files byte for
+  byte the same. `EDGEX_THIRD_PARTY_PATCHES=off` turns every one off: each export then runs the
+  libraries as they ship (`tests/test_patches.py` exports with and without and compares the bytes).
+- `REQUIRED`: what a model's import or the embedded Ray cannot do without (placeholders for modules
+  a package installed with `--no-deps` imports and never uses, Ray's loopback switch). They stay on
+  whatever the switch says, and each is undone when the edgex call that made it returns.
+- `READ`: a private function called for what it returns, nothing replaced (ExecuTorch's own
+  decomposition table); the artifact is built from it, so it has no off.
+
+A test fails when an installed library's version differs from the one a patch was checked against,
+naming the patch: an upgrade is re-verified (the byte-identity tests run, the patch's docstring
+re-read against the new source) and `checked` updated, rather than trusted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from functools import wraps
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable, ContextManager
+
+SWITCH = "EDGEX_THIRD_PARTY_PATCHES"  # "off" runs every library as it ships
+SPEED_UP, REQUIRED, READ = "speed-up", "required", "read"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    kind: str  # SPEED_UP, REQUIRED or READ
+    symbols: tuple[str, ...]  # what it replaces or reads, dotted
+    checked: dict[str, str]  # distribution -> the version the patch was checked against
+    saves: str  # what it saves, measured (SPEED_UP), or what it makes possible (REQUIRED)
+    no_op: str  # when it changes nothing
+    upstream: str = ""  # what would make it unnecessary upstream
+
+
+PATCHES: dict[str, Patch] = {}
+APPLIED: Counter = Counter()  # patch name -> how many times it was applied in this process
+
+
+def enabled() -> bool:
+    """Whether speed-ups are on (`EDGEX_THIRD_PARTY_PATCHES` is anything but `off`)."""
+    return os.environ.get(SWITCH, "on").strip().lower() != "off"
+
+
+def register(name: str, *, kind: str, symbols: tuple[str, ...], checked: dict[str, str], saves: str, no_op: str,
+             upstream: str = "") -> Callable:
+    """Register the function below it as patch `name`: a generator function, made a context manager
+    (which does nothing while the switch is off, for a `SPEED_UP`), or any other function as it is
+    (a `READ` that calls the private symbols, a `REQUIRED` that installs something once)."""
+    if kind not in (SPEED_UP, REQUIRED, READ):
+        raise ValueError(f"patch kind {kind!r}")
+
+    def add(function: Callable[..., object]) -> Callable[..., ContextManager]:
+        if name in PATCHES:
+            raise RuntimeError(f"patch {name!r} registered twice")
+        PATCHES[name] = Patch(name, kind, symbols, dict(checked), saves, no_op, upstream)
+        if not inspect.isgeneratorfunction(function):
+            if kind == SPEED_UP:
+                raise TypeError(f"speed-up {name!r} must be a context manager, to be switched off")
+            function.patch = PATCHES[name]
+            return function
+
+        @contextmanager
+        @wraps(function)
+        def counted(*args, **kwargs):
+            APPLIED[name] += 1
+            yield from function(*args, **kwargs)
+
+        @wraps(function)
+        def applied(*args, **kwargs) -> ContextManager:
+            if kind == SPEED_UP and not enabled():
+                return nullcontext()
+            return counted(*args, **kwargs)
+
+        applied.patch = PATCHES[name]
+        return applied
+
+    return add
+
+
+def installed(distribution: str) -> str | None:
+    """The installed version without its local part (`2.13.0+cpu` is torch 2.13.0), or None."""
+    try:
+        return version(distribution).split("+")[0]
+    except PackageNotFoundError:
+        return None
+
+
+def all_patches() -> dict[str, Patch]:
+    """Every patch, its module imported (each module is light: the libraries import inside)."""
+    from . import executorch, imports, ray, torch_fx, torch_onnx  # noqa: F401 - they register themselves
+
+    return PATCHES
+
+
+def version_drift() -> list[str]:
+    """One line per patch whose library is installed at another version than it was checked
+    against (an absent library is no drift: its patch never runs)."""
+    drift = []
+    for patch in all_patches().values():
+        for dist, checked in patch.checked.items():
+            found = installed(dist)
+            if found is not None and found != checked:
+                drift.append(f"patch {patch.name!r} was checked against {dist} {checked}, {found} is installed")
+    return drift
+
+
+def in_force() -> list[dict]:
+    """`edgex doctor`'s list: each patch, whether it is on in this process, and its versions."""
+    on = enabled()
+    rows = []
+    for patch in all_patches().values():
+        versions = {dist: installed(dist) for dist in patch.checked}
+        state = "on" if patch.kind != SPEED_UP or on else "off"
+        if all(v is None for v in versions.values()):
+            state = "inactive (library not installed)"
+        rows.append({"name": patch.name, "kind": patch.kind, "state": state, "symbols": list(patch.symbols),
+                     "checked": patch.checked, "installed": versions,
+                     "version_differs": any(v is not None and v != patch.checked[d] for d, v in versions.items()),
+                     "saves": patch.saves, "no_op": patch.no_op})
+    return rows
