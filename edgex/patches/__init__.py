@@ -103,7 +103,7 @@ def installed(distribution: str) -> str | None:
 
 def all_patches() -> dict[str, Patch]:
     """Every patch, its module imported (each module is light: the libraries import inside)."""
-    from . import executorch, imports, ray, torch_fx, torch_onnx  # noqa: F401 - they register themselves
+    from . import executorch, imports, onnxruntime, ray, torch_fx, torch_onnx, torch_ops  # noqa: F401 - they register themselves
 
     return PATCHES
 
