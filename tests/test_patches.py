@@ -238,9 +238,17 @@ def test_import_placeholders_are_gone_once_the_models_are_imported():
 
 
 def test_doctor_lists_the_patches_in_force(monkeypatch):
-    from edgex.catalog import doctor
+    from rich.console import Console
 
-    rows = {row["name"]: row for row in doctor([])["patches"]}
+    from edgex.catalog import doctor
+    from edgex.render import doctor_lines
+
+    data = doctor([])
+    console = Console(width=400, record=True)
+    for shown in doctor_lines(data):
+        console.print(shown)
+    assert "executorch.retrace_changed_graphs_only" in console.export_text()
+    rows = {row["name"]: row for row in data["patches"]}
     assert set(rows) == set(patches.all_patches())
     assert rows["executorch.retrace_changed_graphs_only"]["state"] == "on"
     assert rows["ray.settings"]["symbols"] == ["ray._private.ray_constants.ENABLE_RAY_CLUSTER"]

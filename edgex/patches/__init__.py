@@ -124,7 +124,7 @@ def in_force() -> list[dict]:
     """`edgex doctor`'s list: each patch, whether it is on in this process, and its versions."""
     on = enabled()
     rows = []
-    for patch in all_patches().values():
+    for patch in sorted(all_patches().values(), key=lambda p: p.name):
         versions = {dist: installed(dist) for dist in patch.checked}
         state = "on" if patch.kind != SPEED_UP or on else "off"
         if all(v is None for v in versions.values()):
