@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 
-from . import READ, SPEED_UP, register
+from .registry import READ, SPEED_UP, register
 from .executorch_graphs import CHECKED, DECOMPOSED, edits_before_retrace, graph_fingerprint, rewrites_nothing_here, same, settled
 
 _CHECKED_ON = {"executorch": "1.5.1", "torch": "2.13.0"}

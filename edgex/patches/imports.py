@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import EdgexError
-from . import REQUIRED, register
+from .registry import REQUIRED, register
 
 OWN_PREFIX = "_edgex_"  # edgex's own package aliases: shadow nothing, so they may stay
 

@@ -5,7 +5,7 @@ This module is light: ONNX Runtime is imported inside.
 
 from __future__ import annotations
 
-from . import REQUIRED, register
+from .registry import REQUIRED, register
 
 
 @register("onnxruntime.calibration_on_one_thread", kind=REQUIRED, checked={"onnxruntime": "1.32.0"},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from . import REQUIRED, register
+from .registry import REQUIRED, register
 
 _LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # node address 127.0.0.1, not the outward one
 

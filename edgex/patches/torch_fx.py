@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from . import SPEED_UP, register
+from .registry import SPEED_UP, register
 
 
 @register("torch_fx.provenance_by_reference", kind=SPEED_UP, checked={"torch": "2.13.0"},

@@ -5,7 +5,7 @@ This module is light: torch is imported inside.
 
 from __future__ import annotations
 
-from . import SPEED_UP, register
+from .registry import SPEED_UP, register
 
 REGISTRIES: dict = {}  # (registry class, opset) -> the registry torchlib gave it
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import REQUIRED, register
+from .registry import REQUIRED, register
 
 
 @register("torch_ops.multinomial_drawn_by", kind=REQUIRED, checked={"torch": "2.13.0"},
