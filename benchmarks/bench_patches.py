@@ -2,7 +2,7 @@
 and one with `EDGEX_THIRD_PARTY_PATCHES=off` (`edgex/patches/`), on this machine.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_patches.py --preset 0.6b --out out-bench-patches
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_patches.py --preset tiny   # a quick check of the script
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_patches.py --preset tiny -- -c speaker_encoder   # a quick check
 
 Each run is its own `edgex` process with a fresh output folder and `EDGEX_CACHE_DIR`. Prints each
 run's wall seconds and, per artifact, whether its verdict and file hashes are the same in both runs;
@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 
-def export(root: Path, model: str, target: str, preset: str, switch: str) -> tuple[float, dict]:
+def export(root: Path, model: str, target: str, preset: str, switch: str, extra: list[str]) -> tuple[float, dict]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     env = dict(os.environ, EDGEX_CACHE_DIR=str(root / "cache"), EDGEX_THIRD_PARTY_PATCHES=switch, PYTHONWARNINGS="ignore")
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "edgex", "export", model, "--target", target, "--preset", preset,
-                           "--out", str(root / "out")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           "--out", str(root / "out"), *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     if proc.returncode not in (0, 1, 3):  # a failing or incomplete artifact is a result; anything else is not
         raise SystemExit(f"edgex export ({switch}) exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -44,10 +44,11 @@ def main() -> None:
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--preset", default="0.6b")
     ap.add_argument("--out", type=Path, default=Path("out-bench-patches"))
+    ap.add_argument("extra", nargs="*", help="after --: more `edgex export` options (-c COMPONENT ...)")
     args = ap.parse_args()
     walls, seen = {}, {}
     for switch in ("on", "off"):
-        walls[switch], seen[switch] = export(args.out / switch, args.model, args.target, args.preset, switch)
+        walls[switch], seen[switch] = export(args.out / switch, args.model, args.target, args.preset, switch, args.extra)
         print(f"patches {switch}: {walls[switch]:.1f} s wall, {len(seen[switch])} artifacts", flush=True)
     differ = sorted(k for k in seen["on"] if seen["on"][k][:2] != seen["off"].get(k, (None, None, None))[:2])
     print(f"\n| patches | wall | artifacts | verdicts and sha256 the same as with patches on |")
