@@ -74,8 +74,8 @@ def retrace_changed_graphs_only():
     """See the module docstring (with `skip_passes_with_nothing_to_rewrite`). The passes, their
     order and what they change are ExecuTorch's. A pass that changed only a constant's value or a
     node's metadata, no node's operation, target or arguments, is taken as unchanged and not
-    re-traced: none of ExecuTorch 1.5.1's passes that edit before re-tracing does so, which
-    `tests/test_patches.py` (the same bytes with the patches off) is there to keep true."""
+    re-traced; `tests/test_patches.py` (the same bytes with the patches off, on a real graph) and
+    `tests/test_export_cost.py` are what would see a pass that does so."""
     from executorch.exir import pass_base
     from executorch.exir.pass_base import PassResult
     from executorch.exir.pass_manager import ExportedProgramPassManager
