@@ -35,18 +35,34 @@ def _torchvision() -> None:
         raise EdgexError("torchvision is not installed: pip install --no-deps torchvision==0.28.0 (see scripts/setup)")
 
 
-@cache
-def lerobot_modules() -> types.SimpleNamespace:
-    """LeRobot's ACT, Diffusion and SmolVLA configuration, modeling and processor modules, imported
-    with the placeholders above in place (`patches.imports.lerobot_policies`), which are gone after."""
+def _policies() -> str:
+    """The folder of LeRobot's policy packages; a one-line error where LeRobot or torchvision is missing."""
     spec = importlib.util.find_spec("lerobot")
     if spec is None or not spec.submodule_search_locations:
         raise EdgexError("lerobot is not installed: pip install --no-deps lerobot==0.4.4 (see scripts/setup)")
     _torchvision()
-    root = list(spec.submodule_search_locations)[0]
+    return f"{list(spec.submodule_search_locations)[0]}/policies"
+
+
+def lerobot_module(name: str) -> types.ModuleType:
+    """One more of LeRobot's modules (pi0's, imported when a recipe needs it), with the placeholders in
+    place as `lerobot_modules` imports its own: after them, `lerobot.policies` is no package of its own
+    and its real `__init__` (GR00T, diffusers) would run."""
+    lerobot_modules()
+    try:
+        with lerobot_policies(_policies()):
+            return importlib.import_module(name)
+    except ImportError as exc:
+        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None
+
+
+@cache
+def lerobot_modules() -> types.SimpleNamespace:
+    """LeRobot's ACT, Diffusion and SmolVLA configuration, modeling and processor modules, imported
+    with the placeholders above in place (`patches.imports.lerobot_policies`), which are gone after."""
     load = importlib.import_module
     try:
-        with lerobot_policies(f"{root}/policies"):
+        with lerobot_policies(_policies()):
             return types.SimpleNamespace(
                 act=load("lerobot.policies.act.modeling_act"),
                 act_config=load("lerobot.policies.act.configuration_act"),

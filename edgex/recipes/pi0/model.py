@@ -22,13 +22,12 @@ independent reading of LeRobot's / openpi's code (`tests/test_pi0.py`).
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 
 import torch
 from torch import nn
 
-from .._lerobot.lerobot_import import lerobot_modules
+from .._lerobot.lerobot_import import lerobot_module
 
 
 def paligemma_config(siglip: dict, vlm: dict, vocab: int, image_size: int):
@@ -115,9 +114,8 @@ def suffix_cache(past_key_values):
 def _classes():
     """LeRobot's PI0Pytorch / PI0Policy with constructors that build edgex's PaliGemmaWithExpert
     instead of checking for the transformers fork; every other method is LeRobot's."""
-    lerobot_modules()  # placeholders for datasets / robot I/O
-    pi0 = importlib.import_module("lerobot.policies.pi0.modeling_pi0")
-    pretrained = importlib.import_module("lerobot.policies.pretrained")
+    pi0 = lerobot_module("lerobot.policies.pi0.modeling_pi0")
+    pretrained = lerobot_module("lerobot.policies.pretrained")
 
     class PI0Model(pi0.PI0Pytorch):
         def __init__(self, config, sizes: dict):

@@ -17,7 +17,6 @@ References are LeRobot's code: `_preprocess_images` + the PaliGemma image embedd
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ import torch
 from ...component import Component
 from ...errors import EdgexError
 from .. import RECIPES
-from .._lerobot.lerobot_import import lerobot_modules
+from .._lerobot.lerobot_import import lerobot_module
 from .._lerobot.policy import (Policy, check_stats, features, needed_stats, parse_config, processors, random_stats,
                                read_config, read_stats, seeded_weights)
 from .._lerobot.builder import SEEDS, FlowBuilder
@@ -39,8 +38,7 @@ _UNUSED = ("model.paligemma_with_expert.gemma_expert.lm_head.weight",)
 
 
 def pi0_config_class():
-    lerobot_modules()
-    return importlib.import_module("lerobot.policies.pi0.configuration_pi0").PI0Config
+    return lerobot_module("lerobot.policies.pi0.configuration_pi0").PI0Config
 
 
 def checkpoint_sizes(config) -> dict:
