@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import types
+from contextlib import contextmanager
 from functools import cache
 
 from ...errors import EdgexError
@@ -44,16 +45,23 @@ def _policies() -> str:
     return f"{list(spec.submodule_search_locations)[0]}/policies"
 
 
+@contextmanager
+def _importing():
+    """LeRobot's placeholders in place while its modules import; an ImportError is edgex's one line."""
+    try:
+        with lerobot_policies(_policies()):
+            yield
+    except ImportError as exc:
+        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None
+
+
 def lerobot_module(name: str) -> types.ModuleType:
     """One more of LeRobot's modules (pi0's, imported when a recipe needs it), with the placeholders in
     place as `lerobot_modules` imports its own: after them, `lerobot.policies` is no package of its own
     and its real `__init__` (GR00T, diffusers) would run."""
     lerobot_modules()
-    try:
-        with lerobot_policies(_policies()):
-            return importlib.import_module(name)
-    except ImportError as exc:
-        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None
+    with _importing():
+        return importlib.import_module(name)
 
 
 @cache
@@ -61,20 +69,17 @@ def lerobot_modules() -> types.SimpleNamespace:
     """LeRobot's ACT, Diffusion and SmolVLA configuration, modeling and processor modules, imported
     with the placeholders above in place (`patches.imports.lerobot_policies`), which are gone after."""
     load = importlib.import_module
-    try:
-        with lerobot_policies(_policies()):
-            return types.SimpleNamespace(
-                act=load("lerobot.policies.act.modeling_act"),
-                act_config=load("lerobot.policies.act.configuration_act"),
-                act_processor=load("lerobot.policies.act.processor_act"),
-                diffusion=load("lerobot.policies.diffusion.modeling_diffusion"),
-                diffusion_config=load("lerobot.policies.diffusion.configuration_diffusion"),
-                diffusion_processor=load("lerobot.policies.diffusion.processor_diffusion"),
-                smolvla=load("lerobot.policies.smolvla.modeling_smolvla"),
-                smolvla_config=load("lerobot.policies.smolvla.configuration_smolvla"),
-                smolvla_vlm=load("lerobot.policies.smolvla.smolvlm_with_expert"),
-                types=load("lerobot.configs.types"),
-                normalize=load("lerobot.processor.normalize_processor"),
-            )
-    except ImportError as exc:
-        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None
+    with _importing():
+        return types.SimpleNamespace(
+            act=load("lerobot.policies.act.modeling_act"),
+            act_config=load("lerobot.policies.act.configuration_act"),
+            act_processor=load("lerobot.policies.act.processor_act"),
+            diffusion=load("lerobot.policies.diffusion.modeling_diffusion"),
+            diffusion_config=load("lerobot.policies.diffusion.configuration_diffusion"),
+            diffusion_processor=load("lerobot.policies.diffusion.processor_diffusion"),
+            smolvla=load("lerobot.policies.smolvla.modeling_smolvla"),
+            smolvla_config=load("lerobot.policies.smolvla.configuration_smolvla"),
+            smolvla_vlm=load("lerobot.policies.smolvla.smolvlm_with_expert"),
+            types=load("lerobot.configs.types"),
+            normalize=load("lerobot.processor.normalize_processor"),
+        )
