@@ -106,7 +106,7 @@ def test_missing_mnn_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["w8", "w4"])
-def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, precision):
+def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, monkeypatch, precision):
     """MNN's converter quantizes a ConvTranspose's weight in its ONNX layout [in, out, k], cut into
     `out` equal runs (and 32-input blocks for w4), not per output channel. One layer, converted and
     run by MNN: the scheme reference's weights (`converter_quantized`, and the file's own weights as
@@ -136,4 +136,16 @@ def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_pa
     # the weights read back from the file (`mnn_weights`, MNN's loader's decoding) are what MNN runs
     (stored,) = quantized_weights(tmp_path / "t.mnn").values()
     assert snr_db(output(torch.from_numpy(stored.weight.reshape(layer.weight.shape))), got) > 100
+    # a second read of the same bytes (the scheme, then the stored-tensor check) dumps the file once;
+    # a file whose bytes changed is dumped again
+    from edgex.exporters import mnn_weights
+
+    dumps, real_dump = [], mnn_weights.dump
+    monkeypatch.setattr(mnn_weights, "dump", lambda *a: dumps.append(1) or real_dump(*a))
+    (again,) = quantized_weights(tmp_path / "t.mnn").values()
+    assert dumps == [] and (again.weight == stored.weight).all()
+    with open(tmp_path / "t.mnn", "ab") as f:
+        f.write(b"\0" * 8)
+    quantized_weights(tmp_path / "t.mnn")
+    assert dumps == [1]
     assert snr_db(output(per_output_channel), got) < snr_db(output(layer.weight), got) + 3 < 60
