@@ -198,17 +198,57 @@ def export_cpu(out: Path, *extra: str) -> subprocess.CompletedProcess:
                    *extra)
 
 
+def shared_cli(name: str, command: Callable[[Path], subprocess.CompletedProcess]) -> tuple[Path, subprocess.CompletedProcess]:
+    """`command(folder)` (a CLI run writing into `folder`) run once per test run for every module and
+    worker that asks for `name` (`built_once`): (folder, the CLI's completed process)."""
+
+    def make(out: Path) -> None:
+        proc = command(out)
+        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        (out / "cli.json").write_text(json.dumps(record))
+
+    out = built_once(name, make)
+    record = json.loads((out / "cli.json").read_text())
+    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])
+
+
+def subset_folder(source: Path, keep: Callable[[dict], bool], folder: Path) -> tuple[Path, dict]:
+    """A copy in `folder` of the export folder `source` holding only the manifest entries `keep`
+    accepts and their files: a test that changes files works on its own copy of a shared export."""
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if keep(a)]
+    for record in (r for a in manifest["artifacts"] for r in a["files"]):
+        (folder / record["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / record["path"], folder / record["path"])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return folder, manifest
+
+
+# The MNN target's suite export (tests/test_mnn.py): a KV-cache decode graph, a sampling frame graph
+# and a convolutional decoder, each MNN lowering path once; its talker_decode is also the one
+# tests/test_fault_injection.py corrupts.
+MNN_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
+
+
+def mnn_export() -> tuple[Path, subprocess.CompletedProcess]:
+    return shared_cli("mnn-export", lambda out: run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out),
+                                                        "--json", "--jobs", "2", "-c", ",".join(MNN_COMPONENTS)))
+
+
+# The llama-cpp target's export at three precisions (tests/test_gguf.py; q4_0 by name:
+# talker_prefill's is declared too coarse, so no default places it); tests/test_fault_injection.py
+# corrupts its talker_decode files.
+GGUF_PRECISIONS = ("f16", "q8_0", "q4_0")
+
+
+def gguf_export() -> tuple[Path, subprocess.CompletedProcess]:
+    return shared_cli("gguf-export", lambda out: run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "-p",
+                                                         ",".join(GGUF_PRECISIONS), "--out", str(out), "--json"))
+
+
 @pytest.fixture(scope="session")
 def cpu_export():
     """The README demo (`edgex export qwen3-tts --target cpu --preset tiny`) in two worker processes
     (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says:
     (out, the CLI's completed process). Built once for every xdist worker."""
-
-    def make(out: Path) -> None:
-        proc = export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
-        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-        (out / "cli.json").write_text(json.dumps(record))
-
-    out = built_once("cpu-export", make)
-    record = json.loads((out / "cli.json").read_text())
-    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])
+    return shared_cli("cpu-export", lambda out: export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS)))

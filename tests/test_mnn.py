@@ -10,21 +10,21 @@ import threading
 
 import pytest
 
-from conftest import run_cli
+from conftest import MNN_COMPONENTS, mnn_export, run_cli
 from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.facts import FACTS
 
 
-# A KV-cache decode graph, a sampling frame graph and a convolutional decoder: each MNN lowering path
-# once in the suite; every component as a benchmark.
-SUITE_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
-
-
-@pytest.mark.parametrize("components", [pytest.param(SUITE_COMPONENTS, id="suite"),
+# Each MNN lowering path once in the suite (conftest.py's `MNN_COMPONENTS`); every component as a benchmark.
+@pytest.mark.parametrize("components", [pytest.param(MNN_COMPONENTS, id="suite"),
                                         pytest.param(FACTS.default_components(), id="every-component", marks=pytest.mark.benchmark)])
 def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components):
-    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2",
-                   "-c", ",".join(components))
+    out = tmp_path
+    if components == MNN_COMPONENTS:
+        out, proc = mnn_export()
+    else:
+        proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2",
+                       "-c", ",".join(components))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     got = {(a["component"], a["precision"]) for a in data["artifacts"]}
@@ -32,7 +32,7 @@ def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components)
     for a in data["artifacts"]:
         assert a["format"] == "mnn" and a["parity"]["method"] == "runtime" and a["parity"]["runtime"] == "mnn"
         assert a["verdict"] == "pass", a["parity"]
-        assert (tmp_path / "qwen3-tts" / "mnn" / a["files"][0]["path"]).suffix == ".mnn"
+        assert (out / "qwen3-tts" / "mnn" / a["files"][0]["path"]).suffix == ".mnn"
 
 
 class _CountingProxy:
