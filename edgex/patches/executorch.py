@@ -280,3 +280,46 @@ def lowering_decompositions(extra: dict) -> dict:
     for op, decomposition in extra.items():  # item by item: the table is torch's lazy one
         table[op] = decomposition
     return table
+
+
+@register("executorch.program_file", kind=READ, checked={"executorch": "1.5.1"},
+          symbols=("executorch.exir._serialize._program._get_extended_header",
+                   "executorch.exir._serialize._flatbuffer_program._flatbuffer_to_program",
+                   "executorch.exir._serialize._flatbuffer._flatc_decompile"),
+          saves="a `.pte`'s program, its data segments' places and an XNNPACK delegate's graph read back from the "
+                "file, for the check of the quantized weights a delegate holds (`exporters.xnnpack_weights`)",
+          no_op="never off: nothing is written with it; the stored weights are read with it",
+          upstream="a public reader of a `.pte` (program and segments), and of a delegate's flatbuffer with its schema")
+def program_file(data) -> tuple:
+    """A `.pte`'s extended header (None for a file without one) and its program
+    (`executorch.exir.schema.Program`), from `data`, the file's bytes (a memory map will do: only
+    the program's part is copied)."""
+    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(bytes(data[:64]))
+    return header, _flatbuffer_to_program(bytes(data[: header.program_size if header else len(data)]))
+
+
+def flatc_decompile(folder: str, schema: str, binary: str) -> None:
+    """`flatc` as ExecuTorch ships it: `binary` (a flatbuffer of `schema`) written as JSON into
+    `folder` (part of `executorch.program_file`)."""
+    from executorch.exir._serialize._flatbuffer import _flatc_decompile
+
+    _flatc_decompile(folder, schema, binary)
+
+
+@register("executorch.runtime_threads", kind=READ, checked={"executorch": "1.5.1"},
+          symbols=("executorch.extension.pybindings.portable_lib._threadpool_get_thread_count",
+                   "executorch.extension.pybindings.portable_lib._unsafe_reset_threadpool"),
+          saves="the pybindings runtime's thread pool sized as the run asks (`--threads`), for timings and "
+                "results that do not depend on the host's core count",
+          no_op="a pool already of that size is left as it is",
+          upstream="`executorch.runtime.Runtime` taking a thread count")
+def runtime_threads(threads: int) -> None:
+    """ExecuTorch's pybindings thread pool resized to `threads` (it is process-wide) where it is not
+    already that size."""
+    from executorch.extension.pybindings import portable_lib
+
+    if portable_lib._threadpool_get_thread_count() != threads:
+        portable_lib._unsafe_reset_threadpool(threads)
