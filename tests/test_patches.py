@@ -61,6 +61,51 @@ def test_every_speed_up_leaves_the_exported_files_byte_for_byte_the_same(tmp_pat
     assert differ == []
 
 
+def test_a_skipped_decomposition_orders_the_inputs_as_the_decomposition_would():
+    """ExecuTorch's constant propagation puts the constants it folds after every buffer; a
+    decomposition's re-trace moves a root module's constants ahead of its submodules' buffers. A
+    decomposition `decompose_only_what_is_left` skips gives the same order (an fp16 `.pte` keeps
+    such constants outside its delegates, in that order: the talker decode's differed on and off)."""
+    import torch
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    from edgex.patches.executorch import decompose_only_what_is_left
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4))
+            self.register_buffer("bias", torch.full((4,), 0.5))
+
+        def forward(self, x):
+            return x * self.weight + self.bias
+
+    class Tabled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.arange(4.0))
+            self.inner = Scaled()
+
+        def forward(self, x):
+            return self.inner(x) + self.table * 2  # read only from a buffer: folded into a constant of the root
+
+    def folded():
+        with torch.no_grad(), decompose_only_what_is_left():
+            return constant_prop_pass(torch.export.export(Tabled(), (torch.randn(4),)).run_decompositions({}))
+
+    def inputs(program):
+        return [(spec.kind.name, spec.target) for spec in program.graph_signature.input_specs]
+
+    retraced = inputs(folded().run_decompositions({}))  # outside the context: torch's own
+    program = folded()
+    before = inputs(program)
+    with decompose_only_what_is_left():
+        skipped = program.run_decompositions({})
+    assert skipped is program and before != retraced  # skipped, and there was an order to fix
+    assert inputs(skipped) == retraced
+    assert [n.name for n in skipped.graph.nodes if n.op == "placeholder"] == [s.arg.name for s in skipped.graph_signature.input_specs]
+
+
 def test_the_installed_libraries_are_the_versions_the_patches_were_checked_against():
     """An upgrade re-verifies a patch (the byte-identity tests, its docstring against the new source)
     and updates `checked`, instead of trusting it."""

@@ -28,7 +28,8 @@ from __future__ import annotations
 import copy
 
 from .registry import READ, SPEED_UP, register
-from .executorch_graphs import CHECKED, DECOMPOSED, edits_before_retrace, graph_fingerprint, rewrites_nothing_here, same, settled
+from .executorch_graphs import (CHECKED, DECOMPOSED, edits_before_retrace, graph_fingerprint, put_inputs_in_retraced_order,
+                                rewrites_nothing_here, same, settled)
 
 _CHECKED_ON = {"executorch": "1.5.1", "torch": "2.13.0"}
 
@@ -141,7 +142,14 @@ def decompose_only_what_is_left():
     same table (`lowering_decompositions`), which leaves the three nothing to do.
     ExecuTorch itself skips the second one when none of its targets occur, for partitioners that
     need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three, with
-    the `settled` check standing for what the first one does whatever its table."""
+    the `settled` check standing for what the first one does whatever its table.
+
+    A decomposition also puts the program's inputs in the order its re-trace lifts them
+    (`executorch_graphs.retraced_input_order`): the constants ExecuTorch's constant propagation
+    folded, which it puts after every buffer, move up to their module's place. In an fp16 `.pte`
+    some of those constants stay outside the delegates, in the program's own constant data, whose
+    order follows the inputs': a skip puts the inputs in that order too (in place), and where it
+    cannot tell the order, the decomposition runs."""
     from executorch.exir.graph_module import contains_any_call_fn_target_op
     from torch.export import ExportedProgram
 
@@ -150,7 +158,7 @@ def decompose_only_what_is_left():
     def only_what_is_left(self, decomp_table=None, *args, **kwargs):
         graph = self.graph_module
         if decomp_table is not None and graph.meta.get(DECOMPOSED) and settled(graph) \
-                and not contains_any_call_fn_target_op(graph, decomp_table):
+                and not contains_any_call_fn_target_op(graph, decomp_table) and put_inputs_in_retraced_order(self):
             return self
         program = decompose(self, decomp_table, *args, **kwargs)
         program.graph_module.meta[DECOMPOSED] = True
