@@ -20,10 +20,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgex"
 PATCH_FOLDER = PACKAGE / "patches"
 
 
-@pytest.fixture(scope="module")
 def predictor_step():
     """The tiny qwen3-tts code predictor step: one decode step of a transformer with its KV cache,
-    the quickest of the recipe's graphs to lower (`.pte` and `.onnx` in seconds each)."""
+    the quickest of the recipe's graphs to lower (`.pte` and `.onnx` in seconds each). Built anew
+    each time, under the switch as it is then (a speed-up applies to the model's construction)."""
     from edgex.recipes import RECIPES
 
     recipe = RECIPES.get("qwen3-tts")
@@ -42,22 +42,68 @@ def _export(component, folder: Path) -> dict[str, bytes]:
     return files
 
 
-def test_every_speed_up_leaves_the_exported_files_byte_for_byte_the_same(predictor_step, tmp_path, monkeypatch):
-    """The predictor step's `.pte` (ExecuTorch / XNNPACK) and `.onnx` with its data file, exported
-    with every speed-up on and with `EDGEX_THIRD_PARTY_PATCHES=off`: the same bytes, every speed-up
-    applied in the first and none in the second (the libraries' own methods in place throughout)."""
+def test_every_speed_up_leaves_the_exported_files_byte_for_byte_the_same(tmp_path, monkeypatch):
+    """The predictor step's `.pte` (ExecuTorch / XNNPACK) and `.onnx` with its data file, built and
+    exported with every speed-up on and with `EDGEX_THIRD_PARTY_PATCHES=off`: the same bytes, every
+    speed-up applied in the first and none in the second (the libraries' own methods in place
+    throughout)."""
     speed_ups = {name for name, p in patches.all_patches().items() if p.kind == patches.SPEED_UP}
     files, applied = {}, {}
     for switch in ("on", "off"):
         monkeypatch.setenv(patches.SWITCH, switch)
         patches.APPLIED.clear()
-        files[switch] = _export(predictor_step, tmp_path / switch)
-        applied[switch] = set(patches.APPLIED)
+        files[switch] = _export(predictor_step(), tmp_path / switch)
+        applied[switch] = set(patches.APPLIED) & speed_ups  # the model import's placeholders apply either way
     assert applied["on"] == speed_ups and applied["off"] == set()
     assert sorted(files["on"]) == ["code_predictor_step.onnx", "code_predictor_step.onnx.data", "code_predictor_step.pte"]
     assert sorted(files["on"]) == sorted(files["off"])
     differ = [name for name in files["on"] if files["on"][name] != files["off"][name]]
     assert differ == []
+
+
+def test_a_skipped_decomposition_orders_the_inputs_as_the_decomposition_would():
+    """ExecuTorch's constant propagation puts the constants it folds after every buffer; a
+    decomposition's re-trace moves a root module's constants ahead of its submodules' buffers. A
+    decomposition `decompose_only_what_is_left` skips gives the same order (an fp16 `.pte` keeps
+    such constants outside its delegates, in that order: the talker decode's differed on and off)."""
+    import torch
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    from edgex.patches.executorch import decompose_only_what_is_left
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4))
+            self.register_buffer("bias", torch.full((4,), 0.5))
+
+        def forward(self, x):
+            return x * self.weight + self.bias
+
+    class Tabled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.arange(4.0))
+            self.inner = Scaled()
+
+        def forward(self, x):
+            return self.inner(x) + self.table * 2  # read only from a buffer: folded into a constant of the root
+
+    def folded():
+        with torch.no_grad(), decompose_only_what_is_left():
+            return constant_prop_pass(torch.export.export(Tabled(), (torch.randn(4),)).run_decompositions({}))
+
+    def inputs(program):
+        return [(spec.kind.name, spec.target) for spec in program.graph_signature.input_specs]
+
+    retraced = inputs(folded().run_decompositions({}))  # outside the context: torch's own
+    program = folded()
+    before = inputs(program)
+    with decompose_only_what_is_left():
+        skipped = program.run_decompositions({})
+    assert skipped is program and before != retraced  # skipped, and there was an order to fix
+    assert inputs(skipped) == retraced
+    assert [n.name for n in skipped.graph.nodes if n.op == "placeholder"] == [s.arg.name for s in skipped.graph_signature.input_specs]
 
 
 def test_the_installed_libraries_are_the_versions_the_patches_were_checked_against():
@@ -95,14 +141,11 @@ _IMPORT_SYSTEM_WRITES = {"insert", "append", "remove", "pop", "update", "setdefa
 def _imported_names(tree: ast.AST) -> set[str]:
     """Names bound anywhere in the module by importing another library (not edgex, not relative,
     not Python's own: `tempfile.tempdir` and `os.environ` are set through their public names)."""
-    def other(module: str) -> bool:
-        return not module.startswith("edgex") and module.split(".")[0] not in sys.stdlib_module_names
-
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names if other(a.name)}
-        elif isinstance(node, ast.ImportFrom) and not node.level and other(node.module or ""):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if _other_library(a.name)}
+        elif isinstance(node, ast.ImportFrom) and not node.level and _other_library(node.module or ""):
             names |= {a.asname or a.name for a in node.names}
     return names
 
@@ -139,10 +182,35 @@ def _symbol_names() -> set[str]:
     return found
 
 
+def _other_library(module: str) -> bool:
+    return not module.startswith("edgex") and module.split(".")[0] not in sys.stdlib_module_names
+
+
+def _private_reads(tree: ast.AST, imported: set[str], symbols: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for each import of another library's private module or name (`import x._y`,
+    `from x._y import z`, `from x import _y`), each private attribute read off a name imported from
+    one (`rewriter._DEFAULT_REWRITE_RULES`) and each read, off any object, of a private attribute a
+    patch reads (`model._mil_program`). A string that spells a private module, such as a logger's
+    name, is none of these: it reads nothing."""
+    found = [(node.lineno, f"reads {ast.unparse(node)}") for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr in symbols and _root(node) not in imported]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"imports {a.name}") for a in node.names
+                      if _other_library(a.name) and any(_private(p) for p in a.name.split("."))]
+        elif isinstance(node, ast.ImportFrom) and not node.level and _other_library(node.module or ""):
+            private_module = any(_private(p) for p in node.module.split("."))
+            found += [(node.lineno, f"imports {node.module}.{a.name}") for a in node.names if private_module or _private(a.name)]
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and _root(node) in imported:
+            found.append((node.lineno, f"reads {ast.unparse(node)}"))
+    return found
+
+
 def patching(source: str, symbols: set[str]) -> list[tuple[int, str]]:
-    """(line, what) for each place `source` patches another library."""
+    """(line, what) for each place `source` patches another library or reads its private names."""
     tree = ast.parse(source)
-    imported, found = _imported_names(tree), []
+    imported = _imported_names(tree)
+    found = _private_reads(tree, imported, symbols)
     for node in ast.walk(tree):
         targets = []
         if isinstance(node, (ast.Assign, ast.Delete)):
@@ -186,6 +254,21 @@ def test_the_scan_sees_each_way_of_patching():
                "module.weight = None\nsys.modules.get('x')\nself._is_cia_op_cache = 1\n")
     hits = patching(planted, _symbol_names())
     assert sorted({line for line, _ in hits}) == [5, 6, 7, 8, 9, 10], hits
+
+
+
+def test_the_scan_sees_each_private_read_and_not_a_logger_name():
+    planted = ("import logging\nimport torch.utils._pytree\n"
+               "from torch.utils._python_dispatch import TorchDispatchMode\n"
+               "from coremltools.models.utils import _apply_graph_pass\n"
+               "from onnxscript import rewriter\n"
+               "rules = rewriter._DEFAULT_REWRITE_RULES\n"
+               "from torch import nn\nconv = nn.modules.conv._ConvNd\n"
+               "logging.getLogger('torch.utils._pytree')\n"  # a logger's name: a string, it imports nothing
+               "from ._own import x\nfrom edgex._own import y\nimport _thread\nself._cache = {}\n"
+               "ops = model._mil_program.functions\n")  # a registered read's private name, off any object
+    hits = patching(planted, _symbol_names())
+    assert sorted({line for line, _ in hits}) == [2, 3, 4, 6, 8, 14], hits
 
 
 RESTORED = """

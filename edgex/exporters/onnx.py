@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from . import EXPORTERS
 from ..patches.torch_fx import provenance_by_reference
+from ..patches.onnxscript import constant_folding_pass, default_rewrite_rules
 from ..patches.torch_onnx import torchlib_registry_built_once
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 from .onnx_fusions import fuse_for_onnxruntime
@@ -446,18 +447,12 @@ def optimize(model) -> None:
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
-    from onnxscript.optimizer import _constant_folding
     from onnxscript.rewriter import onnx_fusions
 
-    defaults = [rule for entry in rewriter._DEFAULT_REWRITE_RULES for rule in getattr(entry, "rules", [entry])]
-    rules = [rule for rule in defaults if rule.name not in SKIPPED_REWRITES]
+    rules = [rule for rule in default_rewrite_rules() if rule.name not in SKIPPED_REWRITES]
     ir.passes.Sequential(
         common.InlinePass(),
-        _constant_folding.FoldConstantsPass(
-            shape_inference=True,
-            input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-            output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-        ),
+        constant_folding_pass(),
         rewriter.RewritePass(rules),
         common.RemoveUnusedNodesPass(),
         common.RemoveUnusedFunctionsPass(),

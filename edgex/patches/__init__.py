@@ -14,8 +14,10 @@ Three kinds:
 - `REQUIRED`: what a model's import or the embedded Ray cannot do without (placeholders for modules
   a package installed with `--no-deps` imports and never uses, Ray's loopback switch). They stay on
   whatever the switch says, and each is undone when the edgex call that made it returns.
-- `READ`: a private function called for what it returns, nothing replaced (ExecuTorch's own
-  decomposition table); the artifact is built from it, so it has no off.
+- `READ`: a private function, class or attribute used for what it is, nothing replaced (ExecuTorch's
+  own decomposition table, torch's dispatch mode, onnxscript's constant folding pass); the artifact
+  or its check is built from it, so it has no off. Each says what public API would replace it.
+  Nothing outside this package imports another library's private module or name.
 
 A test fails when an installed library's version differs from the one a patch was checked against,
 naming the patch: an upgrade is re-verified (the byte-identity tests run, the patch's docstring
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import executorch, imports, onnxruntime, ray, torch_fx, torch_onnx, torch_ops  # noqa: F401 - they register themselves
-from .registry import APPLIED, PATCHES, READ, REQUIRED, SPEED_UP, SWITCH, Patch, enabled, register  # noqa: F401
+from . import coremltools, executorch, imports, onnxruntime, onnxscript, ray, torch_fx, torch_nn, torch_onnx, torch_ops, torch_utils  # noqa: F401 - they register themselves
+from .registry import APPLIED, PATCHES, READ, REQUIRED, SPEED_UP, SWITCH, Patch, enabled, register, switch_environment  # noqa: F401
 
 
 def installed(distribution: str) -> str | None:

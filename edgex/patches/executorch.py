@@ -28,7 +28,8 @@ from __future__ import annotations
 import copy
 
 from .registry import READ, SPEED_UP, register
-from .executorch_graphs import CHECKED, DECOMPOSED, edits_before_retrace, graph_fingerprint, rewrites_nothing_here, same, settled
+from .executorch_graphs import (CHECKED, DECOMPOSED, edits_before_retrace, graph_fingerprint, put_inputs_in_retraced_order,
+                                rewrites_nothing_here, same, settled)
 
 _CHECKED_ON = {"executorch": "1.5.1", "torch": "2.13.0"}
 
@@ -141,7 +142,14 @@ def decompose_only_what_is_left():
     same table (`lowering_decompositions`), which leaves the three nothing to do.
     ExecuTorch itself skips the second one when none of its targets occur, for partitioners that
     need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three, with
-    the `settled` check standing for what the first one does whatever its table."""
+    the `settled` check standing for what the first one does whatever its table.
+
+    A decomposition also puts the program's inputs in the order its re-trace lifts them
+    (`executorch_graphs.retraced_input_order`): the constants ExecuTorch's constant propagation
+    folded, which it puts after every buffer, move up to their module's place. In an fp16 `.pte`
+    some of those constants stay outside the delegates, in the program's own constant data, whose
+    order follows the inputs': a skip puts the inputs in that order too (in place), and where it
+    cannot tell the order, the decomposition runs."""
     from executorch.exir.graph_module import contains_any_call_fn_target_op
     from torch.export import ExportedProgram
 
@@ -150,7 +158,7 @@ def decompose_only_what_is_left():
     def only_what_is_left(self, decomp_table=None, *args, **kwargs):
         graph = self.graph_module
         if decomp_table is not None and graph.meta.get(DECOMPOSED) and settled(graph) \
-                and not contains_any_call_fn_target_op(graph, decomp_table):
+                and not contains_any_call_fn_target_op(graph, decomp_table) and put_inputs_in_retraced_order(self):
             return self
         program = decompose(self, decomp_table, *args, **kwargs)
         program.graph_module.meta[DECOMPOSED] = True
@@ -280,3 +288,46 @@ def lowering_decompositions(extra: dict) -> dict:
     for op, decomposition in extra.items():  # item by item: the table is torch's lazy one
         table[op] = decomposition
     return table
+
+
+@register("executorch.program_file", kind=READ, checked={"executorch": "1.5.1"},
+          symbols=("executorch.exir._serialize._program._get_extended_header",
+                   "executorch.exir._serialize._flatbuffer_program._flatbuffer_to_program",
+                   "executorch.exir._serialize._flatbuffer._flatc_decompile"),
+          saves="a `.pte`'s program, its data segments' places and an XNNPACK delegate's graph read back from the "
+                "file, for the check of the quantized weights a delegate holds (`exporters.xnnpack_weights`)",
+          no_op="never off: nothing is written with it; the stored weights are read with it",
+          upstream="a public reader of a `.pte` (program and segments), and of a delegate's flatbuffer with its schema")
+def program_file(data) -> tuple:
+    """A `.pte`'s extended header (None for a file without one) and its program
+    (`executorch.exir.schema.Program`), from `data`, the file's bytes (a memory map will do: only
+    the program's part is copied)."""
+    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(bytes(data[:64]))
+    return header, _flatbuffer_to_program(bytes(data[: header.program_size if header else len(data)]))
+
+
+def flatc_decompile(folder: str, schema: str, binary: str) -> None:
+    """`flatc` as ExecuTorch ships it: `binary` (a flatbuffer of `schema`) written as JSON into
+    `folder` (part of `executorch.program_file`)."""
+    from executorch.exir._serialize._flatbuffer import _flatc_decompile
+
+    _flatc_decompile(folder, schema, binary)
+
+
+@register("executorch.runtime_threads", kind=READ, checked={"executorch": "1.5.1"},
+          symbols=("executorch.extension.pybindings.portable_lib._threadpool_get_thread_count",
+                   "executorch.extension.pybindings.portable_lib._unsafe_reset_threadpool"),
+          saves="the pybindings runtime's thread pool sized as the run asks (`--threads`), for timings and "
+                "results that do not depend on the host's core count",
+          no_op="a pool already of that size is left as it is",
+          upstream="`executorch.runtime.Runtime` taking a thread count")
+def runtime_threads(threads: int) -> None:
+    """ExecuTorch's pybindings thread pool resized to `threads` (it is process-wide) where it is not
+    already that size."""
+    from executorch.extension.pybindings import portable_lib
+
+    if portable_lib._threadpool_get_thread_count() != threads:
+        portable_lib._unsafe_reset_threadpool(threads)

@@ -188,3 +188,56 @@ def settled(graph_module) -> bool:
             target._schema.is_mutable or _is_cia_op(target) and not _is_preservable_cia_op(target))
 
     return not any(n.op == "call_function" and rewritten(n.target) for n in graph_module.graph.nodes)
+
+
+def retraced_input_order(program) -> list | None:
+    """The program's input specs in the order a decomposition's re-trace gives them, or None where
+    this cannot tell (an input of another kind than a parameter, a buffer, a tensor constant or a
+    user input, or a user input before a lifted one).
+
+    `ExportedProgram.run_decompositions` re-traces the program's module with its states unlifted:
+    torch assigns the buffers, then the parameters, then the constants to a module tree (each
+    submodule created by the first of them to live in it), registers each constant as a buffer of
+    its module after that module's own buffers, and lifts the buffers and constants again as
+    `named_buffers()` lists them: module by module, depth first, each module's children in the
+    order they were created. The parameters keep their order. A program whose states are in another
+    order (ExecuTorch's constant propagation inserts the constants it folds just before the user
+    inputs, after every buffer of every submodule) comes out of the re-trace reordered. Checked
+    against the re-trace on each exported graph of the tiny qwen3-tts (talker prefill and decode,
+    code predictor and its step, code2wav, code2latent, latent2wav; fp32 and fp16)."""
+    from torch.export.graph_signature import InputKind
+
+    specs = list(program.graph_signature.input_specs)
+    rank = {InputKind.BUFFER: 0, InputKind.PARAMETER: 1, InputKind.CONSTANT_TENSOR: 2}
+    lifted = sum(spec.kind in rank for spec in specs)
+    if any(spec.kind not in rank for spec in specs[:lifted]) or any(spec.kind != InputKind.USER_INPUT for spec in specs[lifted:]):
+        return None
+    created: dict[str, int] = {}
+
+    def module_key(target: str) -> tuple[int, ...]:
+        parts = target.split(".")[:-1]
+        return tuple(created.setdefault(".".join(parts[:depth]), len(created)) for depth in range(len(parts) + 1))
+
+    keys = {i: module_key(specs[i].target) for i in sorted(range(lifted), key=lambda i: rank[specs[i].kind])}
+    parameters = [i for i in range(lifted) if specs[i].kind == InputKind.PARAMETER]
+    states = sorted((i for i in range(lifted) if specs[i].kind != InputKind.PARAMETER),
+                    key=lambda i: (keys[i], specs[i].kind == InputKind.CONSTANT_TENSOR, i))
+    return [specs[i] for i in parameters + states] + specs[lifted:]
+
+
+def put_inputs_in_retraced_order(program) -> bool:
+    """The program's placeholders and input specs put in `retraced_input_order`, in place; False
+    (nothing changed) where that order cannot be told."""
+    order = retraced_input_order(program)
+    if order is None:
+        return False
+    graph = program.graph_module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    if sorted(placeholders) != sorted(spec.arg.name for spec in order):
+        return False
+    first = next(node for node in graph.nodes if node.op != "placeholder")
+    for spec in order:
+        first.prepend(placeholders[spec.arg.name])
+    program.graph_signature.input_specs = order
+    program.graph_module.recompile()
+    return True

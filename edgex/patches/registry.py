@@ -35,6 +35,13 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "on").strip().lower() != "off"
 
 
+def switch_environment() -> dict[str, str]:
+    """The switch as this process has it, spelled out (`on` where it is unset), for a process that
+    does not inherit this one's environment: a Ray task on a cluster's node (`env_vars` of its
+    `runtime_env`) runs the libraries as the driver would."""
+    return {SWITCH: "on" if enabled() else "off"}
+
+
 def register(name: str, *, kind: str, symbols: tuple[str, ...], checked: dict[str, str], saves: str, no_op: str,
              upstream: str = "") -> Callable:
     """Register the function below it as patch `name`: a generator function, made a context manager

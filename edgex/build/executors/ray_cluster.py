@@ -15,7 +15,9 @@ did not finish is that job's `error`, with the reason. Checkpoints travel by con
 per checkpoint, materialized once per node; no filesystem is shared. The driver writes what a task
 returns into a cache staging folder, checks every file against the manifest (sha256 and size) and
 commits it with `edgex.build.commit.settle`, exactly as a local export. Leaving the build early
-(Ctrl-C, an error) cancels the tasks still running.
+(Ctrl-C, an error) cancels the tasks still running. Each task runs with the driver's
+`EDGEX_THIRD_PARTY_PATCHES` (`runtime_env` `env_vars`): a node's own environment does not decide
+whether the speed-up patches run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Callable, Iterator
 from ...artifacts.files import MANIFEST, intact, write_json_atomic
 from ...artifacts.keys import tree_sha256
 from ...errors import EdgexError
+from ...patches import switch_environment
 from ...patches.ray import ray_settings
 from ..cache import files_root
 from ..shard import Recorded, recorded_costs
@@ -79,6 +82,7 @@ class RayExecutor:
                 first = batch.items[0].job
                 ref = remote.options(
                     num_cpus=batch.cpus, memory=batch.memory, max_retries=self.max_retries, retry_exceptions=False,
+                    runtime_env={"env_vars": switch_environment()},
                     scheduling_strategy=NodeAffinitySchedulingStrategy(batch.node.node_id, soft=True),
                     name=f"edgex {first.name} x{len(batch.items)}",
                 ).remote([p.job for p in batch.items], [p.key for p in batch.items], [p.inputs for p in batch.items],
