@@ -76,9 +76,10 @@ def db_margin(entry: dict) -> float | None:
 
 
 def thinnest(manifest: dict) -> tuple[float | None, str | None]:
-    """The smallest margin over a gate among the manifest's artifacts, and which artifact has it."""
-    margins = [(m, f"{e['component']}.{e['precision']}.{e['format']}") for e in manifest.get("artifacts", [])
-               if (m := db_margin(e)) is not None]
+    """The smallest margin over a gate among the manifest's artifacts, and which artifact and figure
+    (end-to-end, lowering, scheme ...) has it."""
+    margins = [(m, f"{e['component']}.{e['precision']}.{e['format']}, {e['gate'].get('figure')}")
+               for e in manifest.get("artifacts", []) if (m := db_margin(e)) is not None]
     return min(margins, key=lambda pair: pair[0]) if margins else (None, None)
 
 
