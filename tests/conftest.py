@@ -76,8 +76,8 @@ LAYERS = {
                    "voice_prompt"]),
     "commands": ("commands on what other commands wrote and under faults: builds, sweeps, the cache, "
                  "executors (local and Ray), killed and interrupted runs, temporary files",
-                 ["build", "build_faults", "build_local", "build_ray", "export_cache", "export_workers", "sweep",
-                  "temp_files"]),
+                 ["build", "build_faults", "build_local", "build_ray", "command_chain", "export_cache", "export_workers",
+                  "sweep", "temp_files"]),
 }
 
 
