@@ -339,3 +339,26 @@ def test_doctor_lists_the_patches_in_force(monkeypatch):
     rows = {row["name"]: row for row in doctor([])["patches"]}
     assert {name for name, row in rows.items() if row["state"] == "off"} == {
         name for name, p in patches.all_patches().items() if p.kind == patches.SPEED_UP}
+
+
+SKLEARN = """
+import json, sys
+import edgex
+from edgex.recipes.qwen3_tts.qwen_tts_import import qwen_tts_modules
+qwen_tts_modules()
+from transformers.utils import import_utils
+json.dump({"sklearn": "sklearn" in sys.modules, "flag": import_utils._sklearn_available}, sys.stdout)
+"""
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_qwen_tts_s_model_files_import_without_scikit_learn_and_transformers_flag_is_restored(switch):
+    """With the speed-ups on, importing qwen-tts's model files (transformers' generation utilities)
+    leaves scikit-learn unimported and transformers' own flag as it found it; off, transformers
+    imports scikit-learn as it ships (so the test sees the difference the patch makes)."""
+    pytest.importorskip("sklearn")
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent), patches.SWITCH: switch}
+    proc = subprocess.run([sys.executable, "-c", SKLEARN], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report == {"sklearn": switch == "off", "flag": True}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import EdgexError
 from ...patches.imports import OWN_PREFIX, own_packages, package, qwen_tts_models
+from ...patches.transformers import generation_without_sklearn
 
 _ALIAS = OWN_PREFIX + "qwen_tts"
 
@@ -58,7 +59,7 @@ def qwen_tts_modules() -> types.SimpleNamespace:
         filters.mel = slaney_mel
         placeholders |= {"librosa": types.ModuleType("librosa"), "librosa.filters": filters}
         placeholders["librosa"].filters = filters
-    with qwen_tts_models(placeholders):
+    with qwen_tts_models(placeholders), generation_without_sklearn():
         return _load_modules()
 
 
