@@ -47,7 +47,9 @@ def test_every_speed_up_leaves_the_exported_files_byte_for_byte_the_same(tmp_pat
     exported with every speed-up on and with `EDGEX_THIRD_PARTY_PATCHES=off`: the same bytes, every
     speed-up applied in the first and none in the second (the libraries' own methods in place
     throughout)."""
-    speed_ups = {name for name, p in patches.all_patches().items() if p.kind == patches.SPEED_UP}
+    # transformers' import without scikit-learn applies once per process, when qwen-tts's model files
+    # are first imported (its own test below runs it in a process of its own)
+    speed_ups = {name for name, p in patches.all_patches().items() if p.kind == patches.SPEED_UP} - {"transformers.generation_without_sklearn"}
     files, applied = {}, {}
     for switch in ("on", "off"):
         monkeypatch.setenv(patches.SWITCH, switch)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import coremltools, executorch, imports, onnxruntime, onnxscript, ray, torch_fx, torch_nn, torch_onnx, torch_ops, torch_utils, transformers  # noqa: F401 - they register themselves
+from . import coremltools, executorch, imports, lerobot, onnxruntime, onnxscript, ray, torch_fx, torch_nn, torch_onnx, torch_ops, torch_utils, transformers  # noqa: F401 - they register themselves
 from .registry import APPLIED, PATCHES, READ, REQUIRED, SPEED_UP, SWITCH, Patch, enabled, register, switch_environment  # noqa: F401
 
 

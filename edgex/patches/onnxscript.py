@@ -47,7 +47,7 @@ def default_rewrite_rules() -> list:
           saves="the test of a rewrite rule's constant inputs (a slice's axes, starts and ends) that "
                 "onnxscript's own rules use, for the rotary embedding fusion",
           no_op="never off: the fusion matches with it",
-          upstream="the helper exported from `onnxscript.rewriter` with `pattern`")
+          upstream="the function exported from `onnxscript.rewriter` with `pattern`")
 def is_singleton_value(value, expected) -> bool:
     """Whether the ONNX IR `value` is a constant of one element equal to `expected` (or for which
     `expected`, a callable, holds)."""

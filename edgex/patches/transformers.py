@@ -5,7 +5,7 @@ This module is light: transformers is imported inside.
 
 from __future__ import annotations
 
-from .registry import SPEED_UP, register
+from .registry import REQUIRED, SPEED_UP, register
 
 
 @register("transformers.generation_without_sklearn", kind=SPEED_UP, checked={"transformers": "4.57.3"},
@@ -28,3 +28,16 @@ def generation_without_sklearn():
         yield
     finally:
         import_utils._sklearn_available = found
+
+
+@register("transformers.eager_attention", kind=REQUIRED, checked={"transformers": "4.57.3"},
+          symbols=("transformers.PretrainedConfig._attn_implementation",),
+          saves="the eager models run attention as their code writes it (transformers' `eager` implementation), "
+                "not a kernel transformers picks for the host (SDPA): every process and host scores the same arithmetic",
+          no_op="a config whose attention implementation is already `eager`",
+          upstream="a public setter for a built config's attention implementation (the `attn_implementation` "
+                   "argument of a config's constructor reaches the top config only, not the sub-configs it builds)")
+def eager_attention(*configs) -> None:
+    """Each config's attention implementation set to `eager` (a config with sub-configs passes it on)."""
+    for config in configs:
+        config._attn_implementation = "eager"

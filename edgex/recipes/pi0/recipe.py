@@ -9,7 +9,7 @@ the file header before anything is allocated), and the normalization statistics 
 files. Normalization uses LeRobot's own Normalizer / Unnormalizer steps (its pi0 preprocessor also
 tokenizes, which needs the hub tokenizer: the language tokens are a graph input instead).
 
-References are LeRobot's code: `_preprocess_images` + the PaliGemma image embedding (vision),
+References are LeRobot's code: its image preprocessing (`patches.lerobot.pi0_preprocess_images`) + the PaliGemma image embedding (vision),
 `embed_prefix` + `make_att_2d_masks` + the prefix forward filling the K/V cache (prefix),
 `denoise_step` (action step), and its Euler schedule over `denoise_step` + the postprocessor
 (loop). The chained artifacts are compared with `predict_action_chunk` in the tests.
@@ -23,6 +23,7 @@ import torch
 
 from ...component import Component
 from ...errors import EdgexError
+from ...patches.lerobot import pi0_preprocess_images
 from .. import RECIPES
 from .._lerobot.lerobot_import import lerobot_module
 from .._lerobot.policy import (Policy, check_stats, features, needed_stats, parse_config, processors, random_stats,
@@ -179,8 +180,8 @@ class Builder(FlowBuilder):
 
     def image_tokens(self, image: torch.Tensor, camera: str) -> torch.Tensor:
         """LeRobot's path for one camera: its preprocessor (the camera's own statistics), then
-        `_preprocess_images` and the PaliGemma image embedding."""
-        imgs, _ = self.p.policy._preprocess_images(self.p.preprocess({camera: image}))
+        its image preprocessing and the PaliGemma image embedding."""
+        imgs, _ = pi0_preprocess_images(self.p.policy, self.p.preprocess({camera: image}))
         with torch.no_grad():
             return self.pwe.embed_image(imgs[0])
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from ...errors import EdgexError
 from ...patches.torch_nn import construct_without_random_init
+from ...patches.transformers import eager_attention
 from ..base import read_config_json, read_safetensors
 from .presets import Qwen3TTSPreset
 from .qwen_tts_import import qwen_tts_modules
@@ -36,8 +37,7 @@ def _configs(talker: dict, decoder: dict):
     mods = qwen_tts_modules()
     talker_cfg = mods.config.Qwen3TTSTalkerConfig(**talker)
     decoder_cfg = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**decoder)
-    for cfg in (talker_cfg, talker_cfg.code_predictor_config, decoder_cfg):
-        cfg._attn_implementation = "eager"
+    eager_attention(talker_cfg, talker_cfg.code_predictor_config, decoder_cfg)
     return talker_cfg, decoder_cfg
 
 
@@ -91,7 +91,7 @@ def speech_encoder_module(config: dict) -> nn.Module:
     from transformers import MimiConfig
 
     cfg = MimiConfig(**{k: v for k, v in config.items() if k != "model_type"})
-    cfg._attn_implementation = "eager"
+    eager_attention(cfg)
     return qwen_tts_modules().tokenizer_modeling.Qwen3TTSTokenizerV2Encoder(cfg).eval()
 
 
