@@ -30,9 +30,13 @@ def export(root: Path, model: str, target: str, preset: str, switch: str, extra:
     proc = subprocess.run([sys.executable, "-m", "edgex", "export", model, "--target", target, "--preset", preset,
                            "--out", str(root / "out"), *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
-    if proc.returncode not in (0, 1, 3):  # a failing or incomplete artifact is a result; anything else is not
-        raise SystemExit(f"edgex export ({switch}) exited {proc.returncode}: {proc.stderr[-2000:]}")
-    manifest = json.loads((root / "out" / model / target / "manifest.json").read_text())
+    (root / "stderr.txt").write_text(proc.stderr)
+    written = root / "out" / model / target / "manifest.json"
+    # a failing or incomplete artifact is a result (exit 1 or 3 with a manifest); anything else is not
+    if proc.returncode not in (0, 1, 3) or not written.is_file():
+        raise SystemExit(f"edgex export ({switch}) exited {proc.returncode} after {seconds:.0f} s, "
+                         f"{'a' if written.is_file() else 'no'} manifest written: {proc.stderr[-2000:]}")
+    manifest = json.loads(written.read_text())
     return seconds, {f"{a['component']} {a['format']} {a['precision']}":
                      (a["verdict"], sorted((f["path"], f["sha256"]) for f in a["files"]),
                       (a.get("parity") or {}).get("min_snr_db")) for a in manifest["artifacts"]}
