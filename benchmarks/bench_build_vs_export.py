@@ -54,13 +54,16 @@ def build_file(pairs: list[tuple[str, str]]) -> str:
 
 
 def run(args: list[str], cache: Path) -> float:
+    """Wall seconds of one `edgex` command; its stderr (the progress lines) in `<cache>.log`."""
     env = dict(os.environ, EDGEX_CACHE_DIR=str(cache), PYTHONWARNINGS="ignore")
+    log = cache.with_suffix(".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "edgex", *args], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    with open(log, "a") as stderr:
+        code = subprocess.run([sys.executable, "-m", "edgex", *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr).returncode
     seconds = time.perf_counter() - started
-    if proc.returncode not in (0, 1, 3):  # a failing or incomplete artifact is a result; anything else is not
-        raise SystemExit(f"edgex {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    if code not in (0, 1, 3):  # a failing or incomplete artifact is a result; anything else is not
+        raise SystemExit(f"edgex {' '.join(args)} exited {code}: {log.read_text()[-2000:]}")
     return seconds
 
 
@@ -69,13 +72,33 @@ def digest(entries: list[dict]) -> dict:
             (a["verdict"], sorted((f["path"], f["sha256"]) for f in a["files"])) for a in entries}
 
 
+def compare(reference: dict, seen: dict) -> str:
+    """How a build's artifacts agree with the exports': verdicts, and sha256 by format (MNN, QNN and
+    Core ML do not export the same bytes twice: `edgex.build.reproducible`)."""
+    ours = {(pair, key): value for pair, entries in seen.items() for key, value in entries.items()}
+    theirs = {(pair, key): value for pair, entries in reference.items() for key, value in entries.items()}
+    if ours.keys() != theirs.keys():
+        return f"DIFFERENT ARTIFACTS ({len(ours.keys() ^ theirs.keys())} not in both)"
+    verdicts = sum(ours[k][0] == theirs[k][0] for k in ours)
+    differ: dict[str, int] = {}
+    for key in ours:
+        if ours[key][1] != theirs[key][1]:
+            differ[key[1][2]] = differ.get(key[1][2], 0) + 1
+    hashes = "same sha256" if not differ else "sha256 differ: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(differ.items()))
+    return f"{len(ours)} artifacts, {verdicts} same verdicts, {hashes}"
+
+
 def exports(pairs, root: Path) -> tuple[float, dict]:
     shutil.rmtree(root, ignore_errors=True)
     seconds, seen = 0.0, {}
     for model, target in pairs:
-        seconds += run(["export", model, "--target", target, "--preset", "tiny", "--out", str(root / "out")], root / "cache")
+        took = run(["export", model, "--target", target, "--preset", "tiny", "--out", str(root / "out")], root / "cache")
+        seconds += took
         manifest = json.loads((root / "out" / model / target / "manifest.json").read_text())
         seen[model, target] = digest(manifest["artifacts"])
+        if len(pairs) > 1:
+            print(f"  export {model} --target {target}: {took:.1f} s, {len(manifest['artifacts'])} artifacts, "
+                  f"{manifest['status']}", flush=True)
     return seconds, seen
 
 
@@ -106,16 +129,18 @@ def main() -> None:
     times: dict[str, list[float]] = {"export": [], **{f"build ({e})": [] for e in executors}}
     agree: dict[str, bool] = {}
     for i in range(args.runs):
+        builds = {}
+        for executor in executors:  # first: a long matrix run stopped midway has its build's figure
+            name = f"build ({executor})"
+            seconds, builds[name] = build(pairs, args.out / f"build-{executor}", executor)
+            times[name].append(seconds)
+            print(f"run {i + 1}: {name} {seconds:.1f} s", flush=True)
         seconds, reference = exports(pairs, args.out / "export")
         times["export"].append(seconds)
         print(f"run {i + 1}: export {seconds:.1f} s", flush=True)
-        for executor in executors:
-            seconds, seen = build(pairs, args.out / f"build-{executor}", executor)
-            name = f"build ({executor})"
-            times[name].append(seconds)
-            same = seen == reference
-            agree[name] = agree.get(name, True) and same
-            print(f"run {i + 1}: {name} {seconds:.1f} s, verdicts and hashes {'agree' if same else 'DIFFER'}", flush=True)
+        for name, seen in builds.items():
+            agree[name] = agree.get(name, True) and seen == reference
+            print(f"run {i + 1}: {name} against the export: {compare(reference, seen)}", flush=True)
     base = statistics.median(times["export"])
     print("\n| run | wall s (each) | median s | / export | verdicts and sha256 as the export's |")
     print("|---|---|---|---|---|")

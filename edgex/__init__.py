@@ -1,7 +1,7 @@
 """edgex: speech, language and robot-policy models to verified on-device artifacts."""
 
-from . import torchvision_ops
+from .patches.imports import torchvision_without_ops
 
 __version__ = "0.1.0"
 
-torchvision_ops.install()
+torchvision_without_ops()

@@ -14,6 +14,7 @@ from .errors import EdgexError
 from .exporters import EXPORTERS
 from .host import cpu_features, cpu_model
 from .parity.runtimes import RUNTIMES
+from .patches import in_force
 from .precision import PRECISIONS
 from .recipes import RECIPES
 from .targets import TARGETS
@@ -59,14 +60,16 @@ def doctor(runtimes: list[str] | None = None) -> dict:
     """Toolchain versions, and each runtime's smoke program run here (`Runtime.smoke`): status `ok`
     (it ran and computed the right numbers), `missing` (its optional toolchain is not installed) or
     `failed` (installed but broken, or a required runtime missing). `ok` is False when any failed.
-    `runtimes` limits the smoke programs to those registry names."""
+    `runtimes` limits the smoke programs to those registry names. `patches`: what edgex patches in
+    other libraries (`edgex.patches.in_force`), each on or off in this process, with its versions."""
     packages = [
         {"package": dist, "version": version(dist), "install": hint, "needed_for": _NEEDED_FOR.get(dist, "")}
         for dist, hint in TOOLCHAINS.values()
     ]
     names = RUNTIMES.names() if runtimes is None else runtimes
     rows = [_smoke(name, RUNTIMES.get(name)) for name in names]
-    return {"machine": machine(), "packages": packages, "runtimes": rows, "ok": all(r["status"] != "failed" for r in rows)}
+    return {"machine": machine(), "packages": packages, "runtimes": rows, "patches": in_force(),
+            "ok": all(r["status"] != "failed" for r in rows)}
 
 
 def machine() -> dict:

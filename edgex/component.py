@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from .patches.torch_utils import tree_leaves
+
 # What an output means, which decides how parity scores it.
 SIGNAL = "signal"  # continuous values: SNR / PSNR / cosine
 LOGITS = "logits"  # SNR plus top-1 agreement along the last axis
@@ -197,7 +199,6 @@ def tensors_read(module: nn.Module, calls: Sequence[Callable[[], object]]) -> se
     (a `TorchFunctionMode` sees every tensor argument, direct attribute reads such as
     `table.weight[:n]` included, not only modules' own forwards)."""
     from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves
 
     owned = {id(t) for t in (*module.parameters(), *module.buffers())}
     read: set[int] = set()

@@ -81,6 +81,8 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     exporter.before_lowering(component, job.precision, **dict(job.options))
     result, peak_mb = _lower_apart(exporter, component, job, dest)
     entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
+    if result.sidecars_not_written:
+        entry["sidecars_not_written"] = dict(result.sidecars_not_written)
     gate = threshold_db(component.role, job.precision, overrides)
     entry.update(stored_parity(exporter, component, result.files, gate, job.precision, dict(job.options)))
     entry["export_options"] = dict(job.options)  # what `edgex verify` passes when it re-derives the stored scheme

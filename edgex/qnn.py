@@ -42,19 +42,24 @@ def plugin_version() -> str | None:
 
 
 def htp_session(model: Path, *, soc_model: int | None = None, htp_arch: int | None = None, fp16: bool = False,
-                context_out: Path | None = None, dlc_dir: Path | None = None, threads: int | None = None):
+                context_out: Path | None = None, dlc_dir: Path | None = None, threads: int | None = None,
+                fold_constants: bool = True):
     """An ONNX Runtime session whose whole graph runs on the QNN HTP backend (no CPU fallback: a node
     the HTP cannot take is an error, not a silent split).
 
     `context_out`: also compile the graph into an EPContext model there (+ its `.bin`, not embedded).
     `dlc_dir`: instead write the graph through the IR backend as `.dlc` (the IR backend session's outputs are
-    not meaningful). `fp16`: run a float32 graph in fp16 on the HTP."""
+    not meaningful). `fp16`: run a float32 graph in fp16 on the HTP. `fold_constants` False: ONNX
+    Runtime's constant folding is off, so nodes that compute from constants only (a Cast of an fp16
+    weight) reach the QNN graph as nodes, their constants as given."""
     ort, devices = _devices()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
     options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if not fold_constants:
+        options.add_session_config_entry("optimization.disable_specified_optimizers", "ConstantFolding")
     if context_out is not None:
         options.add_session_config_entry("ep.context_enable", "1")
         options.add_session_config_entry("ep.context_file_path", str(context_out))

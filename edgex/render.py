@@ -258,4 +258,19 @@ def doctor_lines(data: dict) -> list:
     for row in data["runtimes"]:
         colour = colours[row["status"]]
         shown.append(f"runtime {row['name']} ({row['version'] or 'version unknown'}): [{colour}]{row['status']}[/{colour}] {escape(row['detail'])}")
+    shown.append(patches_table(data["patches"]))
     return shown
+
+
+def patches_table(rows: list[dict]) -> Table:
+    """Each patch of another library's internals (`edgex.patches`): on or off here, what it
+    replaces, the versions it was checked against and whether the installed ones differ."""
+    table = Table(title="patches of other libraries (EDGEX_THIRD_PARTY_PATCHES=off turns the speed-ups off)")
+    for col in ("patch", "kind", "state", "checked against", "replaces or reads"):
+        table.add_column(col)
+    for row in rows:
+        checked = ", ".join(f"{d} {v}" + ("" if row["installed"][d] in (None, v) else f" [yellow](installed {row['installed'][d]})[/yellow]")
+                            for d, v in row["checked"].items())
+        colour = "green" if row["state"] == "on" else "yellow"
+        table.add_row(row["name"], row["kind"], f"[{colour}]{row['state']}[/{colour}]", checked, escape(", ".join(row["symbols"])))
+    return table

@@ -53,14 +53,58 @@ def pytest_sessionfinish(session, exitstatus):
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# Every test file sits in one layer; `pytest -m LAYER` runs one (docs/testing.md says what each
+# checks and how long it takes). A file in no layer, or in two, stops the collection.
+LAYERS = {
+    "logic": ("planners, keys, reports, parsers, scoring rules, CLI errors and layout rules, on toy "
+              "inputs, stand-in models or recorded manifests: no export",
+              ["build_plan", "catalog", "cli_errors", "cli_options", "coarse_verdicts", "component_builder", "docs",
+               "first_run", "gate_outcomes", "half_arithmetic", "import_circles", "knowledge_layout", "mapped_weights",
+               "metrics", "qwen3_tts_runner", "ray_batches", "scheduler", "side_by_side", "spectral_gate",
+               "task_figures", "tie_rule"]),
+    "graphs": ("each recipe's eager graphs and wrappers against the model's own published code, and the "
+               "samples parity runs, before any exporter",
+               ["hift_verdicts", "minicpm_o", "pi0", "samples_cover", "utterance_replay", "vla", "wrappers"]),
+    "artifacts": ("real exports run in their real runtimes, one per format and precision a target places by "
+                  "default: a broken artifact fails its gate, a faithful one passes; contracts, pipelines, "
+                  "checkpoints in published layouts",
+                  ["checkpoint", "coarse_schemes", "contract", "coreml", "coreml_interpreter", "executorch_lowering",
+                   "export_cost", "export_cpu", "fault_injection", "gate", "gguf", "gguf_vocab", "hub", "manifest",
+                   "minicpm_o_stream", "mnn", "nonfinite", "norm_quantization", "official_utterance", "onnx_fusions",
+                   "patches", "pipeline", "planted_graph", "policy_configs", "predictor_gate", "qdq_lowering", "qnn",
+                   "quantized", "sampling_quantization", "scheme", "spark", "streaming", "unverified", "verify",
+                   "voice_prompt"]),
+    "commands": ("commands on what other commands wrote and under faults: builds, sweeps, the cache, "
+                 "executors (local and Ray), killed and interrupted runs, temporary files",
+                 ["build", "build_faults", "build_local", "build_ray", "command_chain", "export_cache", "export_workers",
+                  "sweep", "temp_files"]),
+}
+
+
+def pytest_configure(config):
+    for layer, (what, _) in LAYERS.items():
+        config.addinivalue_line("markers", f"{layer}: {what}")
+
+
+def layer_of(path: Path) -> str:
+    """The one layer `tests/test_NAME.py` belongs to; a usage error where it is in none or several."""
+    name = path.stem.removeprefix("test_")
+    layers = [layer for layer, (_, files) in LAYERS.items() if name in files]
+    if len(layers) != 1:
+        raise pytest.UsageError(f"{path.name} is in {len(layers)} layers of tests/conftest.py LAYERS; put it in one")
+    return layers[0]
+
+
 def pytest_xdist_auto_num_workers(config):
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into scheduling groups
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the README-demo export runs on the worker that built it."""
+    """Every test gets its layer's mark; every test that uses the README-demo export runs on the
+    worker that built it."""
     for item in items:
+        item.add_marker(getattr(pytest.mark, layer_of(item.path)))
         if "cpu_export" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("cpu_export"))
 
@@ -154,17 +198,58 @@ def export_cpu(out: Path, *extra: str) -> subprocess.CompletedProcess:
                    *extra)
 
 
+def shared_cli(name: str, command: Callable[[Path], subprocess.CompletedProcess]) -> tuple[Path, subprocess.CompletedProcess]:
+    """`command(folder)` (a CLI run writing into `folder`) run once per test run for every module and
+    worker that asks for `name` (`built_once`): (folder, the CLI's completed process)."""
+
+    def make(out: Path) -> None:
+        proc = command(out)
+        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        (out / "cli.json").write_text(json.dumps(record))
+
+    out = built_once(name, make)
+    record = json.loads((out / "cli.json").read_text())
+    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])
+
+
+def subset_folder(source: Path, keep: Callable[[dict], bool], folder: Path) -> tuple[Path, dict]:
+    """A copy in `folder` of the export folder `source` holding only the manifest entries `keep`
+    accepts and their files: a test that changes files works on its own copy of a shared export."""
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if keep(a)]
+    for record in (r for a in manifest["artifacts"] for r in a["files"]):
+        (folder / record["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / record["path"], folder / record["path"])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return folder, manifest
+
+
+# The MNN target's suite export (tests/test_mnn.py): a KV-cache decode graph, a sampling frame graph
+# and a convolutional decoder, each MNN lowering path once; its talker_decode is also the one
+# tests/test_fault_injection.py corrupts.
+MNN_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
+
+
+def mnn_export() -> tuple[Path, subprocess.CompletedProcess]:
+    return shared_cli("mnn-export", lambda out: run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out),
+                                                        "--json", "--jobs", "2", "-c", ",".join(MNN_COMPONENTS)))
+
+
+# The llama-cpp target's export at three precisions (tests/test_gguf.py; q4_0 by name:
+# talker_prefill's is declared too coarse, so no default places it); tests/test_fault_injection.py
+# corrupts its talker_decode files.
+GGUF_PRECISIONS = ("f16", "q8_0", "q4_0")
+
+
+def gguf_export() -> tuple[Path, subprocess.CompletedProcess]:
+    return shared_cli("gguf-export", lambda out: run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "-p",
+                                                         ",".join(GGUF_PRECISIONS), "-c", "talker_prefill,talker_decode", "--out", str(out),
+                                                         "--json"))
+
+
 @pytest.fixture(scope="session")
 def cpu_export():
     """The README demo (`edgex export qwen3-tts --target cpu --preset tiny`) in two worker processes
     (CI has 2 cores; the artifacts are the same as with one), placed as `CPU_EXPORT_PLACEMENTS` says:
     (out, the CLI's completed process). Built once for every xdist worker."""
-
-    def make(out: Path) -> None:
-        proc = export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS))
-        record = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-        (out / "cli.json").write_text(json.dumps(record))
-
-    out = built_once("cpu-export", make)
-    record = json.loads((out / "cli.json").read_text())
-    return out, subprocess.CompletedProcess(record["args"], record["returncode"], record["stdout"], record["stderr"])
+    return shared_cli("cpu-export", lambda out: export_cpu(out, "--placement", ",".join(CPU_EXPORT_PLACEMENTS)))

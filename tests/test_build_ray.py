@@ -168,6 +168,29 @@ def test_lost_task_is_the_jobs_error_and_a_job_larger_than_every_node_is_refused
     assert refused.submitted == []
 
 
+def test_the_patch_switch_reaches_the_tasks_as_the_driver_has_it(cluster, tmp_path, monkeypatch):
+    """`EDGEX_THIRD_PARTY_PATCHES` in a task's environment is the driver's, spelled out, whatever the
+    nodes were started with (this cluster's, without it): a task that reports it as its job's error."""
+    from edgex.build.executors.ray_cluster import RayExecutor
+    from edgex.patches import SWITCH
+
+    file = tmp_path / "one.toml"
+    file.write_text(ONE_JOB)
+
+    def reports_the_switch(jobs, *_args):
+        return {"node": "n", "results": [{"error": f"switch {os.environ.get(SWITCH)}"} for _ in jobs]}
+
+    seen = {}
+    for switch in ("off", None):
+        if switch is None:
+            monkeypatch.delenv(SWITCH, raising=False)
+        else:
+            monkeypatch.setenv(SWITCH, switch)
+        data = run_build(file, tmp_path / str(switch), executor=RayExecutor(cluster.address, task=reports_the_switch))
+        seen[switch] = data["artifacts"][0]["error"]
+    assert seen == {"off": "TaskFailed: switch off", None: "TaskFailed: switch on"}
+
+
 def test_an_export_on_ray_writes_what_a_local_export_writes(cluster, tmp_path):
     from edgex.build.executors.ray_cluster import RayExecutor
     from edgex.build.executors.remote_export import ray_runner

@@ -194,3 +194,41 @@ def test_the_checks_fail_on_planted_history_a_broken_link_and_a_bad_command(tmp_
         with pytest.raises(Exception):
             check_command(bad)
     check_command("edgex export qwen3-tts --target s25-htp -c talker_decode -p w8a16")
+
+
+def readme_commands() -> tuple[str, str]:
+    """The README's set-up command (the first word pair of its first command line) and its test command."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    setup = blocks[0].strip().split(" && ")[0]
+    test = blocks[1].strip()
+    return setup, test
+
+
+def test_ci_and_the_tests_workflow_run_the_readme_s_two_commands():
+    """What CI gates on is what the README tells a contributor to run: `.ci/run` and the GitHub tests
+    workflow each run the README's set-up and then its test command (extra pytest reporting options
+    aside)."""
+    setup, test = readme_commands()
+    assert setup == "bash scripts/setup" and test.startswith(".venv/bin/python -m pytest"), (setup, test)
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci.index(setup) < ci.index(test)
+    import yaml
+
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "edgex-tests.yml").read_text())["jobs"]["tests"]["steps"]
+    runs = [step.get("run", "").strip() for step in steps]
+    assert setup in runs
+    assert any(run == test or run.startswith(test + " --") for run in runs[runs.index(setup) + 1:]), runs
+
+
+def test_docs_testing_names_every_layer_and_a_file_in_none_stops_the_collection():
+    """docs/testing.md's layer table is the conftest's, file counts included; a test file in no layer is
+    a collection error, not a test that no layer runs."""
+    from conftest import LAYERS, layer_of
+
+    rows = dict(re.findall(r"^\| `(\w+)` \|[^|]+\| (\d+) \|", (ROOT / "docs" / "testing.md").read_text(), re.M))
+    assert rows == {layer: str(len(files)) for layer, (_, files) in LAYERS.items()}
+    on_disk = {p.stem.removeprefix("test_") for p in (ROOT / "tests").glob("test_*.py")}
+    assert on_disk == {name for _, files in LAYERS.values() for name in files}
+    assert layer_of(ROOT / "tests" / "test_docs.py") == "logic"
+    with pytest.raises(pytest.UsageError, match="test_nowhere.py is in 0 layers"):
+        layer_of(ROOT / "tests" / "test_nowhere.py")

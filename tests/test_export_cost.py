@@ -438,7 +438,7 @@ def test_a_single_kind_pass_is_skipped_only_where_its_kind_is_absent():
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from edgex.exporters.executorch_retraces import rewrites_nothing_here
+    from edgex.patches.executorch_graphs import rewrites_nothing_here
 
     x, table = torch.randn(4, 4), torch.randn(4, 4)
     plain = make_fx(lambda a: torch.mm(a, a) + 1)(x)
@@ -501,7 +501,7 @@ def test_mixed_dtype_arithmetic_is_skipped_exactly_where_the_pass_would_cast_not
     from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
     from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
 
-    from edgex.exporters.executorch_retraces import rewrites_nothing_here
+    from edgex.patches.executorch_graphs import rewrites_nothing_here
 
     fn, dtypes, casts = _MIXED[case]
     inputs = tuple((torch.rand(2, 3) * 4 + 1).to(d) for d in dtypes)
@@ -609,8 +609,9 @@ def test_the_onnx_exporter_builds_torchlib_s_registry_once_and_writes_the_same_f
 
     from edgex.exporters import EXPORTERS
     from edgex.exporters import onnx as onnx_exporter
+    from edgex.patches import torch_onnx as torch_onnx_patches
 
-    monkeypatch.setattr(onnx_exporter, "_REGISTRIES", {})
+    monkeypatch.setattr(torch_onnx_patches, "REGISTRIES", {})
     original, built = ONNXRegistry.__dict__["from_torchlib"], []
 
     def counting(cls, *args, **kwargs):

@@ -3,9 +3,9 @@ and its sha256/bytes rewritten in manifest.json, so the hash check passes) and s
 re-run of `edgex verify` catches it: a non-zero exit, and the corrupted artifact's figure far below
 both its gate and its export figure.
 
-One small component (talker_decode) per format, one export per target (module-scoped; the CPU
-target's .pte and ONNX fp32 files are those of the suite's CPU export), one `edgex verify` per
-target. Weights are located exactly where a reader exists (onnx external data, gguf tensors); in
+One small component (talker_decode) per format, one export per target (module-scoped; the files of
+the CPU, MNN and llama-cpp targets are those of the suite's exports of those targets, conftest.py's
+`cpu_export`, `mnn_export` and `gguf_export`, copied), one `edgex verify` per target. Weights are located exactly where a reader exists (onnx external data, gguf tensors); in
 the other files (.pte, .mnn, QNN context binary, Core ML weight.bin) the eager
 `codec_head` weight is found by its bytes, and the middle half of its region is negated and scaled
 x4 in the file's own dtype, so the files stay parseable and the numerical gate is what fails them.
@@ -22,18 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import gguf_export, mnn_export, run_cli, subset_folder
 from edgex.artifacts.files import sha256
 
 pytestmark = pytest.mark.xdist_group("fault_injection")  # one module fixture: exports built once
 
 COMPONENT = "talker_decode"
 TARGETS = {
-    "mnn": ("-p", "fp32"),
     "qnn": ("-t", "s25-htp"),
     "apple": ("-p", "fp16"),
-    "llama-cpp": ("-p", "f16,q8_0"),
 }
+# The targets whose files come from a shared export: its talker_decode entries at these precisions.
+SHARED = {"mnn": (mnn_export, ("fp32",)), "llama-cpp": (gguf_export, ("f16", "q8_0"))}
 SCALE = -4.0  # weights negated and scaled: a corruption no gate can mistake for rounding
 
 
@@ -128,6 +128,12 @@ def exported(tmp_path_factory):
     done = {}
 
     def get(target: str):
+        if target in SHARED and target not in done:
+            export, precisions = SHARED[target]
+            out, proc = export()
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            keep = lambda a: a["component"] == COMPONENT and a["precision"] in precisions  # noqa: E731
+            done[target] = subset_folder(out / "qwen3-tts" / target, keep, tmp_path_factory.mktemp(f"fault-{target}"))
         if target not in done:
             out = tmp_path_factory.mktemp(f"fault-{target}")
             args = TARGETS[target] if "-t" in TARGETS[target] else ("-t", target, *TARGETS[target])
@@ -183,14 +189,8 @@ def _cpu_export_of_the_component(cpu_export, folder: Path) -> tuple[Path, dict]:
     manifest of those entries alone."""
     out, proc = cpu_export
     assert proc.returncode == 0, proc.stderr[-3000:]
-    source = out / "qwen3-tts" / "cpu"
-    manifest = _strict((source / "manifest.json").read_text())
-    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["component"] == COMPONENT and a["precision"] == "fp32"]
+    folder, manifest = subset_folder(out / "qwen3-tts" / "cpu", lambda a: a["component"] == COMPONENT and a["precision"] == "fp32", folder)
     assert {a["format"] for a in manifest["artifacts"]} == {"pte", "onnx"}
-    for record in (r for a in manifest["artifacts"] for r in a["files"]):
-        (folder / record["path"]).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / record["path"], folder / record["path"])
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return folder, manifest
 
 
@@ -216,11 +216,12 @@ def test_corrupted_mnn_weights_fail_verify(exported, codec_head, tmp_path):
 def test_corrupted_qnn_context_binary_and_dlc_fail_verify(exported, codec_head, tmp_path):
     """The HTP binary keeps pairs of fp16 weights together (its own tiling): found by pairs; its
     parity run fails. The .dlc, which nothing here runs (its entry stays method `none`), fails on
-    its stored tensors: every weight of the graph it was written from must be in it byte for byte."""
+    its stored tensors: every weight of the graph it was written from must be in it byte for byte
+    (the weights in fp16, as the ONNX graph's MatMul reads them: [hidden, 3072])."""
     def corrupt(folder):
         (binary,) = folder.glob(f"{COMPONENT}.fp16*.bin")
         _corrupt_located(binary, codec_head, np.float16, needle=2)
-        _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", codec_head, np.float32)  # kept apart
+        _corrupt_located(folder / "unverified" / f"{COMPONENT}.fp16.dlc", np.ascontiguousarray(codec_head.T), np.float16)  # kept apart
 
     manifest, report, proc = _tamper_and_verify(exported, "qnn", corrupt, tmp_path)
     assert proc.returncode == 1 and "verification failed: 2 problem(s)" in proc.stderr

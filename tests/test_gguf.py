@@ -1,6 +1,7 @@
 """Format GGUF: the talker as llama.cpp's `qwen3tts` GGUF, loaded and run by llama.cpp for parity.
 
-The export runs through the CLI once (module fixture); the other tests read its manifest and files.
+The export runs through the CLI once (conftest.py's `gguf_export`, shared with the fault injection
+tests); the tests read its manifest and files.
 """
 
 import json
@@ -8,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import GGUF_PRECISIONS, run_cli
+from conftest import gguf_export as shared_gguf_export
 
 from edgex.errors import EdgexError
 from edgex.plan import make_plan
@@ -16,7 +18,7 @@ from edgex.recipes import RECIPES
 
 pytestmark = pytest.mark.xdist_group("gguf")  # its module fixture is built once
 
-PRECISIONS = ("f16", "q8_0", "q4_0")
+PRECISIONS = GGUF_PRECISIONS
 TALKERS = ("talker_prefill", "talker_decode")
 # Logits top-1 agreement with the eager talker per sample, lowest allowed. f16 (~66 dB logits) and
 # q8_0 (~38 dB) keep every position's argmax: a flip there is a lowering bug, not rounding. q4_0
@@ -26,11 +28,9 @@ TOP1_AT_LEAST = {"f16": 1.0, "q8_0": 1.0, "q4_0": 0.5}
 
 
 @pytest.fixture(scope="module")
-def gguf_export(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gguf-export")
+def gguf_export():
     # q4_0 by name: talker_prefill's is declared too coarse (`RecipeFacts.coarse`), so no default places it
-    proc = run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "-p", ",".join(PRECISIONS),
-                   "-c", ",".join(TALKERS), "--out", str(out), "--json")
+    out, proc = shared_gguf_export()
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: qwen3-tts talker_prefill gguf:q4_0 is built on request only: "

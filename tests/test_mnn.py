@@ -10,21 +10,21 @@ import threading
 
 import pytest
 
-from conftest import run_cli
+from conftest import MNN_COMPONENTS, mnn_export, run_cli
 from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.facts import FACTS
 
 
-# A KV-cache decode graph, a sampling frame graph and a convolutional decoder: each MNN lowering path
-# once in the suite; every component as a benchmark.
-SUITE_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
-
-
-@pytest.mark.parametrize("components", [pytest.param(SUITE_COMPONENTS, id="suite"),
+# Each MNN lowering path once in the suite (conftest.py's `MNN_COMPONENTS`); every component as a benchmark.
+@pytest.mark.parametrize("components", [pytest.param(MNN_COMPONENTS, id="suite"),
                                         pytest.param(FACTS.default_components(), id="every-component", marks=pytest.mark.benchmark)])
 def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components):
-    proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(tmp_path), "--json", "--jobs", "2",
-                   "-c", ",".join(components))
+    out = tmp_path
+    if components == MNN_COMPONENTS:
+        out, proc = mnn_export()
+    else:
+        proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2",
+                       "-c", ",".join(components))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     got = {(a["component"], a["precision"]) for a in data["artifacts"]}
@@ -32,7 +32,7 @@ def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components)
     for a in data["artifacts"]:
         assert a["format"] == "mnn" and a["parity"]["method"] == "runtime" and a["parity"]["runtime"] == "mnn"
         assert a["verdict"] == "pass", a["parity"]
-        assert (tmp_path / "qwen3-tts" / "mnn" / a["files"][0]["path"]).suffix == ".mnn"
+        assert (out / "qwen3-tts" / "mnn" / a["files"][0]["path"]).suffix == ".mnn"
 
 
 class _CountingProxy:
@@ -106,7 +106,7 @@ def test_missing_mnn_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["w8", "w4"])
-def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, precision):
+def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_path, monkeypatch, precision):
     """MNN's converter quantizes a ConvTranspose's weight in its ONNX layout [in, out, k], cut into
     `out` equal runs (and 32-input blocks for w4), not per output channel. One layer, converted and
     run by MNN: the scheme reference's weights (`converter_quantized`, and the file's own weights as
@@ -136,4 +136,16 @@ def test_the_mnn_scheme_reference_models_the_converters_conv_quantization(tmp_pa
     # the weights read back from the file (`mnn_weights`, MNN's loader's decoding) are what MNN runs
     (stored,) = quantized_weights(tmp_path / "t.mnn").values()
     assert snr_db(output(torch.from_numpy(stored.weight.reshape(layer.weight.shape))), got) > 100
+    # a second read of the same bytes (the scheme, then the stored-tensor check) dumps the file once;
+    # a file whose bytes changed is dumped again
+    from edgex.exporters import mnn_weights
+
+    dumps, real_dump = [], mnn_weights.dump
+    monkeypatch.setattr(mnn_weights, "dump", lambda *a: dumps.append(1) or real_dump(*a))
+    (again,) = quantized_weights(tmp_path / "t.mnn").values()
+    assert dumps == [] and (again.weight == stored.weight).all()
+    with open(tmp_path / "t.mnn", "ab") as f:
+        f.write(b"\0" * 8)
+    quantized_weights(tmp_path / "t.mnn")
+    assert dumps == [1]
     assert snr_db(output(per_output_channel), got) < snr_db(output(layer.weight), got) + 3 < 60

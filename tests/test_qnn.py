@@ -239,7 +239,7 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
 
 def test_dlc_check_counts_only_weights_qairt_folds_as_unverified():
     """A weight missing from the .dlc is a failure unless every node reading it (looking through
-    DequantizeLinear) computes from constants only, which QAIRT folds when it writes the .dlc (ACT's
+    DequantizeLinear) computes from constants only, which ONNX Runtime folds before the .dlc is written (ACT's
     first decoder step, from a constant zero query): the LayerNorm of a constant is folded, a MatMul
     of the input is not, nor a quantized weight the input's MatMul reads."""
     from onnx import TensorProto, helper, numpy_helper
@@ -373,3 +373,64 @@ def test_calibration_runs_on_one_thread_whatever_the_process_runs_on(tmp_path, m
     finally:
         torch.set_num_threads(threads)
     assert seen["torch"] == [1] and seen["ort"] and all(s == (1, 1) for s in seen["ort"]), seen
+
+
+def test_a_dlc_much_larger_than_its_context_binary_is_not_written_and_the_entry_says_why(tmp_path, monkeypatch):
+    """A `.dlc` more than 1.25 times the context binary and EPContext model it is another build of
+    is not written, and the artifact's manifest entry says why (`sidecars_not_written`); no `.dlc`
+    entry or file is left. Here the `.dlc` keeps its MatMul weights in fp32 (no reader takes an fp16
+    weight: `HALF_READERS` empty), 2.1 MB beside the binary's 1.1 MB, as every fp16 `.dlc` did when
+    it was written from the fp32 graph as it is."""
+    import tempfile
+
+    from torch import nn
+
+    import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_dlc as qnn_dlc
+    import edgex.exporters.qnn_graphs as qnn_graphs
+    from edgex.component import Component, TensorSpec
+    from edgex.export import _export_one
+    from edgex.exporters import EXPORTERS
+    from edgex.plan import Job
+    from edgex.targets import get_target
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512)).eval()
+    x = torch.randn(1, 512)
+    component = Component("stack", "talker", module, [TensorSpec("x", (1, 512), "float32")], [TensorSpec("y", (1, 512), "float32")],
+                          lambda t: (module(t),), {"s": (x,)})
+    monkeypatch.setattr(qnn_dlc, "HALF_READERS", {})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the graph store's folder, removed with tmp_path
+    monkeypatch.setattr(qnn, "GRAPHS", qnn_graphs.Graphs())
+    options = tuple(get_target("s25-htp").exporter_options["qnn"].items())
+    (stage := tmp_path / "stage").mkdir()
+    entries = _export_one(Job("stack", "talker", "qnn", "fp16", options), component, EXPORTERS.get("qnn"), stage, {}, None, None)
+    (entry,) = entries
+    assert entry["verdict"] == "pass" and not list(stage.rglob("*.dlc")), entry.get("parity", {}).get("failures")
+    runnable = sum(f["bytes"] for f in entry["files"])
+    why = entry["sidecars_not_written"]["qnn-dlc"]
+    assert why.startswith("not written: QAIRT's IR backend wrote a 2.1 MB .dlc, 1.87 x the") and "at most 1.25 x" in why, why
+    assert f"x the {runnable / 1e6:.1f} MB of the context binary and EPContext model" in why
+
+
+def test_identical_initializers_merge_for_the_dlc_except_where_a_subgraph_or_output_names_them():
+    """`merged_duplicates`: an initializer of the same bytes as an earlier one is removed and its
+    readers read that one; one a subgraph reads (an If branch, which names it from outside) or a graph
+    output names stays, and so does one of the same bytes that the fp16 `.dlc` keeps in another dtype."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgex.exporters.qnn_dlc import merged_duplicates
+
+    ones = np.ones((2, 2), np.float32)
+    branch = helper.make_graph([helper.make_node("Add", ["b", "b"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 2])])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+                               helper.make_node("Add", ["a", "d"], ["z"]), helper.make_node("MatMul", ["z", "h"], ["w"])], "g",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 2]),
+                               helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 2])],
+                              [numpy_helper.from_array(ones, n) for n in ("a", "b", "d", "e", "h")])
+    assert merged_duplicates(graph, half={"h"}) == 1
+    assert [i.name for i in graph.initializer] == ["a", "b", "e", "h"]
+    assert [list(n.input) for n in graph.node] == [["c"], ["a", "a"], ["z", "h"]]

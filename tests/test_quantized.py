@@ -405,3 +405,95 @@ def test_dlc_constants_qnn_takes_another_way_are_listed_unread_and_a_changed_wei
     assert not _only_zero_points(np.array([128, 129, 128], np.uint8), np.array(128, np.uint8), 0)
     assert not _only_zero_points(np.array([[0, 0], [0, 1]], np.int32), np.zeros(2, np.int32), 0)
     assert isinstance(QuantizedTensor(np.zeros(1), np.zeros(1), None, unread="x").unread, str)
+
+
+def _qnn_export_of(graph, tmp_path, monkeypatch):
+    """The qnn exporter's fp16 build of a hand-made fp32 ONNX `graph` (standing for a component's
+    graph), on the s25-htp options: (exporter, the component it was built for, the ExportResult)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import torch
+
+    import edgex.exporters.qnn as qnn
+    import edgex.exporters.qnn_graphs as qnn_graphs
+    from edgex.exporters import EXPORTERS
+    from edgex.targets import get_target
+
+    def write(_self, _component, _precision, dest, **_kwargs):
+        onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(dest))
+
+    class Component:  # what the exporter and its graph store read of one
+        name, module, calibration_size, tables = "g", torch.nn.Linear(2, 2), 2, {}
+        inputs = outputs = [SimpleNamespace(to_json=lambda: {"name": "x"})]
+
+    component = Component()
+    monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", write)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the graph store's folder, removed with tmp_path
+    fresh = qnn_graphs.Graphs()
+    monkeypatch.setattr(qnn, "GRAPHS", fresh)
+    (tmp_path / "out").mkdir()
+    exporter = EXPORTERS.get("qnn")
+    result = exporter.export(component, "fp16", tmp_path / "out" / "g.fp16.qnn.onnx", **get_target("s25-htp").exporter_options["qnn"])
+    return exporter, component, result
+
+
+def test_an_fp16_dlc_stores_each_weight_once_in_fp16_and_one_changed_weight_fails(tmp_path, monkeypatch):
+    """An fp16 `.dlc` holds the fp16 weights the HTP runs, not the fp32 graph's, and a weight
+    unrolled steps read is stored once, whether the steps read one initializer, copies of it (torch's
+    export folds each step's transposed weight into an initializer of its own where it is small) or
+    a Transpose of it each (where it is not): the conv kernel, the gather table and the steps'
+    matrices are each found once in `model.params.bin` as the fp32 weight rounded to fp16, never in
+    fp32, and the `.dlc` is no larger than the runnable files.
+    The stored-tensor check reads them back as fp16 (the rounding's SNR, ~74 dB); one element of the
+    steps' matrix one fp16 step off in the written file fails it (each step's copy) and nothing else."""
+    from onnx import TensorProto, helper
+
+    from edgex.exporters.qnn_dlc import dlc_members
+    from edgex.parity.tensors import tensor_parity
+
+    rng = np.random.default_rng(0)
+    weights = {"kernel": rng.normal(size=(16, 8, 3, 3)).astype(np.float32) * 0.2, "table": rng.normal(size=(32, 128)).astype(np.float32),
+               "shared": rng.normal(size=(128, 128)).astype(np.float32) * 0.1, "norm": np.ones((128,), np.float32),
+               "unfolded": rng.normal(size=(128, 128)).astype(np.float32) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "kernel"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["c2"]),
+             helper.make_node("Gather", ["table", "ids"], ["e"]),
+             helper.make_node("Add", ["c2", "e"], ["h0"])]
+    # an unrolled loop: the steps read one matrix, a copy of it, or (as torch's export leaves a weight
+    # of more than 8192 elements that several steps read) a Transpose of one weight at each step
+    nodes += [helper.make_node("Transpose", ["unfolded"], [f"unfolded.T{step}"], perm=[1, 0]) for step in (3, 4)]
+    steps = ["shared", "shared", "shared.copy", "unfolded.T3", "unfolded.T4"]
+    for step, matrix in enumerate(steps):
+        nodes += [helper.make_node("MatMul", [f"h{step}", matrix], [f"m{step}"]),
+                  helper.make_node("Mul", [f"m{step}", "norm"], [f"n{step}"]),
+                  helper.make_node("Tanh", [f"n{step}"], [f"h{step + 1}"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4]),
+                                           helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
+                              [helper.make_tensor_value_info("h5", TensorProto.FLOAT, [1, 2, 128])],
+                              [numpy_helper.from_array(a, n) for n, a in weights.items()]
+                              + [numpy_helper.from_array(weights["shared"], "shared.copy"),
+                                 numpy_helper.from_array(np.array([1, 2, 128], np.int64), "shape")])
+    exporter, component, result = _qnn_export_of(graph, tmp_path, monkeypatch)
+    (sidecar,) = result.sidecars
+    (dlc,) = sidecar.files
+    assert dlc.stat().st_size <= sum(f.stat().st_size for f in result.files)
+    data = dlc_members(dlc)["model.params.bin"]
+    for name in ("kernel", "table", "shared", "unfolded"):
+        w = weights[name]
+        assert data.count(w.astype(np.float16).tobytes()) == 1 and data.count(w.tobytes()) == 0, name
+    good = tensor_parity(exporter, component, [dlc], 30.0, "fp16")
+    assert good["verdict"] == "pass", good
+    for name in ("kernel", "table", "shared", "shared.copy", "unfolded"):
+        assert good["tensors"][name]["type"] == "float16 in model.params.bin" and 70 < good["tensors"][name]["snr_db"] < 80
+    assert good["tensors"]["norm"] == {"type": "float32 in model.params.bin", "shape": [128], "snr_db": np.inf}
+
+    half = weights["shared"].astype(np.float16)
+    changed = half.copy()
+    changed[3, 5] = np.nextafter(changed[3, 5], np.float16(np.inf))  # one element, one fp16 step
+    broken = tmp_path / "changed.dlc"
+    broken.write_bytes(dlc.read_bytes().replace(half.tobytes(), changed.tobytes()))
+    bad = tensor_parity(exporter, component, [broken], 30.0, "fp16")
+    assert bad["verdict"] == "fail" and [n for n, t in bad["tensors"].items() if t["snr_db"] < 30] == ["shared", "shared.copy"], bad
+    assert bad["tensors"]["shared"]["error"] == "missing from the file"
+

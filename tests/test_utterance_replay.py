@@ -33,3 +33,45 @@ def test_frames_past_the_sampled_ones_replay_them_in_one_talker_pass(tiny):
     assert key.shape[3] == PREFILL + HORIZON
     assert torch.allclose(key, torch.stack([stepped[i][0] for i in layers]), atol=1e-4)
     assert torch.allclose(value, torch.stack([stepped[i][1] for i in layers]), atol=1e-4)
+
+
+def _same(a: Utterance, b: Utterance) -> None:
+    for f in range(HORIZON):
+        x, y = a.frame(f), b.frame(f)
+        assert x.keys() == y.keys(), f
+        for name, value in x.items():
+            assert torch.equal(value, y[name]) if isinstance(value, torch.Tensor) else value == y[name], (f, name)
+    for got, want in zip(a.cache(PREFILL + HORIZON), b.cache(PREFILL + HORIZON)):
+        assert torch.equal(got, want)
+    assert torch.equal(a.prefill_embeds, b.prefill_embeds) and torch.equal(a.codes, b.codes)
+    assert torch.equal(a.text_embed(HORIZON + 5), b.text_embed(HORIZON + 5))
+
+
+def test_a_kept_utterance_is_the_generated_one_and_any_change_of_its_inputs_generates_again(tiny, tmp_path, monkeypatch):
+    """`Utterance.kept` reads back, bit for bit, what generating gives; another seed, another weight
+    or an unreadable entry is generated again, never served from the store."""
+    import copy
+
+    from edgex import eager_store
+
+    monkeypatch.setenv("EDGEX_CACHE_DIR", str(tmp_path))
+    talker = tiny[0].models.talker
+    generated = Utterance(talker, PREFILL, SAMPLED, seed=3, horizon=HORIZON)
+    first = Utterance.kept(talker, PREFILL, SAMPLED, seed=3, horizon=HORIZON)
+    (entry,) = (tmp_path / eager_store.FOLDER).glob("*.pt")
+    second = Utterance.kept(talker, PREFILL, SAMPLED, seed=3, horizon=HORIZON)
+    _same(first, generated)
+    _same(second, generated)
+
+    other_seed = Utterance.kept(talker, PREFILL, SAMPLED, seed=4, horizon=HORIZON)
+    assert not torch.equal(other_seed.codes, generated.codes)
+    changed = copy.deepcopy(talker)
+    with torch.no_grad():
+        changed.code_predictor.lm_head[3].weight.mul_(-1)  # one codebook's head: only codes 4.. can move
+    other_weights = Utterance.kept(changed, PREFILL, SAMPLED, seed=3, horizon=HORIZON)
+    _same(other_weights, Utterance(changed, PREFILL, SAMPLED, seed=3, horizon=HORIZON))
+    assert len(list((tmp_path / eager_store.FOLDER).glob("*.pt"))) == 3
+
+    entry.write_bytes(entry.read_bytes()[:1000])  # truncated: generated again and written over
+    _same(Utterance.kept(talker, PREFILL, SAMPLED, seed=3, horizon=HORIZON), generated)
+    assert eager_store.load(entry.stem) is not None

@@ -195,8 +195,9 @@ def smolvla_htp_fp16(tmp_path_factory):
 
 def test_smolvla_fp16_builds_on_the_htp(smolvla_htp_fp16):
     """The prefix's fp16 build used to fail in QNN's finalize (QNN_COMMON_ERROR_MEM_ALLOC) with
-    RMSNorm's weight as Mul's first input; the vision encoder's .dlc holds its conv kernel
-    channels-last, which the stored-weight check must find (it reported it missing: -inf dB)."""
+    RMSNorm's weight as Mul's first input; the vision encoder's .dlc holds its conv kernel in fp16,
+    in a layout of QAIRT's own, which the stored-weight check must find (it reported a kernel stored
+    channels-last missing: -inf dB) and reads back at the fp16 rounding's figure."""
     arts = {(a["component"], a["format"]): a for a in smolvla_htp_fp16["artifacts"]}
     for name in ("vision_encoder", "prefix"):
         ctx = arts[(name, "qnn-context")]
@@ -204,7 +205,7 @@ def test_smolvla_fp16_builds_on_the_htp(smolvla_htp_fp16):
         dlc = arts[(name, "qnn-dlc")]
         assert dlc["tensor_parity"]["verdict"] == "pass", name
     conv = arts[("vision_encoder", "qnn-dlc")]["tensor_parity"]["tensors"]["vision.embeddings.patch_embedding.weight"]
-    assert conv["snr_db"] == "inf"
+    assert conv["type"] == "float16 in model.params.bin" and 60 < conv["snr_db"] < 90, conv
 
 
 @pytest.mark.benchmark  # in the suite: test_policy_configs.py's SmolVLA 2cams-2shapes case gates its own .pte at 100 dB

@@ -6,7 +6,6 @@ methods that use them."""
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +45,8 @@ class ExportResult:
     io_float_dtype: str  # dtype of the artifact's float inputs/outputs ("float32" / "float16")
     details: dict = field(default_factory=dict)
     sidecars: list[Sidecar] = field(default_factory=list)
+    # sidecar format -> why this export wrote none (the artifact's manifest entry, `sidecars_not_written`)
+    sidecars_not_written: dict[str, str] = field(default_factory=dict)
 
 
 class Exporter(ABC):
@@ -172,29 +173,6 @@ def cast_inputs(inputs, dtype: torch.dtype) -> tuple:
     `execute` fails on a contiguous input with error 0x10 (ExecuTorch's NotSupported). Exported
     from a contiguous example, every format takes the buffers a runner has."""
     return tuple((t.to(dtype) if t.is_floating_point() else t).contiguous() for t in inputs)
-
-
-@contextmanager
-def provenance_by_reference():
-    """torch.fx node provenance kept by reference while a module is exported and lowered.
-
-    Every node records the nodes it was made from (`node.meta["from_node"]`, a list of torch.fx
-    `NodeSource`, each holding its own history). Each pass that re-creates a node starts a new
-    `NodeSource` with a deep copy of the old node's whole history, which has grown by one level per
-    earlier pass: py-spy, the 0.6b talker decode `.pte` fp32, 19.5% of the lowering's samples were
-    that deepcopy (torch.onnx's export runs the same kind of passes). Nothing changes a `NodeSource`
-    once made (torch sets its fields only when it builds one), so within this context the new one
-    shares the old entries: the list is copied, not its contents. The history itself, and what
-    ExecuTorch derives from it, is unchanged."""
-    import types
-
-    from torch.fx import traceback as fx_traceback
-
-    fx_traceback.copy = types.SimpleNamespace(deepcopy=list, copy=copy.copy)
-    try:
-        yield
-    finally:
-        fx_traceback.copy = copy
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
+from ..patches.coremltools import compressed_program, main_operations
 from .base import ExportResult, Exporter
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _computed_constants(component: Component, fp16_model) -> list[str]:
     """The fp16 program's constants that are no module tensor. Compressed, their stored bytes could be
     checked against nothing (`stored_quantized`); they stay fp16, where the run covers them."""
     named = _named_tensors(component)
-    consts = [op for op in fp16_model._mil_program.functions["main"].operations if op.op_type == "const"]
+    consts = [op for op in main_operations(fp16_model) if op.op_type == "const"]
     return [op.name for op in consts if getattr(op.val.val, "size", 1) > 1
             and _module_tensor(named, op.name, op.val.val.size) is None]
 
@@ -102,7 +103,7 @@ def _op_types(model) -> dict[str, int]:
     """Op type -> count in the saved program's main function (the interpreter must cover them)."""
     from collections import Counter
 
-    return dict(sorted(Counter(op.op_type for op in model._mil_program.functions["main"].operations).items()))
+    return dict(sorted(Counter(op.op_type for op in main_operations(model)).items()))
 
 
 def _convert(component: Component, precision: str):
@@ -150,12 +151,9 @@ def _compressed(component: Component, fp16_model, precision: str):
     on the result (minutes on a big graph, and the skipped pass's crash), so the pass is applied to
     the program read back from the model and converted with an empty main pipeline."""
     import coremltools as ct
-    from coremltools.models.utils import _apply_graph_pass
-    from coremltools.optimize.coreml._quantization_passes import linear_quantize_weights
 
     target = getattr(ct.target, MINIMUM_DEPLOYMENT_TARGET)
-    program = _apply_graph_pass(fp16_model, linear_quantize_weights(config=_compression(precision, _computed_constants(component, fp16_model))),
-                                spec_version=target.value, return_pymil_prog=True)
+    program = compressed_program(fp16_model, _compression(precision, _computed_constants(component, fp16_model)), target.value)
     return ct.convert(program, convert_to="mlprogram", compute_precision=ct.precision.FLOAT32,  # already fp16: no cast pass
                       minimum_deployment_target=target, pass_pipeline=ct.PassPipeline.EMPTY, skip_model_load=True)
 

@@ -10,14 +10,16 @@ but XNNPACK returns wrong numbers (docs/toolchains.md), and the parity gate is w
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
-from .executorch_retraces import decompose_only_what_is_left, retrace_changed_graphs_only, skip_passes_with_nothing_to_rewrite
+from ..patches.executorch import (decompose_only_what_is_left, edge_compile_config, lowering_decompositions, no_ir_validity_checks,
+                                  partitions_share_weights, retrace_changed_graphs_only, skip_passes_with_nothing_to_rewrite)
+from ..patches.torch_fx import provenance_by_reference
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
 if TYPE_CHECKING:
@@ -72,20 +74,10 @@ def _xnnpack_ready(program, precision: str):
 
 
 def _lowering_decompositions() -> dict:
-    """The table ExecuTorch's lowering decomposes with for XNNPACK (its default table less the ops
-    the partitioner takes whole), with the norm rewrite: decomposed here in the one pass the
-    constant propagation needs anyway, the lowering's own passes find nothing left to decompose
-    and skip theirs (`decompose_only_what_is_left`)."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir.program._program import _default_decomposition_table, _remove_invalid_ops_for_not_decompose
-
-    kept, _ = XnnpackPartitioner().ops_to_not_decompose(None)  # the list is the partitioner's, whatever the program
-    table = _default_decomposition_table()
-    for op in _remove_invalid_ops_for_not_decompose(kept):
-        table.pop(op, None)
-    for op, decomposition in norm_decompositions().items():  # item by item: the table is torch's lazy one
-        table[op] = decomposition
-    return table
+    """The table ExecuTorch's lowering decomposes with for XNNPACK, with the norm rewrite: decomposed
+    here in the one pass the constant propagation needs anyway, the lowering's own passes find
+    nothing left to decompose and skip theirs (`decompose_only_what_is_left`)."""
+    return lowering_decompositions(norm_decompositions())
 
 
 def _compact_view_constants(program) -> None:
@@ -103,69 +95,6 @@ def _compact_view_constants(program) -> None:
             if tensor.storage_offset() or not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.nbytes:
                 copy_ = tensor.detach().contiguous().clone()
                 store[name] = torch.nn.Parameter(copy_, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else copy_
-
-
-@contextmanager
-def _partitions_share_weights():
-    """XNNPACK lowering that holds each weight once, however many partitions read it.
-
-    ExecuTorch copies weights three ways while it lowers; inside this context all three share:
-    1. A constant that several partitions read is deep-copied once per further partition
-       (`duplicate_constant_node`, run by `to_backend`); the copies now alias the original's storage.
-       Graphs whose partitions share weights, such as the unrolled 15-step code predictor frame,
-       which sampling splits once per step, held one copy of those weights per partition.
-    2. Before it preprocesses a partition, ExecuTorch deep-copies the partition's program, state
-       dict included (`BackendDetails.copy_exported_program_for_preprocess`, "in case backends
-       change graph inside preprocess"); the copy now takes the graph and shares the tensors. A
-       100M-parameter stack: +803 MB over the module during lowering before, +419 MB after.
-    3. Each partition serializes every weight it reads into its own named data store as a new
-       `bytes` object; the stores are merged and deduplicated only when the program is emitted.
-       XNNPACK names each blob by the SHA-256 of its bytes (`node_visitor.get_serialized_buffer_index`),
-       so blobs of the same name and length are the same bytes: every partition now keeps the first.
-    A 4-layer stack of 17 MB read by 8 partitions (an argmax between them): lowering +271 MB before.
-    XNNPACK's passes put new constants beside the old ones rather than write into them, which
-    `tests/test_export_cost.py::test_xnnpack_lowering_shares_the_weights_and_leaves_them_untouched`
-    checks.
-    """
-    import types
-
-    import torch
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-    from executorch.exir._serialize._named_data_store import NamedDataStore
-    from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass as duplicating
-
-    def copy_sharing_tensors(cls, program, compile_specs):
-        held = (*program.state_dict.values(), *program.constants.values())
-        return copy.deepcopy(program, {id(t): t for t in held if isinstance(t, torch.Tensor)})
-
-    def aliasing_copy(value, memo=None):
-        if isinstance(value, torch.nn.Parameter):
-            return torch.nn.Parameter(value.detach(), requires_grad=value.requires_grad)
-        if isinstance(value, torch.Tensor):
-            return value.detach()
-        return copy.deepcopy(value, memo)
-
-    blobs: dict[tuple[str, int], bytes] = {}
-    add_named_data = NamedDataStore.add_named_data
-
-    def add_shared(self, key, data, *args, **kwargs):
-        if isinstance(data, bytes):
-            data = blobs.setdefault((key, len(data)), data)
-        return add_named_data(self, key, data, *args, **kwargs)
-
-    own = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")
-    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(copy_sharing_tensors)
-    NamedDataStore.add_named_data = add_shared
-    duplicating.copy = types.SimpleNamespace(deepcopy=aliasing_copy)
-    try:
-        yield
-    finally:
-        duplicating.copy = copy
-        NamedDataStore.add_named_data = add_named_data
-        if own is None:
-            del XnnpackBackend.copy_exported_program_for_preprocess
-        else:
-            XnnpackBackend.copy_exported_program_for_preprocess = own
 
 
 def prepare(component: Component, precision: str) -> tuple[nn.Module, tuple]:
@@ -354,7 +283,7 @@ class ExecuTorchExporter(Exporter):
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
         import torch
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+        from executorch.exir import to_edge_transform_and_lower
 
         dtype = float_dtype(precision)
         # fp32 / fp16 lower the component's own module (cast in place, restored after) rather than a
@@ -366,12 +295,9 @@ class ExecuTorchExporter(Exporter):
             program = _xnnpack_ready(torch.export.export(module, cast_inputs(component.example_inputs, dtype), strict=False),
                                      precision)
             del module
-            # The edge-dialect IR verifier re-checks every op's dtypes after each pass: a third of the
-            # lowering time of the unrolled predictor frame (251 -> 171 s), for a check that parity,
-            # which runs the artifact, makes anyway.
-            with _partitions_share_weights(), retrace_changed_graphs_only():
+            with partitions_share_weights(), retrace_changed_graphs_only(), no_ir_validity_checks():
                 lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
-                                                      compile_config=EdgeCompileConfig(_check_ir_validity=False))
+                                                      compile_config=edge_compile_config())
             del program
             delegated = sum(1 for n in lowered.exported_program().graph.nodes if n.target == torch.ops.higher_order.executorch_call_delegate)
             with skip_passes_with_nothing_to_rewrite():

@@ -123,9 +123,10 @@ class MnnExporter(Exporter):
         from ..parity.scheme import StoredScheme, StoredWeight, called_modules
 
         bits, block = (8, None) if precision == "w8" else (4, W4_BLOCK)
+        convolutions = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
         linears = called_modules(component)
         layers = {name: m for name, m in component.module.named_modules()
-                  if name in linears or isinstance(m, nn.modules.conv._ConvNd)}  # convs: also those applied via F.conv*
+                  if name in linears or isinstance(m, convolutions)}  # convs: also those applied via F.conv*
         weights = {f"{name}.weight": StoredWeight(m.weight, converter_quantized(m, bits, block)) for name, m in layers.items()}
         return StoredScheme(f"same scheme applied in PyTorch (MNN converter's asymmetric int{bits} chunks; {why})", weights)
 

@@ -22,6 +22,7 @@ The JSON holds each weight byte as text: the dump is ~4x the file, read once per
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
@@ -119,12 +120,25 @@ def dump(path: Path, scratch: Path) -> dict:
     return json.loads(out.read_text())
 
 
+# The last file read, by its bytes' sha256: an export reads one file's weights twice (its scheme
+# and its stored-tensor check), and the converter's JSON dump is most of the cost of each read.
+_LAST_READ: dict[str, dict[str, MnnWeight]] = {}
+
+
 def quantized_weights(path: Path) -> dict[str, MnnWeight]:
     """Every Convolution op of the `.mnn` whose weights are stored quantized, by op name."""
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest not in _LAST_READ:
+        _LAST_READ.clear()
+        _LAST_READ[digest] = _read_quantized(path, raw)
+    return dict(_LAST_READ[digest])
+
+
+def _read_quantized(path: Path, raw: bytes) -> dict[str, MnnWeight]:
     found = {}
     with tempfile.TemporaryDirectory(prefix="mnnjson-") as scratch:
         model = dump(path, Path(scratch))
-    raw = path.read_bytes()
     words = np.frombuffer(raw, np.uint32, len(raw) // 4)
     file = (words, words.view(np.float32))
     for op in model.get("oplists", []):

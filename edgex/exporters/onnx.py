@@ -18,12 +18,14 @@ import fnmatch
 import hashlib
 import logging
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, provenance_by_reference, warm_up_module
+from ..patches.torch_fx import provenance_by_reference
+from ..patches.onnxscript import constant_folding_pass, default_rewrite_rules
+from ..patches.torch_onnx import torchlib_registry_built_once
+from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 from .onnx_fusions import fuse_for_onnxruntime
 
 if TYPE_CHECKING:
@@ -155,36 +157,6 @@ class OnnxExporter(Exporter):
 
 
 SLICED_INPUTS = "edgex.sliced_inputs"  # model metadata: JSON {input name: slices along axis 0}
-
-
-_REGISTRIES: dict = {}  # (registry class, opset) -> the registry torchlib gave it
-
-
-@contextmanager
-def torchlib_registry_built_once():
-    """`torch.onnx.export` builds its registry of torchlib's ATen translations anew on every call,
-    seconds of each export whatever the graph: within this context it is built once per process and
-    opset, in the exporter's warm-up before jobs fork, and each export gets its own copy (the same
-    translations; registering a custom one changes that copy only)."""
-    from torch.onnx._internal.exporter._constants import TORCHLIB_OPSET
-    from torch.onnx._internal.exporter._registration import ONNXRegistry
-
-    build = ONNXRegistry.__dict__["from_torchlib"]
-
-    def from_torchlib(cls, opset_version=TORCHLIB_OPSET):
-        if (cls, opset_version) not in _REGISTRIES:
-            _REGISTRIES[cls, opset_version] = build.__func__(cls, opset_version=opset_version)
-        built = _REGISTRIES[cls, opset_version]
-        registry = cls()
-        registry.__dict__.update(built.__dict__)
-        registry.functions = {target: list(decompositions) for target, decompositions in built.functions.items()}
-        return registry
-
-    ONNXRegistry.from_torchlib = classmethod(from_torchlib)
-    try:
-        yield
-    finally:
-        ONNXRegistry.from_torchlib = build
 
 
 def slice_stacked_inputs(model) -> dict[str, int]:
@@ -475,18 +447,12 @@ def optimize(model) -> None:
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
-    from onnxscript.optimizer import _constant_folding
     from onnxscript.rewriter import onnx_fusions
 
-    defaults = [rule for entry in rewriter._DEFAULT_REWRITE_RULES for rule in getattr(entry, "rules", [entry])]
-    rules = [rule for rule in defaults if rule.name not in SKIPPED_REWRITES]
+    rules = [rule for rule in default_rewrite_rules() if rule.name not in SKIPPED_REWRITES]
     ir.passes.Sequential(
         common.InlinePass(),
-        _constant_folding.FoldConstantsPass(
-            shape_inference=True,
-            input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-            output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-        ),
+        constant_folding_pass(),
         rewriter.RewritePass(rules),
         common.RemoveUnusedNodesPass(),
         common.RemoveUnusedFunctionsPass(),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..patches.onnxscript import is_singleton_value
+
 
 def fuse_for_onnxruntime(model) -> dict[str, int]:
     """Apply every rewrite below to an onnx_ir model in place; how many of each were fused. The
@@ -103,7 +105,7 @@ def fuse_rotary_embeddings(model) -> int:
     index that table (0 .. P-1), so the positions the graph computes are the ones rotated. Returns
     how many were fused."""
     import onnx_ir as ir
-    from onnxscript.rewriter import _ir_utils, pattern
+    from onnxscript.rewriter import pattern
 
     class NeoxRope(pattern.RewriteRuleClassBase):
         def pattern(self, op, x, cos, sin, start_hi, end_hi, start_lo, end_lo, axes_hi, axes_lo, steps_hi, steps_lo):
@@ -119,11 +121,11 @@ def fuse_rotary_embeddings(model) -> int:
             if shape[0] != 1:
                 return result.fail("batch is not 1")
             dim, half = shape[3], shape[3] // 2
-            last = lambda v: _ir_utils.is_singleton_value(v, lambda a: a in (-1, 3))  # noqa: E731
-            one = lambda v: _ir_utils.is_singleton_value(v, 1)  # noqa: E731
-            if not (last(axes_hi) and last(axes_lo) and one(steps_hi) and one(steps_lo) and _ir_utils.is_singleton_value(start_hi, half)
-                    and _ir_utils.is_singleton_value(end_hi, lambda e: e >= dim) and _ir_utils.is_singleton_value(start_lo, 0)
-                    and _ir_utils.is_singleton_value(end_lo, half)):
+            last = lambda v: is_singleton_value(v, lambda a: a in (-1, 3))  # noqa: E731
+            one = lambda v: is_singleton_value(v, 1)  # noqa: E731
+            if not (last(axes_hi) and last(axes_lo) and one(steps_hi) and one(steps_lo) and is_singleton_value(start_hi, half)
+                    and is_singleton_value(end_hi, lambda e: e >= dim) and is_singleton_value(start_lo, 0)
+                    and is_singleton_value(end_lo, half)):
                 return result.fail("not a rotate-half of the last axis")
             if _half_table(cos, "Cos", shape[2], half) is None or _half_table(sin, "Sin", shape[2], half) is None:
                 return result.fail("cos / sin are not a NeoX table over this call's positions")

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 from ..qnn import htp_session, plugin_version, qairt_version
 from . import EXPORTERS
 from .base import ExportResult, Exporter, Sidecar, StoredTensor
-from .qnn_dlc import DLC_UNRUN, FOLDED, QAIRT_LAYOUTS, dlc_members, folded_constants, in_dlc, mismatch
+from .qnn_dlc import (DLC_UNRUN, FOLDED, QAIRT_LAYOUTS, dlc_members, folded_constants, half_weight_names, half_weights, in_dlc,
+                      mismatch, oversized)
 from .qnn_graphs import GRAPHS
 from .qnn_quantize import SCHEMES
 from .qnn_tables import context_binary, dequantize, gathered_then_scaled, located
@@ -192,11 +193,13 @@ class QnnExporter(Exporter):
     def stored_tensors(self, component: Component, files: list[Path], precision: str, *, calibration_size: int | None = None,
                        **_target) -> dict[str, StoredTensor] | None:
         """The `.dlc` sidecar, which nothing here runs: every weight of the graph it was written from
-        (the fp32 graph for fp16, made again; the QDQ graph for the quantized schemes, made again as
-        for the scheme reference) must be in the .dlc's tensor data byte for byte, as stored or
-        in QAIRT's layout (`QAIRT_LAYOUTS`). A changed byte in a weight makes that
-        weight missing: its figure is -inf dB and the entry fails. The context binary's weights are
-        covered by its parity run instead (None)."""
+        (for fp16 the fp32 graph, made again, with its `half_weight_names` in fp16; the QDQ graph for
+        the quantized schemes, made again as for the scheme reference) must be in the .dlc's tensor
+        data byte for byte, as stored or in QAIRT's layout (`QAIRT_LAYOUTS`). An fp16 weight is looked
+        for as the fp32 weight rounded to the nearest fp16 here, and read back as those fp16 values:
+        its figure is the rounding's SNR against the fp32 weight. A changed byte in a weight makes
+        that weight missing: its figure is -inf dB and the entry fails. The context binary's weights
+        are covered by its parity run instead (None)."""
         import numpy as np
         import onnx
         from onnx import numpy_helper
@@ -209,19 +212,21 @@ class QnnExporter(Exporter):
         quantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
         scales = {i for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") for i in n.input[1:]}
         folded = folded_constants(model.graph)
+        half = set() if precision in SCHEMES else half_weight_names(model.graph)
         found = {}
         for init in model.graph.initializer:
             array = numpy_helper.to_array(init)
             weight = init.name in quantized or (array.dtype.kind == "f" and init.name not in scales)
             if not weight or array.size < 2:
                 continue
-            layouts = [array, *(array.transpose(p) for p in QAIRT_LAYOUTS.get(array.ndim, ()))]
+            held = array.astype(np.float16) if init.name in half else array  # what the .dlc should hold
+            layouts = [held, *(held.transpose(p) for p in QAIRT_LAYOUTS.get(held.ndim, ()))]
             stored = any(data.find(np.ascontiguousarray(a).tobytes()) >= 0 for a in layouts)
             values = array.astype(np.float32)
             if not stored and init.name in folded:
                 found[init.name] = StoredTensor(FOLDED, None, values, readable=False)
                 continue
-            found[init.name] = StoredTensor(f"{array.dtype} in model.params.bin", values if stored else None, values)
+            found[init.name] = StoredTensor(f"{held.dtype} in model.params.bin", held.astype(np.float32) if stored else None, values)
         return found
 
     def before_lowering(self, component: Component, precision: str, *, calibration_size: int | None = None, **_target) -> None:
@@ -245,13 +250,21 @@ class QnnExporter(Exporter):
                 details["qdq_graph_sha256"] = _record_digest(dest, graph)
             dumps = Path(tmp) / "dlc"
             dumps.mkdir()
-            htp_session(graph, soc_model=soc_model, htp_arch=htp_arch, fp16=True, dlc_dir=dumps)
+            # fp16: the graph with its weights in fp16 (`half_weights`), so the .dlc stores what the HTP runs
+            source = graph if precision in SCHEMES else half_weights(graph, Path(tmp) / f"{component.name}.fp16-weights.onnx")
+            htp_session(source, soc_model=soc_model, htp_arch=htp_arch, fp16=True, dlc_dir=dumps,
+                        fold_constants=precision in SCHEMES)
             written = sorted(dumps.glob("*.dlc"))
             if len(written) != 1:
                 raise RuntimeError(f"QNN IR backend wrote {len(written)} .dlc files, expected one graph")
-            shutil.move(written[0], dlc)
+            runnable = [dest, context_binary(dest)]
+            too_large = oversized(written[0], sum(f.stat().st_size for f in runnable))
+            if too_large is None:
+                shutil.move(written[0], dlc)
+        if too_large is not None:
+            return ExportResult(runnable, "float32", details, sidecars_not_written={"qnn-dlc": too_large})
         dlc_entry = Sidecar([dlc], "qnn-dlc", self.backend, reason=DLC_UNRUN)
-        return ExportResult([dest, context_binary(dest)], "float32", details, sidecars=[dlc_entry])
+        return ExportResult(runnable, "float32", details, sidecars=[dlc_entry])
 
 
 def _float_graph_parity(component: Component, graph: Path) -> dict:

@@ -1,5 +1,5 @@
 """The QAIRT `.dlc` sidecar read back: its zip members, the weights and quantization it stores, and
-the constants QAIRT folds away when it writes one."""
+the constants folded away before one is written."""
 
 from __future__ import annotations
 
@@ -142,16 +142,18 @@ def _scale_offset_pairs(scale, zero) -> list[bytes]:
     return [s.tobytes() + (np.int32(-z).tobytes() if z else b"") for s, z in zip(scales, zeros)]
 
 
-FOLDED = ("unverified: read only by nodes whose inputs are all constants, which QAIRT folds into new constants when "
-           "it writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
+FOLDED = ("unverified: read only by nodes whose inputs are all constants, which ONNX Runtime folds into new constants "
+          "before QAIRT writes the .dlc (so the tensor is not stored as given); the context binary's parity run covers them")
 
 
 def folded_constants(graph) -> set[str]:
     """Initializers every reader of which computes from constants only (looking through
-    DequantizeLinear): QAIRT evaluates such nodes when it writes the .dlc and stores their results,
-    not these inputs. Measured on a one-pass action policy whose first decoder layer starts from a constant zero query:
-    its self-attention and norm1 are input-independent, and the .dlc held neither norm1's weight
-    nor the constants around it."""
+    DequantizeLinear): ONNX Runtime's constant folding, on in the session that writes a QDQ graph's
+    .dlc, evaluates such nodes, and QAIRT stores their results, not these inputs. Measured on a
+    one-pass action policy whose first decoder layer starts from a constant zero query: its
+    self-attention and norm1 are input-independent, and its fp16 .dlc written with constant folding
+    on held neither norm1's weight nor the constants around it; written with it off, as the fp16
+    .dlc is (`half_weights`), it holds all six as given."""
     constant = {i.name for i in graph.initializer}
     for node in graph.node:  # topological order
         if all(not i or i in constant for i in node.input):
@@ -167,3 +169,132 @@ def folded_constants(graph) -> set[str]:
                                    all(not i or i in constant for i in n.input) for n in nodes)
 
     return {i.name for i in graph.initializer if folded(i.name)}
+
+
+# The inputs at which QNN's op takes a weight as a computed tensor as readily as a constant: an
+# fp16 `.dlc` stores these weights in fp16, each behind one Cast to float32 that every reader (every
+# step of an unrolled graph) shares. Transpose is one: torch's export transposes a linear layer's
+# weight at each call, and onnxscript folds that Transpose into a new initializer only where the
+# weight has at most 8192 elements or one reader, so an unrolled graph's larger weights reach QNN
+# as one Transpose per step. Other float constants (norm weights, scalars, a BatchNorm's
+# statistics, Resize scales) stay float32: QNN takes several of them only as constants, and they are
+# a small part of a graph's bytes.
+HALF_READERS = {"MatMul": (0, 1), "Gemm": (0, 1, 2), "Gather": (0,), "Conv": (1, 2), "ConvTranspose": (1, 2), "Transpose": (0,)}
+
+
+def half_weight_names(graph) -> set[str]:
+    """The float32 initializers (of 2 or more elements) an fp16 `.dlc` stores in fp16: those every
+    reader of which takes them at one of its `HALF_READERS` inputs."""
+    from onnx import TensorProto
+
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, i))
+    return {init.name for init in graph.initializer
+            if init.data_type == TensorProto.FLOAT and _elements(init) >= 2 and init.name in readers
+            and all(i in HALF_READERS.get(op, ()) for op, i in readers[init.name])}
+
+
+def _elements(init) -> int:
+    size = 1
+    for d in init.dims:
+        size *= d
+    return size
+
+
+def half_weights(source: Path, dest: Path) -> Path:
+    """`source` (an fp32 graph) written to `dest` as QAIRT's IR backend is to write an fp16 `.dlc`
+    from: each of its `half_weight_names` stored as fp16 (rounded to nearest) behind one Cast to
+    float32, and initializers of identical bytes merged into one (`merged_duplicates`). The backend
+    stores each constant in the dtype the graph gives it, and each initializer apart: written from
+    the fp32 graph as it is, a `.dlc` holds fp32 weights (twice the fp16 context binary) and an
+    unrolled graph's weights once per step (torch's export folds each step's transposed weight into
+    an initializer of its own: a tiny 15-step graph's 346 initializers hold 150 distinct tensors).
+    The session writing the `.dlc` must not fold constants (`htp_session(fold_constants=False)`),
+    or ONNX Runtime turns each Cast back into a float32 constant. The graph computes what the HTP
+    runs at fp16 precision, whose weights are the same fp16 values."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(source))
+    half = half_weight_names(model.graph)
+    merged_duplicates(model.graph, half)
+    casts = []
+    for init in model.graph.initializer:
+        if init.name in half:
+            array = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(array.astype("float16"), f"{init.name}.fp16"))
+            casts.append(helper.make_node("Cast", [init.name], [init.name.removesuffix(".fp16")], to=TensorProto.FLOAT,
+                                          name=f"{init.name}.cast"))
+    nodes = casts + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{dest.name}.data")
+    return dest
+
+
+def merged_duplicates(graph, half: set[str]) -> int:
+    """Merge initializers of the same dtype, shape and bytes (and the same `half` membership, so each
+    weight keeps the dtype the `.dlc` check looks for) into the first of them: the others are
+    removed and their readers read it. Initializers a subgraph or a graph output names are left as
+    they are. Returns how many were merged."""
+    import hashlib
+
+    from onnx import numpy_helper
+
+    pinned = {o.name for o in graph.output} | {name for node in graph.node for sub in _subgraphs(node) for name in _read_in(sub)}
+    first, rename = {}, {}
+    for init in graph.initializer:
+        if init.name in pinned:
+            continue
+        array = numpy_helper.to_array(init)
+        key = (init.name in half, array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).digest())
+        if key in first:
+            rename[init.name] = first[key]
+        else:
+            first[key] = init.name
+    if not rename:
+        return 0
+    kept = [i for i in graph.initializer if i.name not in rename]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+    return len(rename)
+
+
+def _subgraphs(node) -> list:
+    from onnx import AttributeProto
+
+    return [g for a in node.attribute for g in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs if a.type == AttributeProto.GRAPHS else [])]
+
+
+def _read_in(graph) -> set[str]:
+    """Every name a graph's nodes read, its subgraphs' included."""
+    return {name for node in graph.node for name in node.input} | {n for node in graph.node for sub in _subgraphs(node) for n in _read_in(sub)}
+
+
+# How much larger than the runnable files it sits beside (context binary + EPContext model) a
+# `.dlc` may be. Both hold the graph's weights once in fp16 (or the QDQ graph's integers), so a
+# faithful `.dlc` is about their size: measured 0.93-1.03 x on the tiny presets (the rest is each
+# file's own graph and layout: an unrolled 15-step graph's .dlc 9.4 MB beside 9.1 MB, a ResNet
+# policy's w8a16 .dlc 11.5 MB beside 11.4 MB). One holding its weights twice (fp32, or once per
+# unrolled step) is 1.8 x or more. A folder whose every artifact has a `.dlc` is then about twice
+# its runnable bytes, and at most 2.25 times.
+DLC_SIZE_LIMIT = 1.25
+
+
+def oversized(dlc: Path, runnable_bytes: int) -> str | None:
+    """Why a `.dlc` is not kept beside its artifact, or None: one more than `DLC_SIZE_LIMIT` times
+    the runnable files it is another build of holds weights it should not (twice, or wider than the
+    artifact's), and it is not written. The reason goes in the artifact's manifest entry
+    (`sidecars_not_written`)."""
+    size = dlc.stat().st_size
+    if size <= DLC_SIZE_LIMIT * runnable_bytes:
+        return None
+    return (f"not written: QAIRT's IR backend wrote a {size / 1e6:.1f} MB .dlc, {size / runnable_bytes:.2f} x the "
+            f"{runnable_bytes / 1e6:.1f} MB of the context binary and EPContext model it is another build of (at most "
+            f"{DLC_SIZE_LIMIT:g} x: a .dlc holding its weights once is about their size)")

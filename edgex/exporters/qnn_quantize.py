@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EdgexError
+from ..patches.onnxruntime import calibrator_session_on_one_thread
 from .onnx import nodes_from_modules
 from .qnn_bias import own_biases
 from .qnn_htp import fp16_on_htp, sampling_nodes
@@ -40,26 +41,16 @@ def _calibration_on_one_thread():
     process's thread count: `edgex verify` makes the QDQ graph again and refuses one whose digest
     differs, and a reduction split over another number of threads (the eager model's activations,
     ONNX Runtime's calibration session) can move a calibration range in its last bits. torch runs on
-    one thread and ONNX Runtime's calibrator session (`CalibraterBase.create_inference_session`,
-    which takes no session options) is made with one intra- and one inter-op thread."""
-    import onnxruntime
+    one thread and ONNX Runtime's calibrator session with one intra- and one inter-op thread
+    (`patches.onnxruntime.calibrator_session_on_one_thread`)."""
     import torch
-    from onnxruntime.quantization.calibrate import CalibraterBase
 
-    def one_thread(self):
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        self.infer_session = onnxruntime.InferenceSession(self.augmented_model_path, sess_options=options,
-                                                          providers=self.execution_providers)
-
-    threads, made = torch.get_num_threads(), CalibraterBase.create_inference_session
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    CalibraterBase.create_inference_session = one_thread
     try:
-        yield
+        with calibrator_session_on_one_thread():
+            yield
     finally:
-        CalibraterBase.create_inference_session = made
         torch.set_num_threads(threads)
 
 

@@ -14,7 +14,8 @@ codes under its `constant_buffer_idx`, scales under its quantization parameters'
   bfloat16 when written).
 
 The graph flatbuffer is decoded by `flatc` with XNNPACK's schema, both as ExecuTorch ships them
-(`_flatc_decompile`, as its own flat-tensor reader does); the program by ExecuTorch's deserializer.
+(as its own flat-tensor reader does); the program by ExecuTorch's deserializer. Both are ExecuTorch's
+private functions, read through `edgex.patches.executorch.program_file`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..patches.executorch import flatc_decompile, program_file
 
 _CODES = {"xnn_datatype_qcint8": 8, "xnn_datatype_qcint4": 4, "xnn_datatype_qbint4": 4}
 
@@ -46,13 +49,9 @@ class XnnpackWeight:
 def program_segments(path: Path):
     """The `.pte`'s program (ExecuTorch's deserializer, on the flatbuffer only) and `segment(index)`,
     a data segment's bytes from a memory map of the file (None: a file without data segments)."""
-    from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    from executorch.exir._serialize._program import _get_extended_header
-
     with open(path, "rb") as f:
         view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    header = _get_extended_header(bytes(view[:64]))
-    program = _flatbuffer_to_program(bytes(view[: header.program_size if header else len(view)]))
+    header, program = program_file(view)
     if header is None:
         return program, None
 
@@ -70,7 +69,6 @@ def _graph(blob: bytes, scratch: Path) -> dict:
 
     import executorch.backends.xnnpack.serialization as serialization
     from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
-    from executorch.exir._serialize._flatbuffer import _flatc_decompile
 
     header = XNNHeader.from_bytes(blob[: XNNHeader.EXPECTED_LENGTH])
     schema = scratch / "schema.fbs"
@@ -78,7 +76,7 @@ def _graph(blob: bytes, scratch: Path) -> dict:
         schema.write_bytes((importlib.resources.files(serialization) / "schema.fbs").read_bytes())
     graph = scratch / "graph.bin"
     graph.write_bytes(blob[header.flatbuffer_offset : header.flatbuffer_offset + header.flatbuffer_size])
-    _flatc_decompile(str(scratch), str(schema), str(graph))
+    flatc_decompile(str(scratch), str(schema), str(graph))
     return json.loads((scratch / "graph.json").read_text())
 
 

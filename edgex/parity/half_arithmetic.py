@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..component import Component
+from ..patches.torch_utils import dispatch_mode
 from .gates import HALF_ARITHMETIC_ALLOWANCE_DB, HALF_ARITHMETIC_MIN_DB, half_arithmetic_db, overridden
 from .metrics import snr_db
 
@@ -40,7 +40,7 @@ def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     return acc
 
 
-class HalfAccumulation(TorchDispatchMode):
+class HalfAccumulation(dispatch_mode()):
     """fp16 matrix products (mm, addmm, bmm, baddbmm, and so every linear layer and matmul) summed
     in an fp16 accumulator inside this context; every other op, and every op on other dtypes, runs
     as PyTorch runs it. A bias starts the accumulator, as a fully connected kernel's does."""

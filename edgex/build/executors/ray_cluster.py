@@ -15,7 +15,9 @@ did not finish is that job's `error`, with the reason. Checkpoints travel by con
 per checkpoint, materialized once per node; no filesystem is shared. The driver writes what a task
 returns into a cache staging folder, checks every file against the manifest (sha256 and size) and
 commits it with `edgex.build.commit.settle`, exactly as a local export. Leaving the build early
-(Ctrl-C, an error) cancels the tasks still running.
+(Ctrl-C, an error) cancels the tasks still running. Each task runs with the driver's
+`EDGEX_THIRD_PARTY_PATCHES` (`runtime_env` `env_vars`): a node's own environment does not decide
+whether the speed-up patches run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Callable, Iterator
 from ...artifacts.files import MANIFEST, intact, write_json_atomic
 from ...artifacts.keys import tree_sha256
 from ...errors import EdgexError
+from ...patches import switch_environment
+from ...patches.ray import ray_settings
 from ..cache import files_root
 from ..shard import Recorded, recorded_costs
 from .pending import Pending
@@ -78,6 +82,7 @@ class RayExecutor:
                 first = batch.items[0].job
                 ref = remote.options(
                     num_cpus=batch.cpus, memory=batch.memory, max_retries=self.max_retries, retry_exceptions=False,
+                    runtime_env={"env_vars": switch_environment()},
                     scheduling_strategy=NodeAffinitySchedulingStrategy(batch.node.node_id, soft=True),
                     name=f"edgex {first.name} x{len(batch.items)}",
                 ).remote([p.job for p in batch.items], [p.key for p in batch.items], [p.inputs for p in batch.items],
@@ -106,35 +111,33 @@ def _recorded(cache_root: Path) -> Recorded:
 @contextmanager
 def connected(address: str | None):
     """Ray connected to `address`, or to an embedded loopback-only instance; disconnected (the
-    embedded one stopped) on the way out. A connection this process already holds is used as is."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address is None:
-        # Ray otherwise replaces 127.0.0.1 by the machine's outward address and binds its servers to
-        # every interface; with this its node address, and so every listening socket, is loopback.
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    try:
-        import logging
+    embedded one stopped) on the way out, Ray's settings as they were (`patches.ray.ray_settings`).
+    A connection this process already holds is used as is. Ray is imported inside the settings:
+    some of them it reads when first imported."""
+    import logging
+    import sys
 
-        import ray
-        from ray._private import ray_constants
-    except ImportError as exc:
-        raise EdgexError(f"--executor ray needs Ray ({exc}): install the `ray` extra (scripts/setup does)") from None
-    if ray.is_initialized():
-        yield ray
+    held = sys.modules.get("ray")
+    if held is not None and held.is_initialized():
+        yield held
         return
-    if address is None:
-        ray_constants.ENABLE_RAY_CLUSTER = False  # as the variable above, where Ray was imported before it was set
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, logging_level=logging.ERROR)
-    else:
+    with ray_settings(embedded=address is None):
         try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise EdgexError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+            import ray
+        except ImportError as exc:
+            raise EdgexError(f"--executor ray needs Ray ({exc}): install the `ray` extra (scripts/setup does)") from None
+        if address is None:
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, logging_level=logging.ERROR)
+        else:
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise EdgexError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def _send_checkpoints(ray, folders: list[str]) -> dict[str, tuple[str, list]]:

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ...patches.executorch import runtime_threads
 from ...toolchain import ensure_installed, native_output_silenced, version
 from . import RUNTIMES
 from .base import SMOKE_INPUT, Runtime, Session, check_smoke
@@ -36,10 +37,7 @@ class ExecuTorchRuntime(Runtime):
             from executorch.runtime import Runtime as EtRuntime
 
         if threads:
-            from executorch.extension.pybindings import portable_lib
-
-            if portable_lib._threadpool_get_thread_count() != threads:
-                portable_lib._unsafe_reset_threadpool(threads)
+            runtime_threads(threads)
         program = EtRuntime.get().load_program(Path(files[0]))
         return _Session(program.load_method("forward"))
 

@@ -10,76 +10,66 @@ import and never use gets a placeholder that fails loudly if touched:
 - ``lerobot.policies``' own ``__init__`` is skipped: it imports every policy, GR00T among them, whose
   diffusers model code does not import against this torchao;
 - ``torchvision._meta_registrations``, only when torchvision's C++ ops did not load (for every import
-  of torchvision, transformers' included: ``edgex/torchvision_ops.py`` says why). The policies use
+  of torchvision, transformers' included: ``edgex/patches/imports.py`` says why). The policies use
   only torchvision's Python models (ResNet), ``FrozenBatchNorm2d`` and transforms.
 
-The list is repeated in docs/models.md ("VLA policies"). Loading happens once per process.
+The list is repeated in docs/models.md ("VLA policies"); the placeholders are registered in
+``edgex/patches/imports.py``, and are in place only while the modules are imported. Loading happens
+once per process.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
-import sys
 import types
+from contextlib import contextmanager
 from functools import cache
 
 from ...errors import EdgexError
-
-PLACEHOLDERS = ("lerobot.datasets", "datasets", "lerobot.robots", "lerobot.teleoperators")
-
-
-class _Placeholder(types.ModuleType):
-    """A module whose every attribute is a class that raises when instantiated or called."""
-
-    __path__: list = []
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-
-        def fail(*_args, **_kwargs):
-            raise EdgexError(f"{self.__name__}.{name} is a placeholder in edgex's LeRobot import (not used for inference)")
-
-        return type(name, (), {"__init__": fail, "__module__": self.__name__})
-
-
-class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        if any(fullname == p or fullname.startswith(p + ".") for p in PLACEHOLDERS):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _Placeholder(spec.name)
-
-    def exec_module(self, module):
-        pass
+from ...patches.imports import lerobot_policies
 
 
 def _torchvision() -> None:
-    """torchvision must be installed; `edgex.torchvision_ops` lets it import without its C++ ops."""
+    """torchvision must be installed; `edgex.patches.imports` lets it import without its C++ ops."""
     if importlib.util.find_spec("torchvision") is None:
         raise EdgexError("torchvision is not installed: pip install --no-deps torchvision==0.28.0 (see scripts/setup)")
 
 
-@cache
-def lerobot_modules() -> types.SimpleNamespace:
-    """LeRobot's ACT, Diffusion and SmolVLA configuration, modeling and processor modules."""
+def _policies() -> str:
+    """The folder of LeRobot's policy packages; a one-line error where LeRobot or torchvision is missing."""
     spec = importlib.util.find_spec("lerobot")
     if spec is None or not spec.submodule_search_locations:
         raise EdgexError("lerobot is not installed: pip install --no-deps lerobot==0.4.4 (see scripts/setup)")
     _torchvision()
-    sys.meta_path.insert(0, _PlaceholderFinder())
-    root = list(spec.submodule_search_locations)[0]
-    if "lerobot.policies" not in sys.modules:
-        policies = types.ModuleType("lerobot.policies")
-        policies.__path__ = [f"{root}/policies"]
-        sys.modules["lerobot.policies"] = policies
-    load = importlib.import_module
+    return f"{list(spec.submodule_search_locations)[0]}/policies"
+
+
+@contextmanager
+def _importing():
+    """LeRobot's placeholders in place while its modules import; an ImportError is edgex's one line."""
     try:
+        with lerobot_policies(_policies()):
+            yield
+    except ImportError as exc:
+        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None
+
+
+def lerobot_module(name: str) -> types.ModuleType:
+    """One more of LeRobot's modules (pi0's, imported when a recipe needs it), with the placeholders in
+    place as `lerobot_modules` imports its own: after them, `lerobot.policies` is no package of its own
+    and its real `__init__` (GR00T, diffusers) would run."""
+    lerobot_modules()
+    with _importing():
+        return importlib.import_module(name)
+
+
+@cache
+def lerobot_modules() -> types.SimpleNamespace:
+    """LeRobot's ACT, Diffusion and SmolVLA configuration, modeling and processor modules, imported
+    with the placeholders above in place (`patches.imports.lerobot_policies`), which are gone after."""
+    load = importlib.import_module
+    with _importing():
         return types.SimpleNamespace(
             act=load("lerobot.policies.act.modeling_act"),
             act_config=load("lerobot.policies.act.configuration_act"),
@@ -93,5 +83,3 @@ def lerobot_modules() -> types.SimpleNamespace:
             types=load("lerobot.configs.types"),
             normalize=load("lerobot.processor.normalize_processor"),
         )
-    except ImportError as exc:
-        raise EdgexError(f"LeRobot's policy code did not import ({exc}); run scripts/setup") from None

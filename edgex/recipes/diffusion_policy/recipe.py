@@ -1,7 +1,7 @@
 """Recipe `diffusion-policy`: LeRobot's Diffusion Policy as vision / step / loop graphs.
 
 References are LeRobot's own code: the preprocessor's normalization (each camera's own statistics)
-and `_prepare_global_conditioning` for the vision graph, the U-Net for the step, and
+and its global conditioning (`patches.lerobot.diffusion_global_conditioning`) for the vision graph, the U-Net for the step, and
 `conditional_sample` with LeRobot's diffusers DDIM scheduler plus the postprocessor for the loop. Samples come from the eager pipeline: seeded
 observations, their eager image features, and x_t from the eager DDIM loop.
 """
@@ -14,6 +14,7 @@ import torch
 
 from ...component import Component
 from ...errors import EdgexError
+from ...patches.lerobot import diffusion_global_conditioning
 from .. import RECIPES
 from .._lerobot.builder import build_policy_component
 from .._lerobot.lerobot_import import lerobot_modules
@@ -93,12 +94,12 @@ class _Builder:
     def _conditioning(self, state: torch.Tensor, images: list[torch.Tensor]) -> torch.Tensor:
         """LeRobot's own path from a raw history (state [1, s, S], each camera [1, s, 3, H, W]) to the
         U-Net's global conditioning [1, s * (S + cams * D)]: its preprocessor (each camera with its
-        own statistics), the camera stack `select_action` builds, `_prepare_global_conditioning`."""
+        own statistics), the camera stack `select_action` builds, its global conditioning."""
         batch = self.p.preprocess({"observation.state": state, **dict(zip(self.p.cameras, images))})
         stacked = torch.stack([batch[cam] for cam in self.p.cameras], dim=-4)
         with torch.no_grad():
-            return self.model._prepare_global_conditioning({"observation.state": batch["observation.state"],
-                                                            "observation.images": stacked})
+            return diffusion_global_conditioning(self.model, {"observation.state": batch["observation.state"],
+                                                              "observation.images": stacked})
 
     def image_features(self, obs: dict) -> torch.Tensor:
         """[1, n_obs, cams * D]: the image part of LeRobot's conditioning of the observation history."""

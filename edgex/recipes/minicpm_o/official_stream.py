@@ -22,7 +22,6 @@ import contextlib
 import importlib
 import io
 import sys
-import types
 import warnings
 from functools import cache
 
@@ -30,44 +29,26 @@ import numpy as np
 import torch
 
 from ...errors import EdgexError
+from ...patches.imports import Placeholder
 from .hift import CACHE_FRAMES, hift_reference
-from .stepaudio2_import import stepaudio2_modules
+from .stepaudio2_import import package_placeholders, stepaudio2_modules
 
 _FRONT_END = ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "s3tokenizer", "hyperpyyaml",
               "stepaudio2.flashcosyvoice.utils", "stepaudio2.flashcosyvoice.utils.audio")
 
 
-class _Absent(types.ModuleType):
-    """A placeholder for a front-end module the vocoder's streaming calls never use."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        what = f"{self.__name__}.{name}"
-
-        def absent(*_args, **_kwargs):
-            raise EdgexError(f"{what}: Token2wav's prompt front end is not part of edgex's vocoder reference")
-
-        return absent
-
-
 @cache
 def token2wav_class() -> type:
     """stepaudio2's `Token2wav`, its module loaded with placeholders for the front end it imports."""
-    stepaudio2_modules()  # the package placeholders and the vocoder's own modules
-    placed = []
-    for name in _FRONT_END:
-        if name not in sys.modules:
-            sys.modules[name] = _Absent(name)
-            placed.append(name)
-            parent, _, child = name.rpartition(".")
-            if parent in placed:
-                setattr(sys.modules[parent], child, sys.modules[name])
-    try:
+    stepaudio2_modules()  # the vocoder's own modules
+    front_end = {name: Placeholder(name, "Token2wav's prompt front end is not part of edgex's vocoder reference")
+                 for name in _FRONT_END}
+    for name, module in front_end.items():  # a placeholder package holds its placeholder children
+        parent, _, child = name.rpartition(".")
+        if parent in front_end:
+            front_end[parent].__dict__[child] = module
+    with package_placeholders(front_end):
         module = importlib.import_module("stepaudio2.token2wav")
-    finally:
-        for name in placed:
-            del sys.modules[name]
     return module.Token2wav
 
 

@@ -17,6 +17,7 @@ Placeholders (each an empty package module, so that no `__init__` with heavy imp
 flash-attention LLM engine, which HiFT never touches). The files' real third-party imports are
 installed: einops (the DiT packs its inputs with it; a real dependency, in scripts/setup),
 scipy (HiFT's Hann window) and onnxruntime (imported by flow_matching, unused on this path).
+The placeholders are in place only while the files are imported (`edgex.patches.imports`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from ...errors import EdgexError
+from ...patches.imports import package, stepaudio2_vocoder
 
 _PACKAGES = ("", ".cosyvoice2", ".cosyvoice2.flow", ".cosyvoice2.transformer", ".cosyvoice2.utils",
              ".flashcosyvoice", ".flashcosyvoice.modules", ".flashcosyvoice.modules.hifigan_components")
@@ -42,21 +44,23 @@ def stepaudio2_modules() -> types.SimpleNamespace:
         raise EdgexError("minicpmo-utils is not installed: pip install --no-deps minicpmo-utils==1.0.5 einops==0.8.2")
     if importlib.util.find_spec("einops") is None:
         raise EdgexError("einops is not installed (the Token2wav DiT needs it): pip install einops==0.8.2")
-    root = Path(list(spec.submodule_search_locations)[0])
-    # The files import each other as `stepaudio2.…`: those names must be these files. A user's own
-    # full `stepaudio2` import (with its __init__) is left as it is; only a missing one is stubbed.
-    for sub in _PACKAGES:
-        name = "stepaudio2" + sub
-        if name not in sys.modules:
-            module = types.ModuleType(name)
-            module.__path__ = [str(root / sub.lstrip(".").replace(".", "/"))]
-            sys.modules[name] = module
     load = importlib.import_module
-    return types.SimpleNamespace(
-        flow=load("stepaudio2.cosyvoice2.flow.flow"),
-        flow_matching=load("stepaudio2.cosyvoice2.flow.flow_matching"),
-        decoder_dit=load("stepaudio2.cosyvoice2.flow.decoder_dit"),
-        upsample_encoder=load("stepaudio2.cosyvoice2.transformer.upsample_encoder_v2"),
-        hifigan=load("stepaudio2.flashcosyvoice.modules.hifigan"),
-        hifigan_layers=load("stepaudio2.flashcosyvoice.modules.hifigan_components.layers"),
-    )
+    with package_placeholders():
+        return types.SimpleNamespace(
+            flow=load("stepaudio2.cosyvoice2.flow.flow"),
+            flow_matching=load("stepaudio2.cosyvoice2.flow.flow_matching"),
+            decoder_dit=load("stepaudio2.cosyvoice2.flow.decoder_dit"),
+            upsample_encoder=load("stepaudio2.cosyvoice2.transformer.upsample_encoder_v2"),
+            hifigan=load("stepaudio2.flashcosyvoice.modules.hifigan"),
+            hifigan_layers=load("stepaudio2.flashcosyvoice.modules.hifigan_components.layers"),
+        )
+
+
+def package_placeholders(front_end: dict[str, types.ModuleType] | None = None):
+    """The package placeholders (and `front_end`'s) in place while the files are imported: the files
+    import each other as `stepaudio2.…`, so those names must be these files. A user's own full
+    `stepaudio2` import (with its __init__) is left as it is; only a missing one is stubbed."""
+    spec = importlib.util.find_spec("stepaudio2") if "stepaudio2" not in sys.modules else sys.modules["stepaudio2"].__spec__
+    root = Path(list(spec.submodule_search_locations)[0])
+    stubs = {"stepaudio2" + sub: package("stepaudio2" + sub, root / sub.lstrip(".").replace(".", "/")) for sub in _PACKAGES}
+    return stepaudio2_vocoder({**stubs, **(front_end or {})})

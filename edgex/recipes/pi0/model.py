@@ -15,20 +15,20 @@ things pi0 inference depends on, measured by diffing it against transformers 4.5
 `PaliGemmaForConditionalGeneration` and `GemmaForCausalLM` modules, LeRobot's parameter names, and
 a forward that runs their decoder layers with the fork's semantics. Everything else is LeRobot's
 own pi0 code (`PI0Pytorch.embed_prefix / embed_suffix / denoise_step / sample_actions`,
-`PI0Policy._preprocess_images / predict_action_chunk`), subclassed only to skip the fork check in
+`PI0Policy`'s image preprocessing and `predict_action_chunk`), subclassed only to skip the fork check in
 their constructors. The graphs (`graphs.py`) share none of this; a test compares both with an
 independent reading of LeRobot's / openpi's code (`tests/test_pi0.py`).
 """
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 
 import torch
 from torch import nn
 
-from .._lerobot.lerobot_import import lerobot_modules
+from .._lerobot.lerobot_import import lerobot_module
+from ...patches.transformers import eager_attention
 
 
 def paligemma_config(siglip: dict, vlm: dict, vocab: int, image_size: int):
@@ -41,9 +41,7 @@ def paligemma_config(siglip: dict, vlm: dict, vocab: int, image_size: int):
     vision = {"model_type": "siglip_vision_model", **siglip, "image_size": image_size, "vision_use_head": False}
     config = PaliGemmaConfig(vision_config=vision, text_config=text, image_token_index=vocab,
                              projection_dim=vlm["width"], hidden_size=vlm["width"])
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
+    eager_attention(config, config.text_config, config.vision_config)
     return config
 
 
@@ -54,7 +52,7 @@ def expert_config(expert: dict, vocab: int):
     config = GemmaConfig(head_dim=expert["head_dim"], hidden_size=expert["width"], intermediate_size=expert["mlp_dim"],
                          num_attention_heads=expert["num_heads"], num_hidden_layers=expert["depth"],
                          num_key_value_heads=expert["num_kv_heads"], vocab_size=vocab, hidden_activation="gelu_pytorch_tanh")
-    config._attn_implementation = "eager"
+    eager_attention(config)
     return config
 
 
@@ -115,9 +113,8 @@ def suffix_cache(past_key_values):
 def _classes():
     """LeRobot's PI0Pytorch / PI0Policy with constructors that build edgex's PaliGemmaWithExpert
     instead of checking for the transformers fork; every other method is LeRobot's."""
-    lerobot_modules()  # placeholders for datasets / robot I/O
-    pi0 = importlib.import_module("lerobot.policies.pi0.modeling_pi0")
-    pretrained = importlib.import_module("lerobot.policies.pretrained")
+    pi0 = lerobot_module("lerobot.policies.pi0.modeling_pi0")
+    pretrained = lerobot_module("lerobot.policies.pretrained")
 
     class PI0Model(pi0.PI0Pytorch):
         def __init__(self, config, sizes: dict):

@@ -9,7 +9,7 @@ the file header before anything is allocated), and the normalization statistics 
 files. Normalization uses LeRobot's own Normalizer / Unnormalizer steps (its pi0 preprocessor also
 tokenizes, which needs the hub tokenizer: the language tokens are a graph input instead).
 
-References are LeRobot's code: `_preprocess_images` + the PaliGemma image embedding (vision),
+References are LeRobot's code: its image preprocessing (`patches.lerobot.pi0_preprocess_images`) + the PaliGemma image embedding (vision),
 `embed_prefix` + `make_att_2d_masks` + the prefix forward filling the K/V cache (prefix),
 `denoise_step` (action step), and its Euler schedule over `denoise_step` + the postprocessor
 (loop). The chained artifacts are compared with `predict_action_chunk` in the tests.
@@ -17,15 +17,15 @@ References are LeRobot's code: `_preprocess_images` + the PaliGemma image embedd
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import torch
 
 from ...component import Component
 from ...errors import EdgexError
+from ...patches.lerobot import pi0_preprocess_images
 from .. import RECIPES
-from .._lerobot.lerobot_import import lerobot_modules
+from .._lerobot.lerobot_import import lerobot_module
 from .._lerobot.policy import (Policy, check_stats, features, needed_stats, parse_config, processors, random_stats,
                                read_config, read_stats, seeded_weights)
 from .._lerobot.builder import SEEDS, FlowBuilder
@@ -39,8 +39,7 @@ _UNUSED = ("model.paligemma_with_expert.gemma_expert.lm_head.weight",)
 
 
 def pi0_config_class():
-    lerobot_modules()
-    return importlib.import_module("lerobot.policies.pi0.configuration_pi0").PI0Config
+    return lerobot_module("lerobot.policies.pi0.configuration_pi0").PI0Config
 
 
 def checkpoint_sizes(config) -> dict:
@@ -181,8 +180,8 @@ class Builder(FlowBuilder):
 
     def image_tokens(self, image: torch.Tensor, camera: str) -> torch.Tensor:
         """LeRobot's path for one camera: its preprocessor (the camera's own statistics), then
-        `_preprocess_images` and the PaliGemma image embedding."""
-        imgs, _ = self.p.policy._preprocess_images(self.p.preprocess({camera: image}))
+        its image preprocessing and the PaliGemma image embedding."""
+        imgs, _ = pi0_preprocess_images(self.p.policy, self.p.preprocess({camera: image}))
         with torch.no_grad():
             return self.pwe.embed_image(imgs[0])
 

@@ -10,7 +10,6 @@ the wav to ~1e-8 and zero codebooks give a constant wav, which would make SNR me
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import torch
 from torch import nn
 
 from ...errors import EdgexError
+from ...patches.torch_nn import construct_without_random_init
+from ...patches.transformers import eager_attention
 from ..base import read_config_json, read_safetensors
 from .presets import Qwen3TTSPreset
 from .qwen_tts_import import qwen_tts_modules
@@ -36,8 +37,7 @@ def _configs(talker: dict, decoder: dict):
     mods = qwen_tts_modules()
     talker_cfg = mods.config.Qwen3TTSTalkerConfig(**talker)
     decoder_cfg = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**decoder)
-    for cfg in (talker_cfg, talker_cfg.code_predictor_config, decoder_cfg):
-        cfg._attn_implementation = "eager"
+    eager_attention(talker_cfg, talker_cfg.code_predictor_config, decoder_cfg)
     return talker_cfg, decoder_cfg
 
 
@@ -48,34 +48,9 @@ def _configs(talker: dict, decoder: dict):
 _WRITTEN_AFTER = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d, nn.Embedding)
 
 
-@contextmanager
-def _constructed_without_random_init():
-    """Modules of the `_WRITTEN_AFTER` types built with uninitialized storage: their
-    `reset_parameters` does nothing and marks them initialized, which transformers' `_init_weights`
-    pass then skips. Other modules (norms, subclasses) initialize as the package wrote them."""
-    originals = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd)}
-
-    def skipping(original):
-        def reset_parameters(self):
-            if type(self) in _WRITTEN_AFTER:
-                self._is_hf_initialized = True
-                return
-            original(self)
-
-        return reset_parameters
-
-    try:
-        for cls, original in originals.items():
-            cls.reset_parameters = skipping(original)
-        yield
-    finally:
-        for cls, original in originals.items():
-            cls.reset_parameters = original
-
-
 def _instantiate(talker_cfg, decoder_cfg):
     mods = qwen_tts_modules()
-    with _constructed_without_random_init():
+    with construct_without_random_init(_WRITTEN_AFTER):
         talker = mods.modeling.Qwen3TTSTalkerForConditionalGeneration(talker_cfg)
         decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_cfg)
     return talker.eval(), decoder.eval()
@@ -116,7 +91,7 @@ def speech_encoder_module(config: dict) -> nn.Module:
     from transformers import MimiConfig
 
     cfg = MimiConfig(**{k: v for k, v in config.items() if k != "model_type"})
-    cfg._attn_implementation = "eager"
+    eager_attention(cfg)
     return qwen_tts_modules().tokenizer_modeling.Qwen3TTSTokenizerV2Encoder(cfg).eval()
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...errors import EdgexError
+from ...patches.transformers import eager_attention
 from .models import _speech_scale_init, speech_encoder_module, voice_scale_init
 from .presets import Qwen3TTSPreset, get_preset
 from .qwen_tts_import import qwen_tts_modules
@@ -60,9 +61,8 @@ def build(variant: str, preset: str = "tiny", seed: int = 0, overrides: dict | N
     config = mods.config.Qwen3TTSConfig(talker_config=talker, speaker_encoder_config=encoder, tts_model_type=variant,
                                         tts_model_size="0b6", tokenizer_type="qwen3_tts_tokenizer_12hz", **overrides)
     decoder_config = mods.tokenizer_config.Qwen3TTSTokenizerV2DecoderConfig(**spec.decoder)
-    for cfg in (config, config.talker_config, config.talker_config.code_predictor_config, config.speaker_encoder_config,
-                decoder_config):
-        cfg._attn_implementation = "eager"
+    eager_attention(config, config.talker_config, config.talker_config.code_predictor_config, config.speaker_encoder_config,
+                    decoder_config)
     torch.manual_seed(seed)
     model = mods.modeling.Qwen3TTSForConditionalGeneration(config).eval()
     decoder = mods.tokenizer_modeling.Qwen3TTSTokenizerV2Decoder(decoder_config).eval()
@@ -84,8 +84,7 @@ def wrap(talker: torch.nn.Module, decoder: torch.nn.Module, config: dict) -> Off
     config = {**config, "speaker_encoder_config": {k: v for k, v in (config.get("speaker_encoder_config") or {}).items()
                                                    if k != "model_type"}}
     cfg = mods.config.Qwen3TTSConfig(**config)
-    for c in (cfg, cfg.talker_config, cfg.talker_config.code_predictor_config, cfg.speaker_encoder_config):
-        c._attn_implementation = "eager"
+    eager_attention(cfg, cfg.talker_config, cfg.talker_config.code_predictor_config, cfg.speaker_encoder_config)
     with torch.device("meta"):
         model = mods.modeling.Qwen3TTSForConditionalGeneration(cfg)
     model.talker = talker

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import types
 from functools import cache
 from pathlib import Path
 
 from ...errors import EdgexError
+from ...patches.imports import OWN_PREFIX, own_packages, package, qwen_tts_models
+from ...patches.transformers import generation_without_sklearn
 
-_ALIAS = "_edgex_qwen_tts"
+_ALIAS = OWN_PREFIX + "qwen_tts"
 
 
 def _not_available(name: str):
@@ -39,12 +40,6 @@ def slaney_mel(*, sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: flo
     return bank.T.astype("float32")
 
 
-def _package(name: str, path: Path) -> None:
-    module = types.ModuleType(name)
-    module.__path__ = [str(path)]
-    sys.modules[name] = module
-
-
 @cache
 def qwen_tts_modules() -> types.SimpleNamespace:
     """Return the qwen-tts configuration and modeling modules (talker and 12 Hz tokenizer)."""
@@ -52,25 +47,20 @@ def qwen_tts_modules() -> types.SimpleNamespace:
     if spec is None or not spec.submodule_search_locations:
         raise EdgexError("qwen-tts is not installed: pip install --no-deps qwen-tts==0.1.1")
     root = Path(list(spec.submodule_search_locations)[0])
-    for sub in ("", ".core", ".core.models", ".core.tokenizer_12hz", ".inference"):
-        _package(_ALIAS + sub, root / sub.lstrip(".").replace(".", "/"))
+    own_packages({_ALIAS + sub: package(_ALIAS + sub, root / sub.lstrip(".").replace(".", "/"))
+                  for sub in ("", ".core", ".core.models", ".core.tokenizer_12hz", ".inference")})
     tokenizer_front = types.ModuleType(_ALIAS + ".inference.qwen3_tts_tokenizer")
     tokenizer_front.Qwen3TTSTokenizer = _not_available("Qwen3TTSTokenizer")
-    sys.modules[tokenizer_front.__name__] = tokenizer_front
     import transformers  # noqa: F401  (imported before a placeholder librosa can confuse its probes)
 
-    placeholders = {}
+    placeholders = {tokenizer_front.__name__: tokenizer_front}
     if importlib.util.find_spec("librosa") is None:
         filters = types.ModuleType("librosa.filters")
         filters.mel = slaney_mel
-        placeholders = {"librosa": types.ModuleType("librosa"), "librosa.filters": filters}
+        placeholders |= {"librosa": types.ModuleType("librosa"), "librosa.filters": filters}
         placeholders["librosa"].filters = filters
-    sys.modules.update(placeholders)
-    try:
+    with qwen_tts_models(placeholders), generation_without_sklearn():
         return _load_modules()
-    finally:
-        for name in placeholders:
-            sys.modules.pop(name, None)
 
 
 def _load_modules() -> types.SimpleNamespace:

@@ -115,7 +115,7 @@ class _ComponentBuilder:
             seed = self._seeds.get(which)
             if seed is None:  # "cal<i>"
                 seed = self._calibration_seed + int(which.removeprefix("cal"))
-            self._utts[which] = Utterance(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed,
+            self._utts[which] = Utterance.kept(self.talker, self.prefill_len, UTTERANCE_FRAMES, seed,
                                           horizon=self.slots - self.prefill_len)
         return self._utts[which]
 

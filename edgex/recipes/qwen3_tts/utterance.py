@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ...parity.check import tie_margin
+from ...patches.torch_ops import multinomial_drawn_by
 from ...parity.metrics import cosine, snr_db, spectral_db
 from . import official as off
 from . import runner as rn
@@ -341,12 +342,12 @@ class SharedDraws:
         return torch.tensor(picks, dtype=torch.long).reshape(*probs.shape[:-1], num_samples)
 
     def __enter__(self):
-        self._original = torch.multinomial
-        torch.multinomial = self._draw
+        self._drawing = multinomial_drawn_by(self._draw)
+        self._drawing.__enter__()
         return self
 
     def __exit__(self, *exc):
-        torch.multinomial = self._original
+        return self._drawing.__exit__(*exc)
 
 
 def sampled_compare(loaded, stages: dict, frames: int, seed: int, request: rn.Request | None = None) -> dict:

@@ -1,31 +1,11 @@
-"""ExecuTorch's graph passes without the re-traces of graphs they left unchanged.
-
-ExecuTorch runs a dozen passes over each program on its way to the edge dialect, and its XNNPACK
-backend 17 more over each partition before it serializes it (`XNNPACKPassManager`). Most of
-them edit the graph in place and then re-trace the whole graph
-(`super().call(graph_module)`: every node run again on fake tensors) to regenerate its metadata,
-whether or not they found anything to edit. A transformer has nothing for most of them (batch
-norms, 1-d convolutions, PReLU, upsampling): each re-trace of a 28-layer talker then costs about as
-much as one that changes it, a third of the whole `.pte` lowering. Inside `retrace_changed_graphs_only`,
-such a pass's re-trace is skipped when the graph it is about to re-trace is the one it was given,
-node for node (operation, target, arguments): its metadata is still that of the previous trace.
-
-Passes whose work is the re-trace itself (those that override the interpreter's hooks, such as
-`call_operator`) re-trace, unless the graph holds nothing of the few kinds of node such a pass
-rewrites (`rewrites_nothing_here`; `skip_passes_with_nothing_to_rewrite` applies just that, and is
-what the edge-to-ExecuTorch step runs under). The validation ExecuTorch's pass manager runs before
-and after each pass (recompiling the graph's Python code, linting it, checking its signature) is
-skipped for a graph and signature unchanged since it last passed.
-
-`decompose_only_what_is_left` does the same for whole decompositions: `run_decompositions` is a
-re-trace too, skipped where nothing is left for it to decompose.
+"""What the ExecuTorch re-trace patches (`edgex.patches.executorch`) read off a graph: whether a
+pass changed it, whether a pass has anything to rewrite in it, whether a decomposition has anything
+left to do. Reading only; the patches themselves live in `edgex.patches.executorch`.
 
 This module is light: torch and executorch are imported inside.
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 # ExportPass methods through which a pass rewrites nodes while it re-traces: a pass that overrides
 # any of them changes the graph in the re-trace itself, which must therefore always run.
@@ -33,7 +13,7 @@ _TRACE_HOOKS = ("call_operator", "call_getitem", "call_sym", "call_cond", "call_
                 "call_submodule", "placeholder", "output", "on_attr", "inputs", "call_size_operator")
 
 
-_CHECKED = "edgex_checked"  # graph meta: the state of the graph when a pass manager last validated it
+CHECKED = "edgex_checked"  # graph meta: the state of the graph when a pass manager last validated it
 
 
 def graph_fingerprint(graph_module) -> list:
@@ -48,7 +28,7 @@ def graph_fingerprint(graph_module) -> list:
     return [(n.op, n.name, n.target, map_aggregate(n.args, named), map_aggregate(n.kwargs, named)) for n in graph_module.graph.nodes]
 
 
-def _same(a: list, b: list) -> bool:
+def same(a: list, b: list) -> bool:
     try:
         return a == b
     except RuntimeError:  # an argument whose equality is not a bool (a tensor): take it as changed
@@ -190,79 +170,10 @@ def rewrites_nothing_here(pass_, graph_module) -> bool:
     return not rewrites_graph(pass_, graph_module)
 
 
-@contextmanager
-def skip_passes_with_nothing_to_rewrite():
-    """Every pass for which `rewrites_nothing_here` holds returns the graph it was given, unchanged,
-    without running."""
-    from executorch.exir.pass_base import PassResult
-    from torch.fx.passes.infra.pass_base import PassBase
-
-    run = PassBase.__call__
-
-    def unless_nothing_to_rewrite(self, graph_module):
-        if rewrites_nothing_here(self, graph_module):
-            return PassResult(graph_module, False)
-        return run(self, graph_module)
-
-    PassBase.__call__ = unless_nothing_to_rewrite
-    try:
-        yield
-    finally:
-        PassBase.__call__ = run
+DECOMPOSED = "edgex_decomposed"
 
 
-@contextmanager
-def retrace_changed_graphs_only():
-    """See the module docstring (with `skip_passes_with_nothing_to_rewrite`). The passes, their
-    order and what they change are ExecuTorch's."""
-    from executorch.exir import pass_base
-    from executorch.exir.pass_base import PassResult
-    from executorch.exir.pass_manager import ExportedProgramPassManager
-    from torch.fx.passes.infra.pass_base import PassBase
-
-    retrace = pass_base._ExportPassBase.call
-
-    def noting_the_graph(self, graph_module):
-        if isinstance(self, pass_base._ExportPassBase) and edits_before_retrace(type(self)):
-            self._edgex_given = (graph_module, graph_fingerprint(graph_module))
-        try:
-            return run(self, graph_module)
-        finally:
-            self.__dict__.pop("_edgex_given", None)
-
-    def retrace_if_changed(self, graph_module):
-        given = self.__dict__.get("_edgex_given")
-        if given is not None and given[0] is graph_module and _same(given[1], graph_fingerprint(graph_module)):
-            return PassResult(graph_module, False)
-        return retrace(self, graph_module)
-
-    def check_if_changed(self, exported_program):
-        graph = exported_program.graph_module
-        state = (graph_fingerprint(graph), str(exported_program.graph_signature))
-        checked = graph.meta.get(_CHECKED)
-        if checked is not None and _same(checked, state):
-            return
-        check(self, exported_program)
-        graph.meta[_CHECKED] = state
-
-    check = ExportedProgramPassManager.check
-    with skip_passes_with_nothing_to_rewrite():
-        run = PassBase.__call__
-        PassBase.__call__ = noting_the_graph
-        pass_base._ExportPassBase.call = retrace_if_changed
-        ExportedProgramPassManager.check = check_if_changed
-        try:
-            yield
-        finally:
-            ExportedProgramPassManager.check = check
-            pass_base._ExportPassBase.call = retrace
-            PassBase.__call__ = run
-
-
-_DECOMPOSED = "edgex_decomposed"
-
-
-def _settled(graph_module) -> bool:
+def settled(graph_module) -> bool:
     """No node that any decomposition would rewrite whatever its table: none writes to a tensor in
     place (what `run_decompositions` functionalizes), none is a composite op torch cannot preserve
     (it decomposes those, `aten.reshape` among them, with any table), none is a higher-order op
@@ -279,36 +190,54 @@ def _settled(graph_module) -> bool:
     return not any(n.op == "call_function" and rewritten(n.target) for n in graph_module.graph.nodes)
 
 
-@contextmanager
-def decompose_only_what_is_left():
-    """`ExportedProgram.run_decompositions` with an explicit table, skipped where it would change
-    nothing: the graph already came out of a decomposition, no node added since is one that any
-    decomposition rewrites (`_settled`), and no node calls an operator the table decomposes.
+def retraced_input_order(program) -> list | None:
+    """The program's input specs in the order a decomposition's re-trace gives them, or None where
+    this cannot tell (an input of another kind than a parameter, a buffer, a tensor constant or a
+    user input, or a user input before a lifted one).
 
-    ExecuTorch's `to_edge_transform_and_lower` decomposes each program three times for a
-    partitioner that preserves ops (`{}` to functionalize, then the default table less the
-    partitioner's ops, then the default table once those are renamed): each is a full re-trace of
-    every node on fake tensors. A float `.pte` is decomposed once before, by the exporter, with that
-    same table (`executorch._lowering_decompositions`), which leaves the three nothing to do.
-    ExecuTorch itself skips the second one when none of its targets occur, for partitioners that
-    need no renaming (`contains_any_call_fn_target_op`); this extends that test to all three, with
-    the `_settled` check standing for what the first one does whatever its table."""
-    from executorch.exir.graph_module import contains_any_call_fn_target_op
-    from torch.export import ExportedProgram
+    `ExportedProgram.run_decompositions` re-traces the program's module with its states unlifted:
+    torch assigns the buffers, then the parameters, then the constants to a module tree (each
+    submodule created by the first of them to live in it), registers each constant as a buffer of
+    its module after that module's own buffers, and lifts the buffers and constants again as
+    `named_buffers()` lists them: module by module, depth first, each module's children in the
+    order they were created. The parameters keep their order. A program whose states are in another
+    order (ExecuTorch's constant propagation inserts the constants it folds just before the user
+    inputs, after every buffer of every submodule) comes out of the re-trace reordered. Checked
+    against the re-trace on each exported graph of the tiny qwen3-tts (talker prefill and decode,
+    code predictor and its step, code2wav, code2latent, latent2wav; fp32 and fp16)."""
+    from torch.export.graph_signature import InputKind
 
-    decompose = ExportedProgram.run_decompositions
+    specs = list(program.graph_signature.input_specs)
+    rank = {InputKind.BUFFER: 0, InputKind.PARAMETER: 1, InputKind.CONSTANT_TENSOR: 2}
+    lifted = sum(spec.kind in rank for spec in specs)
+    if any(spec.kind not in rank for spec in specs[:lifted]) or any(spec.kind != InputKind.USER_INPUT for spec in specs[lifted:]):
+        return None
+    created: dict[str, int] = {}
 
-    def only_what_is_left(self, decomp_table=None, *args, **kwargs):
-        graph = self.graph_module
-        if decomp_table is not None and graph.meta.get(_DECOMPOSED) and _settled(graph) \
-                and not contains_any_call_fn_target_op(graph, decomp_table):
-            return self
-        program = decompose(self, decomp_table, *args, **kwargs)
-        program.graph_module.meta[_DECOMPOSED] = True
-        return program
+    def module_key(target: str) -> tuple[int, ...]:
+        parts = target.split(".")[:-1]
+        return tuple(created.setdefault(".".join(parts[:depth]), len(created)) for depth in range(len(parts) + 1))
 
-    ExportedProgram.run_decompositions = only_what_is_left
-    try:
-        yield
-    finally:
-        ExportedProgram.run_decompositions = decompose
+    keys = {i: module_key(specs[i].target) for i in sorted(range(lifted), key=lambda i: rank[specs[i].kind])}
+    parameters = [i for i in range(lifted) if specs[i].kind == InputKind.PARAMETER]
+    states = sorted((i for i in range(lifted) if specs[i].kind != InputKind.PARAMETER),
+                    key=lambda i: (keys[i], specs[i].kind == InputKind.CONSTANT_TENSOR, i))
+    return [specs[i] for i in parameters + states] + specs[lifted:]
+
+
+def put_inputs_in_retraced_order(program) -> bool:
+    """The program's placeholders and input specs put in `retraced_input_order`, in place; False
+    (nothing changed) where that order cannot be told."""
+    order = retraced_input_order(program)
+    if order is None:
+        return False
+    graph = program.graph_module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    if sorted(placeholders) != sorted(spec.arg.name for spec in order):
+        return False
+    first = next(node for node in graph.nodes if node.op != "placeholder")
+    for spec in order:
+        first.prepend(placeholders[spec.arg.name])
+    program.graph_signature.input_specs = order
+    program.graph_module.recompile()
+    return True
