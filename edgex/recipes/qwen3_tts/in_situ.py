@@ -117,7 +117,7 @@ def draws_own_samples(stages: dict) -> str | None:
 def greedy_in_situ(loaded, stages: dict, settings: dict, progress, why: str) -> dict:
     """The pipeline of a predictor that draws its own samples, as llama.cpp's TTS drives it: the
     runner over the artifacts, greedy, on the checkpoint's own request in the non-streaming layout
-    llama.cpp's helper builds (the whole text in the prompt, `tts_pad` a frame), against the
+    llama.cpp's `mtmd_helper` functions build (the whole text in the prompt, `tts_pad` a frame), against the
     official `generate()` on the same request. The passes that feed the eager pipeline's sampling
     noise (teacher-forced, free-running, sampled) cannot run; each says why."""
     from dataclasses import replace

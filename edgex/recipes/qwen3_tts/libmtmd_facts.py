@@ -25,7 +25,7 @@ _OTHER_GRAPHS = {
                            "not one position a call",
     "code2latent": "llama.cpp runs Code2Wav as libmtmd's windowed graph (code2wav), not split in two",
     "latent2wav": "llama.cpp runs Code2Wav as libmtmd's windowed graph (code2wav), not split in two",
-    "speaker_encoder": "libmtmd runs the speaker encoder only inside its TTS helper, from reference audio through its "
+    "speaker_encoder": "libmtmd runs the speaker encoder only inside its `mtmd_helper` TTS functions, from reference audio through its "
                        "own mel front end, not as a graph with the component's mel input",
     "speech_encoder": "llama.cpp's converter does not convert the speech tokenizer's encoder",
 }
