@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     frame.add_argument("--context", type=int, default=100, help="talker position of the first frame")
     frame.add_argument("--frames", type=int, default=24, help="frames timed and compared")
     frame.add_argument("--onnx", default="fp32,8da8w,8da4w", help="ONNX precisions of both components")
-    frame.add_argument("--gguf", default="q8_0,q4_0", help="GGUF precisions of the talker (empty: none)")
+    frame.add_argument("--gguf", default="q8_0,q4_0", help="GGUF precisions of the talker, and of llama.cpp's predictor "
+                       "(mmproj) where it is built at that precision: f32, f16, q8_0 (empty: none)")
     frame.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.frame:

@@ -6,7 +6,9 @@ the CPU, every engine in one process and one run at a fixed thread count.
 Engines: the eager fp32 model (the official modules: the talker's KV-cached step and the code
 predictor's own loop), edgex's ONNX artifacts of `talker_decode` and `code_predictor` (one graph per
 frame, KV-cached, greedy sampling inside the graph) in every `--onnx` precision, and edgex's talker
-GGUF in llama.cpp in every `--gguf` precision (the predictor is not placed in llama.cpp). The last
+GGUF in llama.cpp in every `--gguf` precision, with llama.cpp's own predictor where the precision is
+one its mmproj is built at (f32 / f16 / q8_0): libmtmd's whole-frame graph from edgex's mmproj GGUF,
+greedy (`top_k = 1`), timed without the logits read-back parity uses. The last
 row, "best frame", is the fastest talker step and the fastest predictor frame of the rows above
 among those that pass their gate with greedy codes equal to eager's or differing only by ties.
 
@@ -137,6 +139,29 @@ def eager_bytes(talker, position: int) -> tuple[int, int]:
     pred = talker.code_predictor
     per_pass = size(pred.model.layers) + size(pred.model.norm) + size(pred.small_to_mtp_projection)
     return step, 15 * per_pass + size(pred.lm_head)
+
+
+class MtmdFrame:
+    """libmtmd's predictor frame as a timed session: (hidden, code0, zero noise) -> [codes [1, 15]]."""
+
+    phases: dict = {}
+
+    def __init__(self, path: Path, threads: int):
+        from edgex.parity.runtimes.mtmd import MtmdGen
+
+        self.gen = MtmdGen(path, threads, read_logits=False)
+
+    def run(self, inputs):
+        codes, _, _ = self.gen.gen_code(inputs[0], int(np.asarray(inputs[1]).reshape(-1)[0]))
+        return [codes[None, 1:]]
+
+
+def mmproj_predictor_bytes(path: Path) -> int:
+    """What a predictor frame reads of the mmproj: the predictor's tensors (a gather reads rows of
+    its tables, counted whole as for the other engines' tables)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name.startswith("a.gen.code."))
 
 
 def gguf_bytes(path: Path, talker, position: int) -> int:
@@ -308,11 +333,26 @@ def main(args) -> int:
             del session
             gc.collect()
             tp = talker_agreement(eager, t_out, threshold_db("talker", precision))
-            gate = (f"talker_decode {report.verdict} {report.min_snr_db:.1f} dB (scheme {report.scheme['min_snr_db']:.1f} / "
-                    f"lowering {report.lowering['min_snr_db']:.1f})")
+            split = f" (scheme {report.scheme['min_snr_db']:.1f} / lowering {report.lowering['min_snr_db']:.1f})" if report.scheme else ""
+            gate = f"talker_decode {report.verdict} {report.min_snr_db:.1f} dB{split}"
             talker_part = part(f"GGUF {precision}", "code0", t_sec, gguf_bytes(files[0], talker, int(np.median(frames.positions))),
                                tp, report, gate)
-            row = frame_row(f"edgex GGUF {precision} talker in llama.cpp (llama_decode)", dict(talker=talker_part), cost)
+            parts, engine = dict(talker=talker_part), f"edgex GGUF {precision} talker in llama.cpp (llama_decode)"
+            if "gguf" in predictor_c.layouts and precision in ("f32", "f16", "q8_0"):
+                dest = stage / f"code_predictor.{precision}.gguf"
+                t0 = time.perf_counter()
+                mmproj = gguf.export(predictor_c, precision, dest).files
+                cost += f"; mmproj {time.perf_counter() - t0:.0f} s"
+                report = run_parity(predictor_c, gguf, mmproj, "float32", precision, None, args.threads)
+                frame_session = MtmdFrame(mmproj[0], args.threads)
+                p_out, p_sec = time_calls(frame_session, pred_inputs)
+                frame_session.gen.close()
+                pp = predictor_agreement(talker, eager, p_out, zeros, threshold_db("predictor", precision))
+                split = f" (scheme {report.scheme['min_snr_db']:.1f} / lowering {report.lowering['min_snr_db']:.1f})" if report.scheme else ""
+                parts["predictor"] = part(f"llama.cpp mmproj {precision}", "codes", p_sec, mmproj_predictor_bytes(mmproj[0]), pp,
+                                          report, f"code_predictor {report.verdict} {report.min_snr_db:.1f} dB{split}")
+                engine = f"edgex GGUF {precision} talker (llama_decode) + llama.cpp's predictor (libmtmd, mmproj)"
+            row = frame_row(engine, parts, cost)
             rows.append(row)
             console.print(json.dumps(row, default=str), soft_wrap=True)
         best = best_frame(rows[1:])

@@ -146,6 +146,8 @@ def export(
                          precisions=split_values(precision), placements=read_placements(split_values(placement)), calibration_size=calibration,
                          settings=recipe_settings)
         checked = make_plan(model, target, out_dir, **selection)
+        for component, why in checked.target.facts.get("not_built", {}).items():
+            err.print(f"{component}: not built for {target}: {why}", highlight=False, soft_wrap=True)
         for job in checked.jobs:
             if job.coarse:
                 err.print(coarse_warning(model, job), highlight=False, soft_wrap=True)

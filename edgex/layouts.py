@@ -34,8 +34,18 @@ KEY = "key"  # the full layers' cache entries this call wrote, read back from ll
 VALUE = "value"
 NEXT_RING_KEY = "next_ring_key"  # the ring input with this call's sliding-cache entries written in
 NEXT_RING_VALUE = "next_ring_value"
-FEED_INPUTS = (EMBEDS, TOKENS, POSITION, PAST_KEY, PAST_VALUE, RING_KEY, RING_VALUE)
-FEED_OUTPUTS = (LOGITS, HIDDEN, KEY, VALUE, NEXT_RING_KEY, NEXT_RING_VALUE)
+# A speech model's generation graphs that libmtmd runs from an mmproj GGUF (`mtmd_gen_audio_process`):
+GEN_HIDDEN = "gen_hidden"  # float [1, 1, H]: the talker's post-norm hidden state of the frame
+GEN_CODE0 = "gen_code0"  # int [1, 1]: the frame's codebook-0 code, sampled from the talker
+GEN_NOISE = "gen_noise"  # float [1, 15, V]: must be zero: libmtmd samples in its graph, top_k = 1 is greedy
+GEN_CODES = "gen_codes"  # int [1, 15]: the residual codes libmtmd sampled
+GEN_LOGITS = "gen_logits"  # float [1, 15, V]: each residual codebook's logits, read from libmtmd's graph
+CODEC_EMBEDS = "codec_embeds"  # float [1, 1, H]: the sum of the frame's 16 code embeddings
+GEN_WAV_CODES = "gen_wav_codes"  # int [1, 16, T]: codes of T frames
+GEN_WAV = "gen_wav"  # float [1, 1, T x samples per frame]: libmtmd's waveform of those frames
+FEED_INPUTS = (EMBEDS, TOKENS, POSITION, PAST_KEY, PAST_VALUE, RING_KEY, RING_VALUE, GEN_HIDDEN, GEN_CODE0, GEN_NOISE,
+               GEN_WAV_CODES)
+FEED_OUTPUTS = (LOGITS, HIDDEN, KEY, VALUE, NEXT_RING_KEY, NEXT_RING_VALUE, GEN_CODES, GEN_LOGITS, CODEC_EMBEDS, GEN_WAV)
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class LlamaFeed:
     outputs: tuple[str, ...]  # one of FEED_OUTPUTS per component output, in declared order
     logits_offset: int = 0  # the component's logits are llama.cpp's logits[..., offset:]
     positions_per_embd: int = 1  # M-RoPE models take this many positions per input embedding
+    new_frames: int = 0  # a waveform output keeps the samples of its input's last `new_frames` frames (0: all)
 
 
 def llm_metadata(arch: str, *, name: str, layers: int, context: int, hidden: int, ffn: int, heads: int,
@@ -85,6 +96,9 @@ class GgufLayout:
     # Tensors kept at F32 whatever the precision (besides 1-D tensors, which always are): e.g.
     # weights whose products overflow half precision.
     keep_f32: tuple[str, ...] = ()
+    # name -> "F32" (kept F32), "F16" (F16 at most: never block-quantized) or None (the precision's
+    # type): the formats some kernels take (ggml's conv kernels are F16 / F32 only).
+    type_rule: Callable[[str], str | None] | None = None
     # The checkpoint's tokenizer and sampling defaults (`edgex.gguf_vocab`); None: llama.cpp's `none`
     # vocabulary, the file runs from token ids or embeddings.
     vocab: GgufVocab | None = None

@@ -59,8 +59,23 @@ def exporter_name(name: str) -> str:
     return name
 
 
+def not_declared(recipe: RecipeFacts, target, components: list[str] | None, preset: str | None = None,
+                 checkpoint: Path | None = None) -> dict[str, str]:
+    """Component -> why a `declared_only` placement of `target` does not build it from these weights
+    (`RecipeFacts.declared_reason`): said at plan time and recorded in the manifest."""
+    reasons = {}
+    for name in components or recipe.default_components():
+        for placement in recipe.placements_on(target, name):
+            if placement.declared_only:
+                why = recipe.declared_reason(target, placement.exporter, name, preset, checkpoint)
+                if why:
+                    reasons[name] = why
+    return reasons
+
+
 def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: list[str] | None,
-         precisions: list[str] | None, calibration_size: int | None = None) -> list[Job]:
+         precisions: list[str] | None, calibration_size: int | None = None, preset: str | None = None,
+         checkpoint: Path | None = None) -> list[Job]:
     """Every (component, exporter, precision) the target places, filtered by the user's choices.
     A precision the recipe declares too coarse for a component (`RecipeFacts.coarse`) is left out
     of the target's defaults, and built only when asked for by name (`precisions`, or a
@@ -73,9 +88,12 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
     recipe.check_components(components)
     roles = recipe.components
     jobs = []
+    undeclared = not_declared(recipe, target, components, preset, checkpoint)
     for name in components or recipe.default_components():
         for placement in recipe.placements_on(target, name):
             if formats and placement.exporter not in formats:
+                continue
+            if placement.declared_only and name in undeclared:
                 continue
             exporter = EXPORTERS.get(placement.exporter)
             requested = bool(precisions) or placement.requested
@@ -93,7 +111,8 @@ def plan(recipe: RecipeFacts, target, components: list[str] | None, formats: lis
             raise EdgexError(f"precision {p!r} is not supported by {', '.join(offered) or 'any format'} on target {target.name}")
     if not jobs:
         reasons = target.facts.get("not_placed", {})
-        why = sorted({reasons[r] for r in (recipe.placement_role(n) for n in components or roles) if r in reasons})
+        why = sorted({reasons[r] for r in (recipe.placement_role(n) for n in components or roles) if r in reasons}
+                     | set(undeclared.values()))
         if why and not formats:
             raise EdgexError(f"target {target.name} places none of {recipe.name}'s components: {'; '.join(why)}")
         raise EdgexError(f"nothing to export: target {target.name} places none of {', '.join(formats or [])}")
@@ -202,8 +221,11 @@ def make_plan(
     if calibration_size is not None and calibration_size < 1:
         raise EdgexError(f"--calibration must be at least 1, got {calibration_size}")
     options = recipe.parse_options(settings)
-    jobs = plan(recipe, tgt, components, formats, precisions, calibration_size)
+    folder = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+    jobs = plan(recipe, tgt, components, formats, precisions, calibration_size, preset, folder)
     for job in jobs:
         EXPORTERS.get(job.exporter).check(job.precision)
-    folder = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+    undeclared = not_declared(recipe, tgt, components, preset, folder)
+    if undeclared:  # in the manifest's target facts, beside the roles the target does not place
+        tgt = replace(tgt, facts={**tgt.facts, "not_built": undeclared})
     return ExportPlan(recipe, tgt, Path(out) / model / target, jobs, preset, folder, options)

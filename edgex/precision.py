@@ -29,6 +29,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision("w8a16", "uint8", "uint16 static", "per tensor (MatMul), per channel (Conv)", True, "uint8 weights, calibrated uint16 activations (HTP)"),
         Precision("w4a16", "int4", "uint16 static", "per tensor (MatMul), per channel (Conv)", True, "int4 weights, calibrated uint16 activations (HTP)"),
         Precision("w8a8", "uint8", "uint8 static", "per tensor (MatMul), per channel (Conv)", True, "uint8 weights, calibrated uint8 activations (HTP)"),
+        Precision("f32", "float32", "float32", "-", False, "GGUF F32 weights (conv kernels F16, as llama.cpp's converter writes them); llama.cpp's fp32 kernels"),
         Precision("f16", "float16", "float32", "-", False, "GGUF F16 weights (llama.cpp computes in fp32)"),
         Precision("q8_0", "int8", "float32", "blocks of 32, fp16 scale", False, "GGUF Q8_0: llama.cpp int8 blocks"),
         Precision("q4_0", "int4", "float32", "blocks of 32, fp16 scale", False, "GGUF Q4_0: llama.cpp int4 blocks"),

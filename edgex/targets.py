@@ -27,6 +27,10 @@ class Placement:
     # Why these precisions and not the role's: the recipe's declaration for the component
     # (`RecipeFacts.placed_precisions`), with its measured figures.
     recipe_precisions: str | None = None
+    # Placed only where the recipe declares the component's file for this exporter
+    # (`RecipeFacts.declared_files`): a runtime that runs fixed graphs of some models only
+    # (libmtmd's speech generation). Elsewhere the component is not placed, with the reason.
+    declared_only: bool = False
 
     def to_json(self) -> dict:
         return {k: v for k, v in (("device", self.device), ("unverified", self.unverified), ("calibration", self.calibration),
@@ -149,17 +153,21 @@ TARGETS: dict[str, Target] = {
             "llama-cpp",
             "llama.cpp (CPU/GPU on any device): language-model components as .gguf",
             # Schemes too coarse for one component are its recipe's declaration (`RecipeFacts.coarse`).
-            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),)},
+            # A speech model's code predictor and decoder run in libmtmd from an "mmproj" GGUF, as
+            # llama.cpp's converter writes it, for the models libmtmd has graphs for (the recipe
+            # declares the file: `RecipeFacts.declared_files`); the precisions its converter offers.
+            {"talker": (Placement("gguf", ("f16", "q8_0", "q4_0")),), "llm": (Placement("gguf", ("f16", "q8_0")),),
+             **dict.fromkeys(("predictor", "decoder"), (Placement("gguf", ("f32", "f16", "q8_0"), declared_only=True),))},
             {
-                "runtimes": ["llama.cpp (libllama, cpu)"],
+                "runtimes": ["llama.cpp (libllama, cpu)", "llama.cpp (libmtmd speech generation, cpu)"],
+                "declared_only": {
+                    "predictor": "llama.cpp runs a speech model's code predictor only as libmtmd's fixed graph for "
+                                 "that model, from an mmproj GGUF the recipe declares",
+                    "decoder": "llama.cpp runs a speech decoder only as libmtmd's fixed graph for that model (at fixed "
+                               "sizes), from an mmproj GGUF the recipe declares; it has no flow-matching or "
+                               "neural-vocoder decoder graph",
+                },
                 "not_placed": {
-                    "predictor": "llama.cpp runs a speech model's code predictor only inside libmtmd, from an mmproj GGUF "
-                                 "that must also hold a speaker encoder (mtmd refuses a file without an input encoder); "
-                                 "edgex's components have no speaker encoder, and libmtmd exposes no predictor "
-                                 "logits to measure",
-                    "decoder": "llama.cpp's speech decoder (libmtmd) hard-codes one decoder's sizes (8 layers, "
-                               "16 heads) and is not exposed as a graph with the component's inputs; it has no "
-                               "flow-matching or neural-vocoder decoder graph",
                     **dict.fromkeys(VLA_ROLES, "llama.cpp has no robot-policy architecture: no vision encoder "
                                     "outside libmtmd's LLM projectors, no cross-attending action expert, no "
                                     "denoising loop; export robot policies to cpu, mnn, s25-htp or apple"),

@@ -69,7 +69,7 @@ LAYERS = {
                   "default: a broken artifact fails its gate, a faithful one passes; contracts, pipelines, "
                   "checkpoints in published layouts",
                   ["checkpoint", "coarse_schemes", "contract", "coreml", "coreml_interpreter", "executorch_lowering",
-                   "export_cost", "export_cpu", "fault_injection", "gate", "gguf", "gguf_vocab", "hub", "manifest",
+                   "export_cost", "export_cpu", "fault_injection", "gate", "gguf", "gguf_mmproj", "gguf_vocab", "hub", "manifest",
                    "minicpm_o_stream", "mnn", "nonfinite", "norm_quantization", "official_utterance", "onnx_fusions",
                    "patches", "pipeline", "planted_graph", "policy_configs", "predictor_gate", "qdq_lowering", "qnn",
                    "quantized", "sampling_quantization", "scheme", "spark", "streaming", "unverified", "verify",
@@ -243,7 +243,8 @@ GGUF_PRECISIONS = ("f16", "q8_0", "q4_0")
 
 def gguf_export() -> tuple[Path, subprocess.CompletedProcess]:
     return shared_cli("gguf-export", lambda out: run_cli("export", "qwen3-tts", "--target", "llama-cpp", "--preset", "tiny", "-p",
-                                                         ",".join(GGUF_PRECISIONS), "--out", str(out), "--json"))
+                                                         ",".join(GGUF_PRECISIONS), "-c", "talker_prefill,talker_decode", "--out", str(out),
+                                                         "--json"))
 
 
 @pytest.fixture(scope="session")

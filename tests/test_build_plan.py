@@ -46,7 +46,9 @@ set = { max_context = 64 }
         "qwen3-tts/cpu/code2wav.fp32.executorch",  # the recipe keeps the vocoder fp32 on ExecuTorch
         "qwen3-tts/cpu/code2wav.fp32.onnx", "qwen3-tts/cpu/code2wav.fp16.onnx",
         "qwen3-tts/llama-cpp/talker_decode.f16.gguf", "qwen3-tts/llama-cpp/talker_decode.q8_0.gguf",
-        "qwen3-tts/llama-cpp/talker_decode.q4_0.gguf",  # llama-cpp does not place the decoder
+        "qwen3-tts/llama-cpp/talker_decode.q4_0.gguf",
+        # llama.cpp's Code2Wav: libmtmd's, from the mmproj the recipe declares
+        "qwen3-tts/llama-cpp/code2wav.f32.gguf", "qwen3-tts/llama-cpp/code2wav.f16.gguf", "qwen3-tts/llama-cpp/code2wav.q8_0.gguf",
         "spark-ctx64/s25-htp/decode.fp16.qnn", "spark-ctx64/s25-htp/decode.w8a16.qnn",
     ]
     gates = {j.id: j.gate_db for j in plan.jobs}

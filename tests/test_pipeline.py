@@ -18,6 +18,7 @@ import pytest
 
 from conftest import run_cli
 from edgex.artifacts.files import sha256
+from edgex.parity.runtimes.base import Session
 
 pytestmark = pytest.mark.xdist_group("cpu_export")  # shares the README-demo export with its worker
 
@@ -270,7 +271,7 @@ def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     assert _choose(either, recipe.facts, stages, PLACE.split(","))["talker_decode"][0] == tmp_path / "b"
 
 
-class _WrapperGraph:
+class _WrapperGraph(Session):
     """An export wrapper standing in for an artifact, with seeded noise on its first output (logits
     for the LM graphs; the frame graph's first output is its codes)."""
 

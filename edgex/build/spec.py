@@ -218,7 +218,7 @@ def entry_jobs(index: int, entry: dict, defaults: dict, base: Path, where: str) 
         tgt = get_target(target)
         if placements:
             tgt = tgt.with_overrides(placement_overrides(recipe, placements), recipe.placement_roles)
-        for job in plan(recipe, tgt, components, formats, precisions, calibration):
+        for job in plan(recipe, tgt, components, formats, precisions, calibration, preset, checkpoint):
             jobs.append(BuildJob(
                 index, name, recipe.name, preset, str(checkpoint) if checkpoint else None, seed,
                 tuple(sorted(settings.items())), target, tuple(placements), tuple(sorted(min_db.items())), calibration,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..layouts import GgufLayout
 
 # precision -> (ggml type name for 2-D weights, llama_ftype recorded as general.file_type)
-_SCHEMES = {"f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
+_SCHEMES = {"f32": ("F32", 0), "f16": ("F16", 1), "q8_0": ("Q8_0", 7), "q4_0": ("Q4_0", 2)}
 FEED_PREFIX = "edgex.feed."
 
 
@@ -52,10 +52,16 @@ def _add_metadata(writer, key: str, value) -> None:
         raise ValueError(f"GGUF metadata {key}: cannot type {value!r}")
 
 
-def tensor_type(gguf, name: str, array: np.ndarray, precision: str, keep_f32: tuple[str, ...]):
-    """The ggml type one tensor is stored as under `precision`."""
+def tensor_type(gguf, name: str, array: np.ndarray, precision: str, keep_f32: tuple[str, ...], type_rule=None):
+    """The ggml type one tensor is stored as under `precision` (`type_rule`: the layout's own
+    rule, `GgufLayout.type_rule`)."""
     types = gguf.GGMLQuantizationType
-    if array.ndim < 2 or name in keep_f32:
+    rule = type_rule(name) if type_rule else None
+    if array.ndim < 2 or name in keep_f32 or rule == "F32":
+        return types.F32
+    if rule == "F16":  # the layout's rule holds at every precision, f32 included (as llama.cpp's converter's)
+        return types.F16
+    if precision == "f32":
         return types.F32
     qtype = types[_SCHEMES[precision][0]]
     block = gguf.GGML_QUANT_SIZES[qtype][0]
@@ -71,6 +77,7 @@ class GgufExporter(Exporter):
     runtime = "llamacpp"
     precisions = tuple(_SCHEMES)
     schemes = {  # what each precision means in this format, one line each (edgex list)
+        "f32": "GGUF F32 tensor storage (llama.cpp's converter: --outtype f32); fp32 compute",
         "f16": "GGUF F16 tensor storage; llama.cpp's CPU kernels compute in fp32 (not the fp16 scheme)",
         "q8_0": "ggml Q8_0: int8 weights in blocks of 32, one fp16 scale per block; fp32 compute",
         "q4_0": "ggml Q4_0: int4 weights in blocks of 32, one fp16 scale per block; fp32 compute",
@@ -90,6 +97,7 @@ class GgufExporter(Exporter):
 
         from ..parity.scheme import StoredScheme, StoredWeight
 
+
         originals = component.layouts["gguf"].tensors()
         weights = {}
         for tensor in gguf.GGUFReader(str(files[0])).tensors:
@@ -98,6 +106,8 @@ class GgufExporter(Exporter):
             original = originals[tensor.name]
             stored = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(original.shape)
             weights[tensor.name] = StoredWeight(torch.from_numpy(original), torch.from_numpy(np.ascontiguousarray(stored, np.float32)))
+        if not weights:
+            return None  # every tensor F32: the eager model is the reference
         return StoredScheme("read from the file (gguf-py dequantize)", weights)
 
     def stored_quantized(self, component: Component, files: list[Path], precision: str, **_options):
@@ -139,7 +149,9 @@ class GgufExporter(Exporter):
         writer = gguf.GGUFWriter(str(dest), layout.architecture)
         for key, value in layout.metadata.items():
             _add_metadata(writer, key, value)
-        if layout.vocab is None:
+        if layout.metadata.get("general.type") == "mmproj":
+            pass  # a projector file has no vocabulary: the text model's is used
+        elif layout.vocab is None:
             writer.add_tokenizer_model("none")
         else:
             layout.vocab.write(writer)
@@ -148,11 +160,13 @@ class GgufExporter(Exporter):
         _add_metadata(writer, FEED_PREFIX + "outputs", list(feed.outputs))
         _add_metadata(writer, FEED_PREFIX + "logits_offset", feed.logits_offset)
         _add_metadata(writer, FEED_PREFIX + "positions_per_embd", feed.positions_per_embd)
+        if feed.new_frames:
+            _add_metadata(writer, FEED_PREFIX + "new_frames", feed.new_frames)
 
         types = set()
         for name, array in layout.tensors().items():
             array = np.ascontiguousarray(array, dtype=np.float32)
-            qtype = tensor_type(gguf, name, array, precision, layout.keep_f32)
+            qtype = tensor_type(gguf, name, array, precision, layout.keep_f32, layout.type_rule)
             writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
             types.add(qtype.name)
         writer.write_header_to_file()

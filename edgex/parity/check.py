@@ -312,9 +312,14 @@ def measure(
     reference = reference or component.eager
     report = ParityReport(method, runtime, simulator, threshold_db=threshold_db)
     snrs, waveform, correlations, agreements, top1, actions, failures, nonfinite = [], [], [], [], [], [], [], []
+    not_run = {}
     for sample, inputs in component.samples.items():
-        result = score_sample(component, inputs, session.run(to_numpy(inputs, float_dtype)), reference, threshold_db,
-                              tie_level_db)
+        arrays = to_numpy(inputs, float_dtype)
+        why = session.cannot_run(arrays)
+        if why:
+            report.samples[sample] = not_run[sample] = {"not_run": why}
+            continue
+        result = score_sample(component, inputs, session.run(arrays), reference, threshold_db, tie_level_db)
         report.samples[sample] = result.scores
         report.divergences += [{"sample": sample, **d} for d in result.divergences]
         failures += [f"{sample}: {f}" for f in result.failures if f not in result.nonfinite]
@@ -334,6 +339,8 @@ def measure(
     nothing = not component.samples or (not snrs and not agreements)
     if not component.samples:
         failures.append(f"{component.name} has no samples: nothing was run")
+    elif len(not_run) == len(component.samples):
+        failures.append(f"{component.name}: this runtime runs none of its samples ({next(iter(not_run.values()))['not_run']})")
     elif not snrs and not agreements:
         failures.append(f"{component.name}: no output was scored")
     low_snr = report.min_snr_db is not None and not report.min_snr_db >= threshold_db

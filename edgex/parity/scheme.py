@@ -306,7 +306,14 @@ class Recording(Session):
     in the same order however it is gated, which is what makes a replay the artifact's outputs."""
 
     def __init__(self, session: Session):
-        self._session, self._outputs = session, []
+        self._session, self._outputs, self._not_run = session, [], {}
+
+    def cannot_run(self, inputs: Sequence[np.ndarray]) -> str | None:
+        """The artifact's answer, kept per input values so that a replay answers the same."""
+        key = _values_key(inputs)
+        if key not in self._not_run:
+            self._not_run[key] = self._session.cannot_run(inputs) if self._session is not None else None
+        return self._not_run[key]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         if self._session is None:
@@ -319,15 +326,29 @@ class Recording(Session):
 
     def replay(self) -> Session:
         """A session that returns the recorded outputs in order, one per call."""
-        outputs = list(self._outputs)
+        outputs, not_run = list(self._outputs), dict(self._not_run)
 
         class _Replay(Session):
+            def cannot_run(self, inputs: Sequence[np.ndarray]) -> str | None:
+                return not_run.get(_values_key(inputs))
+
             def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
                 if not outputs:
                     raise RuntimeError("a replay asked for more calls than the artifact's recorded run made")
                 return outputs.pop(0)
 
         return _Replay()
+
+
+def _values_key(arrays: Sequence[np.ndarray]) -> str:
+    import hashlib
+
+    digest = hashlib.sha1()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 class Remembered:

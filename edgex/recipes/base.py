@@ -122,6 +122,20 @@ class RecipeFacts:
     # (`edgex.targets.ROLES`). Without it, planning a component of an unknown role is an error.
     placed_like: dict[str, str] = field(default_factory=dict)
 
+    # Files whose contents a runtime fixes per model (`Placement.declared_only`: libmtmd's speech
+    # generation graphs): (exporter, preset, checkpoint folder) -> component -> None where this
+    # recipe writes that component's file for the exporter from these weights, else the one-line
+    # reason it cannot; a component absent is not declared. Light: configs only, no model built.
+    declared_files: Callable[[str, "str | None", "Path | None"], dict[str, "str | None"]] | None = None
+
+    def declared_reason(self, target, exporter: str, component: str, preset: str | None, checkpoint) -> str | None:
+        """Why a `declared_only` placement does not build `component` from these weights, or None."""
+        declared = self.declared_files(exporter, preset, checkpoint) if self.declared_files else {}
+        if component in declared:
+            return declared[component]
+        role = self.placement_role(component)
+        return target.facts.get("declared_only", {}).get(role) or f"{self.name} declares no {exporter} file for {component}"
+
     def coarse_reason(self, component: str, precision: str) -> str | None:
         """Why `precision` is too coarse for `component` (see `coarse`), or None."""
         return self.coarse.get(component, {}).get(precision)

@@ -24,6 +24,13 @@ class Session(ABC):
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Inputs in the artifact's own dtypes, in declared order; outputs in declared order."""
 
+    def cannot_run(self, inputs: Sequence[np.ndarray]) -> str | None:
+        """Why this artifact cannot take these inputs at all, or None: a runtime whose graph owns
+        what the component takes as an input (libmtmd draws its own samples, so a sample drawn
+        with the runner's noise cannot be fed). Parity records such a sample as not run, with the
+        reason; a component none of whose samples runs fails."""
+        return None
+
 
 # The smoke program every runtime runs for `edgex doctor`: y = x + 1 on these values.
 SMOKE_INPUT = np.array([[-2.0, 0.0, 0.5, 3.0]], np.float32)

@@ -52,7 +52,12 @@ def _read_gguf(path: Path) -> dict:
 
     def get(key):
         return fields[key].contents() if key in fields else None
+    feed = {"inputs": tuple(get("edgex.feed.inputs") or ()), "outputs": tuple(get("edgex.feed.outputs") or ()),
+            "new_frames": int(get("edgex.feed.new_frames") or 0), "mmproj": get("general.type") == "mmproj"}
+    if feed["mmproj"]:
+        return feed
     return {
+        **feed,
         "inputs": tuple(get("edgex.feed.inputs") or ()),
         "outputs": tuple(get("edgex.feed.outputs") or ()),
         "logits_offset": int(get("edgex.feed.logits_offset") or 0),
@@ -336,6 +341,10 @@ class LlamaCppRuntime(Runtime):
         ensure_installed("llama_cpp", "running .gguf artifacts")
         ensure_installed("gguf", "reading .gguf artifacts")
         feed = _read_gguf(files[0])
+        if feed["mmproj"]:  # a projector file: libmtmd runs it
+            from .mtmd import MmprojSession
+
+            return MmprojSession(files[0], feed, threads or 2)
         with native_output_silenced():  # libllama logs its loader progress on stderr
             import llama_cpp as llama
 

@@ -17,6 +17,7 @@ The model itself is built by `recipe.py`, which the registry imports only once w
 from __future__ import annotations
 
 from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
+from .libmtmd_facts import declared_files
 from .presets import PRESETS
 
 ROLES = {
@@ -106,4 +107,5 @@ FACTS = RecipeFacts(
              "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
     reference_packages=("transformers", "qwen-tts", "safetensors"),
     placed_precisions=PLACED_PRECISIONS,
+    declared_files=declared_files,
 )

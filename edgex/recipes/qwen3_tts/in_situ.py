@@ -104,6 +104,42 @@ class _StepLoop:
         return [np.concatenate(codes, axis=1), np.concatenate(logits, axis=1), embeds[None].astype(np.float32)]
 
 
+def draws_own_samples(stages: dict) -> str | None:
+    """Why the predictor artifact cannot take the eager pipeline's sampling noise (it draws its own
+    samples: llama.cpp's libmtmd, run greedy), or None."""
+    stage = stages.get("code_predictor")
+    if stage is None:
+        return None
+    probe = [np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.int64), np.ones((1, predictor.GROUPS, AUDIO_CODES), np.float32)]
+    return stage.session.cannot_run(probe)
+
+
+def greedy_in_situ(loaded, stages: dict, settings: dict, progress, why: str) -> dict:
+    """The pipeline of a predictor that draws its own samples, as llama.cpp's TTS drives it: the
+    runner over the artifacts, greedy, on the checkpoint's own request in the non-streaming layout
+    llama.cpp's `mtmd_helper` functions build (the whole text in the prompt, `tts_pad` a frame), against the
+    official `generate()` on the same request. The passes that feed the eager pipeline's sampling
+    noise (teacher-forced, free-running, sampled) cannot run; each says why."""
+    from dataclasses import replace
+
+    options = loaded.options
+    frames = settings.get("frames") or default_frames(options["max_context"], options["prefill_len"])
+    request = settings.get("request")
+    request = None if request is None else utterance.request_from(loaded, request, settings.get("request_base"))
+    if request is None:
+        request = utterance.voice_request(utterance.config_of(loaded), 0, settings["voice"]) if settings.get("voice") is not None \
+            else utterance.default_request(utterance.config_of(loaded), int(options.get("seed", 0)))
+    request = replace(request, non_streaming=True)
+    decoder_gate = max(stages["code2latent"].gate_db, stages["latent2wav"].gate_db)
+    progress("official utterance (greedy, non-streaming): the runner against the official generate()")
+    official = utterance.compare(loaded, stages, frames, decoder_gate, request)
+    failures = official.pop("failures")
+    note = {"note": f"not run: {why}"}
+    return {"frames": frames, "seed": int(options.get("seed", 0)), "mode": "greedy (the predictor draws its own samples)",
+            "teacher_forced": note, "free_running": note, "sampled_utterance": note,
+            "official_utterance": official, "failures": failures}
+
+
 def _predictor(stages: dict, talker):
     """The predictor stage: the frame graph's artifact, or the step graph's driven by `_StepLoop`."""
     return stages["code_predictor"] if "code_predictor" in stages else _StepLoop(stages["code_predictor_step"], talker)
@@ -205,6 +241,9 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
 
         raise EdgexError(f"--frames must be 1..{slots - prefill_len} (the talker graph's {slots} KV slots minus the "
                          f"{prefill_len}-position prompt)")
+    why = draws_own_samples(stages)
+    if why:
+        return greedy_in_situ(loaded, stages, settings, progress, why)
     stages = {**stages, "code_predictor": _predictor(stages, models.talker)}  # a looped step graph stays too: its calls are timed
     looped = isinstance(stages["code_predictor"], _StepLoop)
     gates = {n: s.gate_db for n, s in stages.items()}

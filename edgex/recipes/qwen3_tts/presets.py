@@ -2,8 +2,9 @@
 
 The qwen-tts package defaults are not the checkpoint values (docs/models.md): `text_vocab_size`,
 `head_dim`, the mrope `rope_scaling` keys and the decoder `codebook_dim` must be set explicitly.
-The tiny preset keeps the real vocabularies, codebook counts, frame rate and decoder window and
-shrinks only widths and depths, so every graph has the real interface and exports in seconds.
+The tiny preset keeps the real vocabularies, codebook counts, frame rate and decoder window (and the
+decoder transformer's depth and head count) and shrinks only widths and depths, so every graph has the
+real interface and exports in seconds.
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ PRESETS: dict[str, Qwen3TTSPreset] = {
         Qwen3TTSPreset(
             "tiny",
             _talker(64, 2, 4, 2, 16, 128, 32, _predictor(64, 2, 4, 2, 16, 128), [4, 2, 2]),
-            _decoder(codebook_dim=32, hidden=64, latent=64, layers=2, heads=4, mlp=128, decoder_dim=96),
-            "real vocabularies and interfaces, 2-layer talker/predictor/decoder; seconds to export",
+            # The decoder's transformer at the published depth and head count (8 layers, 16 heads: sizes
+            # llama.cpp's libmtmd hard-codes) on 64 channels, so its mmproj runs this preset too.
+            _decoder(codebook_dim=32, hidden=64, latent=64, layers=8, heads=16, mlp=128, decoder_dim=96),
+            "real vocabularies and interfaces, 2-layer talker/predictor, 64-wide 8-layer decoder; seconds to export",
             dict(enc_dim=64, enc_channels=[64, 64, 64, 64, 192], enc_attention_channels=32, enc_se_channels=32),
             # Mimi at the published frame rate (24 kHz, strides 4 x 5 x 6 x 8 then 2: 1920 samples a
             # frame), 16 codebooks of 2048, widths and depths shrunk.

@@ -20,6 +20,7 @@ from .facts import FACTS, ROLES
 from . import code2wav, predictor, talker, voice
 from . import in_situ as situ
 from .gguf import DECODE_FEED, PREFILL_FEED, talker_layout
+from .gguf_mmproj import mmproj_layouts
 from .models import build_from_preset, load_checkpoint
 from .pipeline import AUDIO_CODES, Utterance, padded_cache
 from .presets import get_preset
@@ -193,6 +194,7 @@ class _ComponentBuilder:
             _calibration(lambda u, k: self._frame_sample(u, 4 + 12 * k, k % 2 == 0), 8),
             forced_reference=lambda inputs, forced: predictor.frame_reference(self.talker, *inputs, forced_codes=forced["codes"]),
             tables=self._predictor_tables(),
+            layouts=mmproj_layouts(self.models, "code_predictor"),
         )
 
     def _predictor_tables(self) -> dict[str, torch.Tensor]:
@@ -271,6 +273,7 @@ class _ComponentBuilder:
             },
             _calibration(lambda u, k: (self.utt(u).codes[..., k : k + frames],), UTTERANCE_FRAMES - frames + 1),
             tables=self._codebook_tables(),
+            layouts=mmproj_layouts(self.models, "code2wav", new_frames=WINDOW_NEW),
             metadata={"context_frames": WINDOW_CONTEXT, "new_frames": WINDOW_NEW},
         )
 
