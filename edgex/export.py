@@ -620,7 +620,12 @@ class _Export:
                 entries += [{**entry, "reused": True} for entry in self.earlier[self.keys[job]]]
         manifest = _manifest(call.model, source, model_options, call.settings, self.checked.target, call.threads,
                              call.min_db, self.connection, entries, self.started, self.allow_unverified, self.key)
-        write_json_atomic(self.out_dir / MANIFEST, manifest)
+        try:
+            write_json_atomic(self.out_dir / MANIFEST, manifest)
+        except OSError as exc:  # a full disk or a folder gone read-only: nothing was published
+            self.close()
+            raise EdgexError(f"cannot write the manifest to {self.out_dir}: {exc.strerror or exc}; the export stopped and "
+                             "removed its temporary files (the folder's published files are unchanged)") from None
         publish(self.stage, self.out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
         self.close()
         return {**manifest, "manifest_path": str(self.out_dir / MANIFEST), "reused": False}

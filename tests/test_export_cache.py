@@ -124,6 +124,29 @@ def test_a_change_that_moves_no_artifact_rewrites_the_manifest_and_builds_nothin
     assert export_model("qwen3-tts", "cpu", out, **args)["reused"] is True, "then it is a whole hit"
 
 
+def test_a_full_disk_at_the_manifest_is_one_line_and_publishes_nothing(exported, no_load, tmp_path, monkeypatch):
+    """The manifest is the export's last write; a disk that fills there ends the command in one
+    `edgex:` line, exit 2, the folder as it was and no temporary files left."""
+    from typer.testing import CliRunner
+
+    import edgex.export
+    from edgex.cli import app
+
+    out, _ = copy_of(exported, tmp_path)
+    before = files_state(out)
+
+    def full_disk(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(edgex.export, "write_json_atomic", full_disk)
+    result = CliRunner().invoke(app, [*CLI, "--allow-unverified", "sidecar", "--out", str(out)])
+    lines = [line for line in result.stderr.splitlines() if line.startswith("edgex: ")]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output[-3000:]
+    assert lines == [f"edgex: cannot write the manifest to {out / 'qwen3-tts' / 'cpu'}: No space left on device; the export "
+                     "stopped and removed its temporary files (the folder's published files are unchanged)"], result.stderr
+    assert files_state(out) == before and not [p for p in out.rglob(".*") if p.name != ".edgex-cache"]
+
+
 def _no_key(m):
     del m["export_key"], m["artifacts"][0]["job_key"]
 
