@@ -2,6 +2,8 @@
 
 import json
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -81,3 +83,22 @@ def test_component_metadata_a_runner_needs(exported):
     assert meta["code2wav"] == {"context_frames": 72, "new_frames": 25}
     assert meta["latent2wav"]["context_frames"] == 12
     assert meta["talker_decode"]["max_context"] == 64
+
+
+def test_onnx_files_name_no_folder_of_the_machine_that_made_them(exported):
+    """The same export from another checkout or node is the same bytes: no node carries the Python
+    stack that made it (absolute paths of the source and of site-packages)."""
+    import sys
+
+    import edgex
+
+    root, manifest = exported
+    folders = {str(Path(edgex.__file__).resolve().parent.parent), sys.prefix, str(Path(np.__file__).resolve().parent.parent)}
+    files = [root / a["files"][0]["path"] for a in manifest["artifacts"] if a["format"] == "onnx"]
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        assert not [f for f in folders if f.encode() in data], path.name
+        model = onnx.load(path, load_external_data=False)
+        assert not [p.key for n in model.graph.node for p in n.metadata_props if p.key == "pkg.torch.onnx.stack_trace"]
+        assert any(p.key == "pkg.torch.onnx.name_scopes" for n in model.graph.node for p in n.metadata_props)

@@ -130,6 +130,7 @@ class OnnxExporter(Exporter):
                 verbose=False,
             )
             optimize(program.model)  # the program still reads the module's tensors: save before they are restored
+            drop_source_locations(program.model)
             sliced, fused = (slice_stacked_inputs(program.model), fuse_for_onnxruntime(program.model)) if for_onnxruntime else ({}, {})
             write_strided_weights_row_major(program.model)
             program.save(str(dest), external_data=True)
@@ -465,6 +466,21 @@ def optimize(model) -> None:
         common.NameFixPass(),
     )(model)
     onnx_fusions.fuse(model)
+
+
+# torch.onnx records, on every node, the Python stack that made it: absolute paths of this checkout
+# and of site-packages. The same graph exported from two folders (two CI runners, two Ray nodes)
+# would differ in its bytes; the module scopes (`pkg.torch.onnx.name_scopes`) stay.
+SOURCE_LOCATION = "pkg.torch.onnx.stack_trace"
+
+
+def drop_source_locations(model) -> None:
+    import onnx_ir as ir
+
+    graphs = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            node.metadata_props.pop(SOURCE_LOCATION, None)
 
 
 def nodes_from_modules(path: Path, patterns: tuple[str, ...]) -> list[str]:
