@@ -1,7 +1,6 @@
 """Contract tests: what an artifact promises its on-device runner (names, shapes, dtypes, methods)."""
 
 import json
-
 from pathlib import Path
 
 import numpy as np
