@@ -15,8 +15,8 @@ from __future__ import annotations
 MEASURED: dict[str, tuple[bool, str]] = {
     "executorch": (True, "same .pte bytes on a rebuild of a talker decode graph; the unrolled 15-step predictor's "
                          ".pte has differed between two exports of one job (same parity figures)"),
-    "onnx": (True, "same .onnx and .onnx.data bytes on a rebuild from the same checkout path (torch.onnx records "
-                   "source file paths in node metadata)"),
+    "onnx": (True, "same .onnx and .onnx.data bytes on a rebuild, from any checkout path (the exporter drops the "
+                   "Python stack torch.onnx records on each node)"),
     "gguf": (True, "same .gguf bytes on a rebuild"),
     "mnn": (False, "MNN's converter writes a random UUID into every .mnn (25 bytes differ; the graph and weights agree)"),
     "qnn": (False, "ONNX Runtime's QNN EP names the compiled partition QNNExecutionProvider_..._<hash>_1_0 with a hash "
