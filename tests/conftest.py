@@ -84,6 +84,15 @@ LAYERS = {
 def pytest_configure(config):
     for layer, (what, _) in LAYERS.items():
         config.addinivalue_line("markers", f"{layer}: {what}")
+    # Here as well as at collection: under xdist only the workers collect, and a worker's usage
+    # error ends it with no message the run shows ("no tests ran").
+    check_layers(Path(__file__).parent)
+
+
+def check_layers(folder: Path) -> None:
+    """Every `test_*.py` in `folder` in exactly one layer, else a usage error naming the file."""
+    for path in sorted(folder.glob("test_*.py")):
+        layer_of(path)
 
 
 def layer_of(path: Path) -> str:

@@ -220,10 +220,10 @@ def test_ci_and_the_tests_workflow_run_the_readme_s_two_commands():
     assert any(run == test or run.startswith(test + " --") for run in runs[runs.index(setup) + 1:]), runs
 
 
-def test_docs_testing_names_every_layer_and_a_file_in_none_stops_the_collection():
+def test_docs_testing_names_every_layer_and_a_file_in_none_stops_the_collection(tmp_path):
     """docs/testing.md's layer table is the conftest's, file counts included; a test file in no layer is
     a collection error, not a test that no layer runs."""
-    from conftest import LAYERS, layer_of
+    from conftest import LAYERS, check_layers, layer_of
 
     rows = dict(re.findall(r"^\| `(\w+)` \|[^|]+\| (\d+) \|", (ROOT / "docs" / "testing.md").read_text(), re.M))
     assert rows == {layer: str(len(files)) for layer, (_, files) in LAYERS.items()}
@@ -232,3 +232,8 @@ def test_docs_testing_names_every_layer_and_a_file_in_none_stops_the_collection(
     assert layer_of(ROOT / "tests" / "test_docs.py") == "logic"
     with pytest.raises(pytest.UsageError, match="test_nowhere.py is in 0 layers"):
         layer_of(ROOT / "tests" / "test_nowhere.py")
+    check_layers(ROOT / "tests")
+    (tmp_path / "test_docs.py").write_text("")
+    (tmp_path / "test_nowhere.py").write_text("")
+    with pytest.raises(pytest.UsageError, match="test_nowhere.py is in 0 layers"):
+        check_layers(tmp_path)
