@@ -274,6 +274,26 @@ def test_the_decoder_stage_is_the_pair_else_code2wavs_window(tmp_path):
     assert swept_stages(stages, {"code2wav", "talker_decode"})[-1] == ("code2wav",)
 
 
+def test_the_noise_fed_passes_refuse_code2wavs_window_in_one_line():
+    """A predictor that takes the eager pipeline's noise runs the teacher-forced, free-running and
+    streaming passes, which decode with the exact pair: Code2Wav's window alone is refused before
+    anything runs, in one line naming the pair."""
+    from types import SimpleNamespace
+
+    from edgex.errors import EdgexError
+    from edgex.in_situ import Stage
+    from edgex.recipes.qwen3_tts.in_situ import in_situ
+
+    class TakesNoise(Session):  # a graph that samples from its noise input (ONNX, .pte ...)
+        def run(self, inputs):
+            raise AssertionError("nothing runs")
+
+    stages = {n: Stage(n, {}, TakesNoise(), 30.0) for n in ("talker_prefill", "talker_decode", "code_predictor", "code2wav")}
+    loaded = SimpleNamespace(models=None, options={"max_context": 64, "prefill_len": 8, "seed": 0})
+    with pytest.raises(EdgexError, match="decode with the exact streaming pair.*place code2latent and latent2wav"):
+        in_situ(loaded, stages, {"frames": 4}, lambda _m: None)
+
+
 def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     """A stage is never served by a failed or unverified artifact: the picker takes a passing one of
     the placed scheme (here the calibration the placement names), else refuses in one line with the
