@@ -81,10 +81,12 @@ class Stage:
 def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements: list[str]) -> dict[str, tuple[Path, dict]]:
     """The (folder, manifest entry) serving each stage: the placement's exporter and precision (the
     first folder's target's, or `placements`), looked up in the folders in order. A stage given as a
-    tuple of alternative components (Qwen3-TTS's predictor: the whole-frame graph or the step graph
-    looped by the runner) is served by the one a placement names by component (the last named, when
-    several are: `--placement @FILE --placement code_predictor_step=...` picks the step graph over a
-    file naming both), else the first one the target places and the folders hold."""
+    tuple of alternatives (Qwen3-TTS's predictor: the whole-frame graph or the step graph looped by the
+    runner) is served by the one a placement names by component (the last named, when several are:
+    `--placement @FILE --placement code_predictor_step=...` picks the step graph over a file naming
+    both), else the first one the target places and the folders hold. An alternative may be a tuple of
+    components that serve the stage together (Qwen3-TTS's decoder: the streaming pair, or Code2Wav's
+    windowed graph): it serves where every one of them does."""
     target = get_target(manifests[0][1]["target"])
     named = {parse_placement(p)[0]: i for i, p in enumerate(placements)}  # key -> where it was last named
     # One artifact serves a stage. --placement adds a placement in every command: export builds each
@@ -101,37 +103,47 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
         target = target.with_overrides(overrides, recipe.placement_roles)
     chosen = {}
     for stage in stages:
-        options = (stage,) if isinstance(stage, str) else tuple(stage)
-        options = sorted(options, key=lambda n: -named[n] if n in named else 1)  # stable: the others in order
+        options = [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+        options.sort(key=lambda group: -max(named.get(n, -1) for n in group) if named.keys() & set(group) else 1)  # stable
         missing = []
-        for name in options:
-            placed = recipe.placements_on(target, name)
-            if not placed:
-                missing.append(f"target {target.name} places no {name}")
-                continue
-            if not placed[0].precisions:  # the target's first format leaves this one out (its reason), another option serves
-                missing.append(f"target {target.name} builds no {placed[0].exporter} {name} by default"
-                               f"{f' ({placed[0].recipe_precisions})' if placed[0].recipe_precisions else ''}")
-                continue
-            exporter, precision, calibration = placed[0].exporter, placed[0].precisions[0], placed[0].calibration
-            matching = [(root, e) for root, manifest in manifests for e in manifest["artifacts"]
-                        if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
-                        and "sidecar_of" not in e and e.get("files") and _calibrated(e, calibration)]
-            found = next(((root, e) for root, e in matching if passed(e.get("verdict"))), None)
-            if found is not None:
-                chosen[name] = found
-                break
-            scheme = f"{exporter} {precision}{f' calibration {calibration}' if calibration else ''} {name}"
-            if matching:  # only artifacts that passed their own gates compose: a failed one would taint the verdict
-                verdicts = ", ".join(sorted({e.get("verdict", "none") for _, e in matching}))
-                missing.append(f"the {scheme} artifact did not pass its gate (verdict {verdicts})")
+        for group in options:
+            found = {}
+            for name in group:
+                served, why = _serving(manifests, recipe, target, name)
+                if served is None:
+                    missing.append(why)
+                    break
+                found[name] = served
             else:
-                missing.append(f"no {scheme} artifact in the manifest(s)")
+                chosen |= found
+                break
         else:
-            either = " or ".join(options)
+            either = " or ".join(" + ".join(group) for group in options)
             raise EdgexError(f"the {recipe.name} pipeline needs {either}: {'; '.join(missing)} (export it, or pick another "
-                             f"with --placement {options[0]}=EXPORTER:PRECISION)")
+                             f"with --placement {options[0][0]}=EXPORTER:PRECISION)")
     return chosen
+
+
+def _serving(manifests: list[tuple[Path, dict]], recipe, target, name: str) -> tuple[tuple[Path, dict] | None, str]:
+    """(the folder and passing entry of `name` at the target's placement, or None; why not)."""
+    placed = recipe.placements_on(target, name)
+    if not placed:
+        return None, f"target {target.name} places no {name}"
+    if not placed[0].precisions:  # the target's first format leaves this one out (its reason), another option serves
+        return None, (f"target {target.name} builds no {placed[0].exporter} {name} by default"
+                      f"{f' ({placed[0].recipe_precisions})' if placed[0].recipe_precisions else ''}")
+    exporter, precision, calibration = placed[0].exporter, placed[0].precisions[0], placed[0].calibration
+    matching = [(root, e) for root, manifest in manifests for e in manifest["artifacts"]
+                if e["component"] == name and e["exporter"] == exporter and e["precision"] == precision
+                and "sidecar_of" not in e and e.get("files") and _calibrated(e, calibration)]
+    found = next(((root, e) for root, e in matching if passed(e.get("verdict"))), None)
+    if found is not None:
+        return found, ""
+    scheme = f"{exporter} {precision}{f' calibration {calibration}' if calibration else ''} {name}"
+    if matching:  # only artifacts that passed their own gates compose: a failed one would taint the verdict
+        verdicts = ", ".join(sorted({e.get("verdict", "none") for _, e in matching}))
+        return None, f"the {scheme} artifact did not pass its gate (verdict {verdicts})"
+    return None, f"no {scheme} artifact in the manifest(s)"
 
 
 def _calibrated(entry: dict, calibration: int | None) -> bool:

@@ -4,6 +4,7 @@ writes it, run by libmtmd through `llama_cpp.mtmd_cpp`; a planted bug in the fil
 import dataclasses
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,17 +104,75 @@ def test_swapped_codebook_rows_in_the_mmproj_fail_the_predictor(mmproj_component
     assert any("margin" in f and "tie margin" in f for f in report.failures), report.failures
 
 
+def _scaled_conv(tensors):
+    """A planted Code2Wav bug: one decoder conv's kernel scaled by 1.5."""
+    name = "a.gen.wav.dac.blk.1.res.0.conv1.weight"
+    return {**tensors, name: tensors[name] * 1.5}
+
+
 def test_libmtmd_code2wav_passes_and_a_scaled_conv_fails(mmproj_components, tmp_path):
     component = mmproj_components["code2wav"]
     faithful = _gate(component, _export(component, tmp_path))
     assert faithful.verdict == "pass", faithful.failures
 
-    def scale(tensors):
-        return {**tensors, "a.gen.wav.dac.blk.1.res.0.conv1.weight": tensors["a.gen.wav.dac.blk.1.res.0.conv1.weight"] * 1.5}
-
     (tmp_path / "planted").mkdir()
-    broken = _gate(component, _export(component, tmp_path / "planted", tensors=scale))
+    broken = _gate(component, _export(component, tmp_path / "planted", tensors=_scaled_conv))
     assert broken.verdict == "fail" and broken.min_snr_db < faithful.threshold_db - 10, broken.min_snr_db
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_folder(mmproj_components, tmp_path_factory):
+    """What `edgex export qwen3-tts --target llama-cpp --preset tiny` writes for the target's default
+    pipeline: the suite's shared export's f16 talkers, and the mmproj's code_predictor and code2wav at
+    f32, exported and gated as the export does (`_export_one`)."""
+    from conftest import gguf_export, subset_folder
+    from edgex.exporters import EXPORTERS
+    from edgex.export import _export_one
+    from edgex.plan import Job
+
+    out, proc = gguf_export()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path_factory.mktemp("llama-cpp")
+    folder, manifest = subset_folder(out / "qwen3-tts" / "llama-cpp", lambda e: e["precision"] == "f16", folder)
+    for name in ("code_predictor", "code2wav"):
+        component = mmproj_components[name]
+        job = Job(name, component.role, "gguf", "f32")
+        manifest["artifacts"] += _export_one(job, component, EXPORTERS.get("gguf"), folder, {}, None, None)
+    assert [e["verdict"] for e in manifest["artifacts"]] == ["pass"] * 4
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_the_llama_cpp_folder_runs_its_pipeline_on_its_own_code2wav(llama_cpp_folder, mmproj_components, tmp_path):
+    """`edgex pipeline` on the llama-cpp folder alone: the talker at the target's default (f16),
+    libmtmd's predictor greedy and libmtmd's Code2Wav window as the decoder (the folder holds no
+    streaming pair), against the official generate(); the same folder with one Code2Wav conv scaled
+    in its mmproj (the manifest vouching for the file) fails on the waveform, its codes still equal."""
+    import shutil
+
+    from edgex.artifacts.files import sha256
+    from edgex.in_situ import run_pipeline
+
+    folder = Path(shutil.copytree(llama_cpp_folder, tmp_path / "llama-cpp"))
+    report = run_pipeline([folder], frames=12)
+    assert report["verdict"] == "pass", report["failures"]
+    assert {(a["component"], a["precision"]) for a in report["artifacts"]} == {
+        ("talker_prefill", "f16"), ("talker_decode", "f16"), ("code_predictor", "f32"), ("code2wav", "f32")}
+    official = report["official_utterance"]
+    assert report["decoder"] == "code2wav" and official["codes_equal"] and official["frames_compared"] == 12
+    faithful = float(official["wav_spectral_db"])
+    assert faithful > 45, official
+
+    planted = _export(mmproj_components["code2wav"], tmp_path, tensors=_scaled_conv)
+    shutil.copyfile(planted, folder / "code2wav.f32.gguf")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    entry = next(e for e in manifest["artifacts"] if e["component"] == "code2wav")
+    entry["files"][0]["sha256"] = sha256(folder / "code2wav.f32.gguf")  # what a broken export would have recorded
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    broken = run_pipeline([folder], frames=12)
+    official = broken["official_utterance"]
+    assert broken["verdict"] == "fail" and official["codes_equal"] and float(official["wav_spectral_db"]) < faithful - 10
+    assert any("waveform of the 12 agreed frames" in f and "below the decoder's 45.0 dB gate" in f for f in broken["failures"])
 
 
 def test_the_mmproj_follows_llama_cpps_converter(mmproj_components, tmp_path):

@@ -244,6 +244,56 @@ def test_without_a_placement_each_stage_is_the_default_plans_artifact(tmp_path):
     assert {e["precision"] for _, e in chosen.values()} == {"fp32"}
 
 
+def test_the_decoder_stage_is_the_pair_else_code2wavs_window(tmp_path):
+    """The decoder stage: the streaming pair where the folders hold both at the placement, else the
+    windowed `code2wav` (the llama-cpp target's default folder: libmtmd's Code2Wav); neither held:
+    one error naming both; the sweep ranks the alternative it holds whole."""
+    from edgex.errors import EdgexError
+    from edgex.in_situ import _choose
+    from edgex.recipes import RECIPES
+    from edgex.sweep.recommend import swept_stages
+
+    recipe = RECIPES.get("qwen3-tts")
+    stages = list(recipe.in_situ_components)
+
+    def entry(component, exporter, precision):
+        return {"component": component, "exporter": exporter, "precision": precision, "verdict": "pass",
+                "files": [{"path": f"{component}.{precision}.{exporter}"}]}
+
+    gguf = [entry("talker_prefill", "gguf", "f16"), entry("talker_decode", "gguf", "f16"),
+            entry("code_predictor", "gguf", "f32"), entry("code2wav", "gguf", "f32")]
+    chosen = _choose([(tmp_path, {"target": "llama-cpp", "artifacts": gguf})], recipe.facts, stages, [])
+    assert set(chosen) == {"talker_prefill", "talker_decode", "code_predictor", "code2wav"}
+    onnx = [entry(c, "onnx", "fp32") for c in ("code2latent", "latent2wav", "code2wav")]
+    both = [(tmp_path, {"target": "llama-cpp", "artifacts": gguf}), (tmp_path / "cpu", {"target": "cpu", "artifacts": onnx})]
+    pair = _choose(both, recipe.facts, stages, ["code2latent=onnx:fp32", "latent2wav=onnx:fp32"])
+    assert "code2wav" not in pair and pair["code2latent"][0] == tmp_path / "cpu" == pair["latent2wav"][0]
+    with pytest.raises(EdgexError, match="needs code2latent \\+ latent2wav or code2wav: no gguf f32 code2latent"):
+        _choose([(tmp_path, {"target": "llama-cpp", "artifacts": gguf[:3]})], recipe.facts, stages, [])
+    assert swept_stages(stages, {"code2latent", "latent2wav", "code2wav"})[-2:] == [("code2latent",), ("latent2wav",)]
+    assert swept_stages(stages, {"code2wav", "talker_decode"})[-1] == ("code2wav",)
+
+
+def test_the_noise_fed_passes_refuse_code2wavs_window_in_one_line():
+    """A predictor that takes the eager pipeline's noise runs the teacher-forced, free-running and
+    streaming passes, which decode with the exact pair: Code2Wav's window alone is refused before
+    anything runs, in one line naming the pair."""
+    from types import SimpleNamespace
+
+    from edgex.errors import EdgexError
+    from edgex.in_situ import Stage
+    from edgex.recipes.qwen3_tts.in_situ import in_situ
+
+    class TakesNoise(Session):  # a graph that samples from its noise input (ONNX, .pte ...)
+        def run(self, inputs):
+            raise AssertionError("nothing runs")
+
+    stages = {n: Stage(n, {}, TakesNoise(), 30.0) for n in ("talker_prefill", "talker_decode", "code_predictor", "code2wav")}
+    loaded = SimpleNamespace(models=None, options={"max_context": 64, "prefill_len": 8, "seed": 0})
+    with pytest.raises(EdgexError, match="decode with the exact streaming pair.*place code2latent and latent2wav"):
+        in_situ(loaded, stages, {"frames": 4}, lambda _m: None)
+
+
 def test_only_artifacts_that_passed_their_gates_serve_a_stage(tmp_path):
     """A stage is never served by a failed or unverified artifact: the picker takes a passing one of
     the placed scheme (here the calibration the placement names), else refuses in one line with the

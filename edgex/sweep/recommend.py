@@ -68,6 +68,22 @@ def placements(stages: list[list[dict]], bound: int) -> list[tuple[dict, ...]]:
     return [tuple(rows[i] for rows, i in zip(stages, ranks)) for ranks in order[:bound]]
 
 
+def swept_stages(pipeline_stages, swept: set[str]) -> list[tuple[str, ...]]:
+    """Each pipeline stage as the components whose points may serve it, one point a stage. A stage
+    with an alternative of several components serving it together (Qwen3-TTS's decoder: the
+    streaming pair, or Code2Wav's windowed graph) is the first alternative the sweep holds whole (else
+    its first), a group as one stage per component."""
+    out = []
+    for stage in pipeline_stages:
+        options = [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+        if all(len(o) == 1 for o in options):
+            out.append(tuple(o[0] for o in options))
+            continue
+        group = next((o for o in options if swept.issuperset(o)), options[0])
+        out += [(name,) for name in group]
+    return out
+
+
 def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict], str],
               run: Callable[[list[str]], dict] | None, bound: int = DEFAULT_BOUND, allow_coarse: bool = False) -> dict:
     """`{"objective", "chosen", "in_situ", "left_out", "allow_coarse", "served_by"}`: per component its
@@ -79,8 +95,8 @@ def recommend(rows: list[dict], pipeline_stages, placement_line: Callable[[dict]
     components = list(dict.fromkeys(r["component"] for r in rows))
     by = {c: objective([r for r in rows if r["component"] == c], allow_coarse) for c in components}
     chosen = {c: next(iter(ranked([r for r in rows if r["component"] == c], by[c], allow_coarse)), None) for c in components}
-    stages = [(s,) if isinstance(s, str) else tuple(s) for s in pipeline_stages]
     swept = set(components)
+    stages = swept_stages(pipeline_stages, swept)
     result = {"objective": by, "chosen": chosen, "in_situ": {"bound": bound, "tried": []},
               "left_out": left_out(rows, placement_line, allow_coarse), "allow_coarse": allow_coarse}
     situ = result["in_situ"]

@@ -16,6 +16,10 @@ talker and code predictor, sampling with Gumbel noise) on the same seed and the 
   the voice prompt made from reference audio through those artifacts, the runner's utterance with it
   against the official `generate()` with the official modules' prompt from the same audio.
 
+The decoder stage is the exact streaming pair, or, where the folders hold only Code2Wav's windowed
+graph (`code2wav`: llama.cpp's libmtmd runs no other), that graph chunk by chunk; it serves the greedy
+pass of a predictor that draws its own samples, the passes above needing the pair.
+
 Stages are `edgex.in_situ.Stage`s; nothing here knows formats."""
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ if TYPE_CHECKING:
 # The predictor stage is the whole-frame graph, or the step graph looped 16 times a frame by the runner
 # (`_StepLoop`: what a target that places only the step graph deploys).
 PREDICTOR = ("code_predictor", "code_predictor_step")
-COMPONENTS = ("talker_prefill", "talker_decode", PREDICTOR, "code2latent", "latent2wav")
+# The decoder stage is the exact streaming pair, or Code2Wav's windowed graph where the folders hold no
+# pair (llama.cpp: libmtmd runs Code2Wav only as that graph; `runner.WindowedDecoder`).
+PAIR = ("code2latent", "latent2wav")
+DECODER = (PAIR, "code2wav")
+COMPONENTS = ("talker_prefill", "talker_decode", PREDICTOR, DECODER)
 # The voice-prompt encoders a Base app clones with, composed where the folders hold them (`voice_clone`).
 VOICE = ("speaker_encoder", "speech_encoder")
 STAGES = ("talker_prefill", "talker_decode", "code_predictor", "code2latent", "latent2wav")  # report keys
@@ -104,6 +112,16 @@ class _StepLoop:
         return [np.concatenate(codes, axis=1), np.concatenate(logits, axis=1), embeds[None].astype(np.float32)]
 
 
+def decoder_components(stages: dict) -> tuple[str, ...]:
+    """The components serving the decoder stage: the pair, or the windowed `code2wav`."""
+    return PAIR if PAIR[0] in stages else ("code2wav",)
+
+
+def decoder_gate_db(stages: dict) -> float:
+    """The gate the decoder's waveform is judged on: the looser of its components' gates."""
+    return max(stages[n].gate_db for n in decoder_components(stages))
+
+
 def draws_own_samples(stages: dict) -> str | None:
     """Why the predictor artifact cannot take the eager pipeline's sampling noise (it draws its own
     samples: llama.cpp's libmtmd, run greedy), or None."""
@@ -130,12 +148,12 @@ def greedy_in_situ(loaded, stages: dict, settings: dict, progress, why: str) -> 
         request = utterance.voice_request(utterance.config_of(loaded), 0, settings["voice"]) if settings.get("voice") is not None \
             else utterance.default_request(utterance.config_of(loaded), int(options.get("seed", 0)))
     request = replace(request, non_streaming=True)
-    decoder_gate = max(stages["code2latent"].gate_db, stages["latent2wav"].gate_db)
-    progress("official utterance (greedy, non-streaming): the runner against the official generate()")
-    official = utterance.compare(loaded, stages, frames, decoder_gate, request)
+    decoder = " + ".join(decoder_components(stages))
+    progress(f"official utterance (greedy, non-streaming, decoder {decoder}): the runner against the official generate()")
+    official = utterance.compare(loaded, stages, frames, decoder_gate_db(stages), request)
     failures = official.pop("failures")
     note = {"note": f"not run: {why}"}
-    return {"frames": frames, "seed": int(options.get("seed", 0)), "mode": "greedy (the predictor draws its own samples)",
+    return {"frames": frames, "seed": int(options.get("seed", 0)), "mode": "greedy (the predictor draws its own samples)", "decoder": decoder,
             "teacher_forced": note, "free_running": note, "sampled_utterance": note,
             "official_utterance": official, "failures": failures}
 
@@ -244,6 +262,12 @@ def in_situ(loaded, stages: dict, settings: dict, progress) -> dict:
     why = draws_own_samples(stages)
     if why:
         return greedy_in_situ(loaded, stages, settings, progress, why)
+    if decoder_components(stages) != PAIR:
+        from ...errors import EdgexError
+
+        raise EdgexError("the pipeline's noise-fed passes (teacher-forced, free-running, streaming schedules) decode with the "
+                         "exact streaming pair; the folders serve Code2Wav's windowed graph (code2wav) only: export or place "
+                         "code2latent and latent2wav (e.g. --placement code2latent=onnx:fp32 --placement latent2wav=onnx:fp32)")
     stages = {**stages, "code_predictor": _predictor(stages, models.talker)}  # a looped step graph stays too: its calls are timed
     looped = isinstance(stages["code_predictor"], _StepLoop)
     gates = {n: s.gate_db for n, s in stages.items()}

@@ -20,7 +20,8 @@ speaker, a language, an instruction and a voice prompt it
    codes generated so far, EOS masked for the first 2 frames, the top 1024 control ids but EOS
    suppressed; greedy or sampled), stops at EOS, runs the code predictor for codebooks 1-15 and
    feeds the 16 codes' embedding sum plus the next text row (or `tts_pad`) back to the talker;
-3. decodes the codes with the exact streaming decoder pair (`StreamingDecoder`), the reference
+3. decodes the codes with the exact streaming decoder pair (`StreamingDecoder`), or Code2Wav's
+   windowed graph where the app has that one (`WindowedDecoder`: llama.cpp's libmtmd), the reference
    frames of an in-context prompt first, and cuts their share of the waveform as the official code does.
 
 docs/runtime-contract.md describes each graph's inputs and outputs as this runner feeds them.
@@ -560,7 +561,27 @@ class StreamingDecoder:
         return np.concatenate(wavs, axis=-1)
 
 
-def waveform(decoder: StreamingDecoder, codes: np.ndarray, voice: VoicePrompt | None = None) -> np.ndarray:
+class WindowedDecoder:
+    """Code2Wav's windowed graph as llama.cpp's TTS decodes with it (libmtmd's Code2Wav): each chunk of
+    `new` frames with up to `context` frames of codes before it, the graph returning the last `new`
+    frames' samples, of which the chunk's are kept. The window is shorter at the start of an utterance
+    (fewer frames before the chunk, or a chunk shorter than `new`), so the graph must take any window
+    length up to `context + new` (libmtmd's does: its calls take 1..72 frames, state carried)."""
+
+    def __init__(self, code2wav: Graph, context: int, new: int):
+        self.code2wav, self.context, self.new = code2wav, context, new
+
+    def __call__(self, codes: np.ndarray) -> np.ndarray:
+        """codes [1, 16, T] -> wav [1, 1, T * 1920]."""
+        frames, wavs = codes.shape[-1], []
+        for start in range(0, frames, self.new):
+            end = min(frames, start + self.new)
+            wav = self.code2wav([codes[..., max(0, start - self.context) : end]])[0]
+            wavs.append(wav[..., wav.shape[-1] - (end - start) * SAMPLES_PER_FRAME :])
+        return np.concatenate(wavs, axis=-1)
+
+
+def waveform(decoder: StreamingDecoder | WindowedDecoder, codes: np.ndarray, voice: VoicePrompt | None = None) -> np.ndarray:
     """The utterance's audio [samples]: an in-context prompt's reference frames are decoded first and
     their share of the waveform cut, as the official wrapper does (`ref_len / total_len`)."""
     codes = np.asarray(codes, np.int64).reshape(-1, GROUPS)

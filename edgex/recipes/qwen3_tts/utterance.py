@@ -80,7 +80,12 @@ def graphs(stages: dict) -> rn.Graphs:
                      predictor_kv_shape=_shape(step, "past_key") if step is not None else None)
 
 
-def streaming_decoder(stages: dict) -> rn.StreamingDecoder:
+def streaming_decoder(stages: dict) -> rn.StreamingDecoder | rn.WindowedDecoder:
+    """The decoder the stages hold: the exact streaming pair, else Code2Wav's windowed graph in its
+    entry's window (context and new frames, `metadata`), chunk by chunk as llama.cpp's TTS decodes."""
+    if "code2latent" not in stages:
+        window = stages["code2wav"].entry["metadata"]
+        return rn.WindowedDecoder(stages["code2wav"], window["context_frames"], window["new_frames"])
     c2l, l2w = stages["code2latent"], stages["latent2wav"]
     return rn.StreamingDecoder(c2l, l2w, _shape(c2l, "codes"), _shape(c2l, "conv_state"), _shape(c2l, "past_key"),
                                _shape(l2w, "latent"))
