@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -159,12 +161,13 @@ def export_row(model: str, preset: str, target: str, out: Path, timeout_s: float
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(log, "w") as stderr:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT)
+        # its own process group: a timeout stops the export and its forked jobs, not `time` alone
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT, start_new_session=True)
         memory = TreeMemory(proc.pid)
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             returncode = proc.wait()
         tree_pss = memory.stop()
     wall = time.perf_counter() - started

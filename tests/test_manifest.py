@@ -13,6 +13,7 @@ import torch
 import edgex.export
 from conftest import run_cli
 from edgex.artifacts.files import sha256, strict_json
+from edgex.errors import EdgexError
 from edgex.export import _gate_and_place, combined_verdict, export_model
 from edgex.recipes.spark_x25.config import get_preset
 from edgex.recipes.spark_x25.model import build
@@ -65,7 +66,7 @@ def test_an_export_that_dies_at_its_manifest_leaves_nothing_that_looks_valid(tmp
         raise OSError("No space left on device")
 
     monkeypatch.setattr(edgex.export, "write_json_atomic", dies)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(EdgexError, match="cannot write the manifest .*No space left"):
         export_model("qwen3-tts", "llama-cpp", tmp_path, **args)
     assert not [p for p in folder.rglob("*")], list(folder.rglob("*"))
 
@@ -73,7 +74,7 @@ def test_an_export_that_dies_at_its_manifest_leaves_nothing_that_looks_valid(tmp
     first = export_model("qwen3-tts", "llama-cpp", tmp_path, **args)
     records = {r["path"]: r["sha256"] for a in first["artifacts"] for r in a["files"]}
     monkeypatch.setattr(edgex.export, "write_json_atomic", dies)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(EdgexError, match="cannot write the manifest .*No space left"):
         export_model("qwen3-tts", "llama-cpp", tmp_path, seed=1, **args)  # other weights, other bytes
     assert _strict((folder / "manifest.json").read_text())["source"] == first["source"]
     assert {str(p.relative_to(folder)): sha256(p) for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json"} == records
