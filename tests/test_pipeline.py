@@ -440,3 +440,18 @@ def test_benchmark_0_6b_runner_on_cpu(tmp_path):
     proc = run_cli("pipeline", "qwen3-tts", str(tmp_path / "qwen3-tts" / "cpu"), "--placement", PLACE, "--frames", "50", "--json")
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     print(json.dumps(json.loads(proc.stdout)["timing"], indent=2))
+
+
+def test_a_fixed_window_code2wav_is_refused_for_the_windowed_decode_in_one_line():
+    """The windowed decode feeds shorter windows first: a code2wav file with a fixed window (ONNX,
+    .pte) is refused in one line naming the pair to place, not run into a runtime's shape error."""
+    from types import SimpleNamespace
+
+    from edgex.errors import EdgexError
+    from edgex.recipes.qwen3_tts.utterance import streaming_decoder
+
+    window = {"context_frames": 72, "new_frames": 25}
+    held = SimpleNamespace(entry={"exporter": "gguf", "metadata": window})
+    assert streaming_decoder({"code2wav": held}).context == 72
+    with pytest.raises(EdgexError, match="the onnx code2wav takes a fixed window: place the code2latent \\+ latent2wav pair"):
+        streaming_decoder({"code2wav": SimpleNamespace(entry={"exporter": "onnx", "metadata": window})})

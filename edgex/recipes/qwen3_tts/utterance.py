@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...errors import EdgexError
 from ...parity.check import tie_margin
 from ...patches.torch_ops import multinomial_drawn_by
 from ...parity.metrics import cosine, snr_db, spectral_db
@@ -84,6 +85,11 @@ def streaming_decoder(stages: dict) -> rn.StreamingDecoder | rn.WindowedDecoder:
     """The decoder the stages hold: the exact streaming pair, else Code2Wav's windowed graph in its
     entry's window (context and new frames, `metadata`), chunk by chunk as llama.cpp's TTS decodes."""
     if "code2latent" not in stages:
+        exporter = stages["code2wav"].entry.get("exporter")
+        if exporter != "gguf":  # libmtmd's Code2Wav takes any window length; the other files a fixed one
+            raise EdgexError(f"the windowed Code2Wav decode takes shorter windows at the start of an utterance, which only "
+                             f"libmtmd's code2wav (gguf) runs; the {exporter} code2wav takes a fixed window: place the "
+                             "code2latent + latent2wav pair instead (--placement code2latent=...,latent2wav=...)")
         window = stages["code2wav"].entry["metadata"]
         return rn.WindowedDecoder(stages["code2wav"], window["context_frames"], window["new_frames"])
     c2l, l2w = stages["code2latent"], stages["latent2wav"]
