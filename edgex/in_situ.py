@@ -35,6 +35,7 @@ from .parity.runtimes import RUNTIMES
 from .parity.runtimes.base import Session
 from .plan import placement_overrides, read_placements
 from .recipes import RECIPES
+from .recipes.base import stage_options
 from .status import PASS, entry_verdict, passed
 from .targets import get_target, parse_placement
 from .verify import check_checkpoint, find_manifest, load_manifest
@@ -103,7 +104,7 @@ def _choose(manifests: list[tuple[Path, dict]], recipe, stages: list, placements
         target = target.with_overrides(overrides, recipe.placement_roles)
     chosen = {}
     for stage in stages:
-        options = [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+        options = stage_options(stage)
         options.sort(key=lambda group: -max(named.get(n, -1) for n in group) if named.keys() & set(group) else 1)  # stable
         missing = []
         for group in options:

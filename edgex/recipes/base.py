@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from ..component import Component
 
 
+def stage_options(stage) -> list[tuple[str, ...]]:
+    """A pipeline stage of `Recipe.in_situ_components` as its alternatives, each a tuple of the
+    components that serve the stage together (one name: one component)."""
+    return [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+
+
 @dataclass
 class LoadedModel:
     """An eager model plus where its weights came from (recorded in the manifest)."""

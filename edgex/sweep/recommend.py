@@ -25,6 +25,7 @@ import math
 from typing import Callable
 
 from ..errors import EdgexError
+from ..recipes.base import stage_options
 from ..status import COARSE_PASS, PASS, passed
 
 DEFAULT_BOUND = 3
@@ -75,7 +76,7 @@ def swept_stages(pipeline_stages, swept: set[str]) -> list[tuple[str, ...]]:
     its first), a group as one stage per component."""
     out = []
     for stage in pipeline_stages:
-        options = [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+        options = stage_options(stage)
         if all(len(o) == 1 for o in options):
             out.append(tuple(o[0] for o in options))
             continue
