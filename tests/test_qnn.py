@@ -434,3 +434,81 @@ def test_identical_initializers_merge_for_the_dlc_except_where_a_subgraph_or_out
     assert merged_duplicates(graph, half={"h"}) == 1
     assert [i.name for i in graph.initializer] == ["a", "b", "e", "h"]
     assert [list(n.input) for n in graph.node] == [["c"], ["a", "a"], ["z", "h"]]
+
+
+def _padded_graph(path: Path, pads: list[int], shape: list[int], after: int, value: float = 0.0, width: int = 960) -> Path:
+    """x -> constant Pad -> a flattening MatMul to `width`, concatenated under `after` rows of a
+    second input, then `width`-wide matmuls (the layout that gives the Pad's output a reused buffer
+    on the HTP); the padded tensor is an output too."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    padded = [d + pads[i] + pads[i + len(shape)] for i, d in enumerate(shape)]
+    flat = int(np.prod(padded[1:]))
+    inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+             numpy_helper.from_array(np.array([value], np.float32), "value"),
+             numpy_helper.from_array(np.array([1, 1, flat], np.int64), "flat"),
+             numpy_helper.from_array((rng.standard_normal((flat, width)) * 0.1).astype(np.float32), "w")]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["padded"], mode="constant"),
+             helper.make_node("Reshape", ["padded", "flat"], ["row"]),
+             helper.make_node("MatMul", ["row", "w"], ["projected"]),
+             helper.make_node("Concat", ["rows", "projected"], ["h0"], axis=1)]
+    for i in range(4):
+        inits.append(numpy_helper.from_array((rng.standard_normal((width, width)) * 0.03).astype(np.float32), f"m{i}"))
+        nodes += [helper.make_node("MatMul", [f"h{i}", f"m{i}"], [f"p{i}"]), helper.make_node("Add", [f"h{i}", f"p{i}"], [f"h{i + 1}"])]
+    graph = helper.make_graph(
+        nodes, "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+                          helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, after, width])],
+        [helper.make_tensor_value_info("h4", TensorProto.FLOAT, [1, after + 1, width]),
+         helper.make_tensor_value_info("padded", TensorProto.FLOAT, padded)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def test_constant_pads_reach_the_htp_as_concatenations_that_write_every_call(tmp_path):
+    # The HTP leaves a constant Pad's padding unwritten where its output buffer is reused: later calls
+    # read the previous call's leftovers (SmolVLA 450m's prefix failed its fp16 gate so on its second
+    # sample). The graph a QNN artifact is compiled from has none; every call matches ONNX Runtime CPU.
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from edgex.exporters.qnn_htp import pads_as_concats
+    from edgex.parity.metrics import snr_db
+    from edgex.qnn import htp_session
+
+    original = _padded_graph(tmp_path / "original.onnx", [0, 0, 0, 26], [1, 6], after=112)
+    rewritten = shutil.copy(original, tmp_path / "rewritten.onnx")
+    assert pads_as_concats(rewritten) == 1
+    assert [n.op_type for n in onnx.load(str(rewritten)).graph.node if n.op_type == "Pad"] == []
+    cpu = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
+    htp = htp_session(rewritten, fp16=True, soc_model=69, htp_arch=79)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        feed = {"x": rng.standard_normal((1, 6)).astype(np.float32), "rows": rng.standard_normal((1, 112, 960)).astype(np.float32)}
+        want, got = cpu.run(None, feed), htp.run(None, feed)
+        assert np.abs(got[1][:, 6:]).max() == 0.0  # the padding, as written on this call
+        assert min(snr_db(w, g) for w, g in zip(want, got)) > 45.0
+
+
+def test_a_pad_on_several_axes_with_a_value_becomes_concatenations_of_the_same_result(tmp_path):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from edgex.exporters.qnn_htp import pads_as_concats
+
+    original = _padded_graph(tmp_path / "original.onnx", [0, 0, 2, 0, 0, 0, 1, 3], [1, 2, 3, 4], after=3, value=-1.5, width=16)
+    rewritten = shutil.copy(original, tmp_path / "rewritten.onnx")
+    assert pads_as_concats(rewritten) == 1
+    ops = [n.op_type for n in onnx.load(str(rewritten)).graph.node]
+    assert "Pad" not in ops and ops.count("Concat") == 3  # the rows' Concat + one per padded axis
+    feed = {"x": np.random.default_rng(2).standard_normal((1, 2, 3, 4)).astype(np.float32),
+            "rows": np.zeros((1, 3, 16), np.float32)}
+    want = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"]).run(None, feed)
+    got = ort.InferenceSession(str(rewritten), providers=["CPUExecutionProvider"]).run(None, feed)
+    assert all(np.array_equal(w, g) for w, g in zip(want, got))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .onnx import OnnxExporter
+from .qnn_htp import pads_as_concats
 from .qnn_quantize import SCHEMES, quantize_qdq
 
 if TYPE_CHECKING:
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class Graphs:
-    """The ONNX graph a QNN artifact is compiled from: the component's fp32 graph (fp16 artifacts) or
-    that graph quantized to static QDQ, made once and kept for the next caller.
+    """The ONNX graph a QNN artifact is compiled from: the component's fp32 graph with its constant
+    pads written as concatenations (`pads_as_concats`; fp16 artifacts), or that graph quantized to
+    static QDQ, made once and kept for the next caller.
 
     One job needs it up to three times (the export compiles it, the scheme reference runs the QDQ
     graph, the `.dlc`'s stored-tensor check reads its weights), and a sweep's next job (the same
@@ -62,6 +64,7 @@ class Graphs:
                 graph = self._folder / f"{component.name}.onnx"
                 if ("float", None) not in self._made:
                     OnnxExporter().graph(component, "fp32", graph)
+                    pads_as_concats(graph)
                     self._made[("float", None)] = (graph, {})
                 if key[1] is not None:
                     quantized = self._folder / f"{component.name}.{precision}.{key[1]}.qdq.onnx"

@@ -1,5 +1,6 @@
-"""What the HTP needs of a graph whatever the scheme: the nodes that stay in float (fp16 on the HTP)
-in every quantized graph, and why."""
+"""What the HTP needs of a graph whatever the scheme: constant padding written as concatenation
+(`pads_as_concats`), and the nodes that stay in float (fp16 on the HTP) in every quantized graph,
+and why."""
 
 from __future__ import annotations
 
@@ -8,6 +9,75 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..component import Component
+
+
+def pads_as_concats(source: Path) -> int:
+    """Rewrite each constant-mode Pad of the graph at `source` (in place) as a Concat of the input
+    with constant blocks of the pad value along each padded axis; returns how many were rewritten.
+
+    The HTP does not always write a constant Pad's padding: where its memory planner gives the Pad's
+    output a buffer other tensors of the graph use later, the padded region keeps what the previous
+    execution left there (measured in QAIRT's HTP simulator, fp16: SmolVLA 450m's prefix graph, whose
+    state vector is zero-padded from 6 to 32 before its projection, put out exact values on its
+    first call and -3 to -17 dB on every later one; a 4-node graph with the same Pad before 960-wide
+    matmuls does the same). A Concat with a constant block writes every element on every call.
+
+    Left as they are: reflect / edge Pads (every output element is read from the input), negative
+    (cropping) pads, and Pads whose pads, value or input shape are not static."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(source), load_external_data=False)
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
+    typed = onnx.shape_inference.infer_shapes(model).graph
+    kinds = {v.name: v.type.tensor_type for v in (*typed.value_info, *typed.input, *typed.output)}
+
+    def static(name: str):
+        if name not in constants or constants[name].data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(constants[name])
+
+    nodes, rewritten = [], 0
+    for node in graph.node:
+        mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "mode"), b"constant")
+        kind = kinds.get(node.input[0]) if node.op_type == "Pad" else None
+        pads = static(node.input[1]) if kind is not None and len(node.input) > 1 else None
+        value = static(node.input[2]) if pads is not None and len(node.input) > 2 and node.input[2] else np.zeros(())
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim] if kind is not None else []
+        if (mode != b"constant" or pads is None or value is None or (len(node.input) > 3 and node.input[3])
+                or (pads < 0).any() or None in dims or len(pads) != 2 * len(dims)):
+            nodes.append(node)
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)
+        current, rank = node.input[0], len(dims)
+        padded = [i for i in range(rank) if pads[i] or pads[i + rank]]
+        for step, axis in enumerate(padded):
+            parts = []
+            for side, count in (("before", int(pads[axis])), ("after", int(pads[axis + rank]))):
+                if count:
+                    block = np.full([count if i == axis else d for i, d in enumerate(dims)], value.item(), dtype)
+                    name = f"{node.name}_{side}_{axis}"
+                    graph.initializer.append(numpy_helper.from_array(block, name))
+                    parts.append(name)
+            parts.insert(1 if pads[axis] else 0, current)
+            out = node.output[0] if step == len(padded) - 1 else f"{node.name}_axis_{axis}"
+            nodes.append(helper.make_node("Concat", parts, [out], name=f"{node.name}_as_concat_{axis}", axis=axis))
+            current, dims[axis] = out, dims[axis] + int(pads[axis]) + int(pads[axis + rank])
+        if not padded:
+            nodes.append(helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name))
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        used = {name for n in nodes for name in n.input}
+        unused = [t for t in graph.initializer if t.name not in used]  # the Pads' own pads / value
+        for tensor in unused:
+            graph.initializer.remove(tensor)
+        onnx.save(model, str(source))
+    return rewritten
 
 
 # Ops the HTP computes wrongly in 16-bit quantized arithmetic (`fp16_on_htp`).
