@@ -10,7 +10,7 @@ module's content or class reuses a faithful graph for them.
 
 Bugs (each checked to change the module's own output on the component's example inputs):
 - `head_dropped`: one head of the first attention layer is zeroed before its output projection;
-- `rope_base`: the graph's RoPE frequencies for a base 40 % above the model's;
+- `rope_base`: the graph's RoPE (frequencies or cos / sin tables) for a base 40 % above the model's;
 - `noise_ignored`: a sampling graph that ignores its `noise` input (greedy whatever is asked);
 - `euler_zeroed`: one step of a denoising loop adds no velocity (a flow-matching Euler step, or a
   DDIM step whose noise prediction is zero);
@@ -94,20 +94,39 @@ def head_dropped(component: Component) -> nn.Module:
     raise NotApplicable("no attention output projection (o_proj / out_proj) the graph calls")
 
 
+def _slower(inv_freq: torch.Tensor) -> torch.Tensor:
+    """Frequencies theta^(-i/n), i < n, for theta x 1.4: each times 1.4^(-i/n)."""
+    n = inv_freq.shape[-1]
+    return inv_freq * ROPE_FACTOR ** (-torch.arange(n, dtype=inv_freq.dtype) / n)
+
+
+def _is_rope(sub: nn.Module, key: str) -> bool:
+    """A buffer `edgex.nn.transformer.register_rope` gives: a frequency vector (`*inv_freq`) or the
+    cos half of a cos / sin table pair (`<name>_cos`, `<name>_sin`)."""
+    return "inv_freq" in key or (key.endswith("_cos") and key.removesuffix("_cos") + "_sin" in sub._buffers)
+
+
 def rope_base(module: nn.Module) -> nn.Module:
-    """Every RoPE frequency table the graph owns (`inv_freq*` buffers: theta^(-i/n), i < n) for
-    theta x 1.4: each frequency times 1.4^(-i/n)."""
+    """Every RoPE the graph owns for theta x 1.4: its frequency vectors (`*inv_freq` buffers:
+    theta^(-i/n), i < n) each times 1.4^(-i/n), its cos / sin tables rebuilt from their frequencies
+    so changed (a table's frequencies are its angles at position 1)."""
+    from edgex.nn.transformer import rope_table
+
     owners = [(name, sub) for name, sub in module.named_modules(remove_duplicate=False)
-              if any(b.startswith("inv_freq") for b in sub._buffers)]
+              if any(_is_rope(sub, b) for b in sub._buffers)]
     if not owners:
         raise NotApplicable("the graph owns no RoPE frequencies")
     for name, _ in owners:
         def make(sub):
             new = fork(sub)
-            for key, inv in sub._buffers.items():
-                if key.startswith("inv_freq"):
-                    n = inv.shape[-1]
-                    new._buffers[key] = inv * ROPE_FACTOR ** (-torch.arange(n, dtype=inv.dtype) / n)
+            for key, table in list(sub._buffers.items()):
+                if "inv_freq" in key:
+                    new._buffers[key] = _slower(table)
+                elif _is_rope(sub, key):
+                    stem, half = key.removesuffix("_cos"), table.shape[-1] // 2
+                    sin = sub._buffers[stem + "_sin"]
+                    freqs = torch.atan2(sin[1, :half].double(), table[1, :half].double())
+                    new._buffers[stem + "_cos"], new._buffers[stem + "_sin"] = rope_table(_slower(freqs), table.shape[0])
             return new
         module = replaced(module, name, make)
     return module

@@ -117,13 +117,13 @@ def test_head_equals_an_independent_reading_of_the_official_code(minicpm):
     # edgex's side: its conditioning, then the graphs (prefill, then KV-cached decode steps)
     with torch.no_grad():
         cond = head.condition(text_ids, llm_hidden)
-        logits, key, value = tts_graphs.TTSPrefill(head)(cond)
-        got = [logits[0]]
         slots = 32
+        logits, key, value = tts_graphs.TTSPrefill(head, cond.shape[1])(cond)
+        got = [logits[0]]
         past_k = torch.zeros(key.shape[:3] + (slots, key.shape[4]))
         past_v = torch.zeros_like(past_k)
         past_k[:, :, :, : cond.shape[1]], past_v[:, :, :, : cond.shape[1]] = key, value
-        decode = tts_graphs.TTSDecode(head)
+        decode = tts_graphs.TTSDecode(head, slots)
         for i, token in enumerate(tokens[:-1]):
             pos = cond.shape[1] + i
             step, k, v = decode(head.code_embeds(token.reshape(1, 1)), torch.tensor([pos]), past_k, past_v)
@@ -137,7 +137,7 @@ def test_head_equals_an_independent_reading_of_the_official_code(minicpm):
 
 def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     head = minicpm[0].models.tts
-    graph = tts_graphs.TTSPrefill(head)
+    graph = tts_graphs.TTSPrefill(head, 16)
     assert not any("parametrizations" in name for name, _ in graph.named_parameters())
     assert graph.head_weight is head.output_weight()  # the very Parameter the eager logits multiply by
     g = head.head_code[0].parametrizations.weight.original0.detach()

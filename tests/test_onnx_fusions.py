@@ -8,29 +8,38 @@ import torch
 
 from edgex.exporters.onnx import optimize
 from edgex.exporters.onnx_fusions import fuse_for_onnxruntime
-from edgex.nn.transformer import apply_rope, rope_cos_sin
+import pytest
 
-HEADS, POSITIONS, DIM = 2, 3, 8
+from edgex.nn.transformer import apply_rope, register_rope, rope_cos_sin, rope_table
+
+HEADS, POSITIONS, DIM, BOUND = 2, 3, 8, 16
 
 
 class Rope(torch.nn.Module):
-    """q rotated at the positions given, the table built as the graphs build it; `skew` scales the
-    second half of the angles, a table RotaryEmbedding cannot express (its halves differ)."""
+    """q rotated at the positions given, as the graphs rotate it: rows of a stored table (`bound`
+    positions) or, with no bound, angles computed in the graph; `skew` scales the second half of
+    the angles, a table RotaryEmbedding cannot express (its halves differ)."""
 
-    def __init__(self, skew: float = 1.0):
+    def __init__(self, skew: float = 1.0, bound: int | None = BOUND):
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, DIM, 2).float() / DIM))
-        self.skew = skew
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, DIM, 2).float() / DIM)
+        register_rope(self, "rope", inv_freq, bound)
+        if skew != 1.0 and bound is not None:
+            cos, sin = rope_table(inv_freq * skew, bound)
+            self.rope_cos[:, DIM // 2:], self.rope_sin[:, DIM // 2:] = cos[:, DIM // 2:], sin[:, DIM // 2:]
+        self.register_buffer("inv_freq", inv_freq)
+        self.skew, self.bound = skew, bound
 
     def forward(self, q, position):
         positions = position + torch.arange(POSITIONS)
-        if self.skew == 1.0:
-            cos, sin = rope_cos_sin(self.inv_freq, positions, torch.float32)
+        if self.skew == 1.0 or self.bound is not None:
+            cos, sin = rope_cos_sin(self, "rope", positions, torch.float32)
         else:
             freqs = positions.float()[:, None] * self.inv_freq[None, :]
             emb = torch.cat((freqs, freqs * self.skew), dim=-1)
             cos, sin = emb.cos()[None, None], emb.sin()[None, None]
         return apply_rope(q, cos, sin)
+
 
 
 def _fused(module: torch.nn.Module, tmp_path, name: str):
@@ -50,16 +59,20 @@ def _fused(module: torch.nn.Module, tmp_path, name: str):
     return counts, ops, run(plain), run(fused), module(q, position).numpy()
 
 
-def test_neox_rope_becomes_one_rotary_embedding_with_the_same_values(tmp_path):
-    counts, ops, plain, fused, eager = _fused(Rope(), tmp_path, "rope")
+@pytest.mark.parametrize("bound", [BOUND, None])
+def test_neox_rope_becomes_one_rotary_embedding_with_the_same_values(tmp_path, bound):
+    """Table rows gathered at the graph's positions, or angles computed in the graph."""
+    counts, ops, plain, fused, eager = _fused(Rope(bound=bound), tmp_path, "rope")
     assert counts.get("fused_rotary_embeddings") == 1 and "RotaryEmbedding" in ops and "Neg" not in ops
+    assert ("Cos" in ops) == (bound is None)  # a table's graph computes no angle
     np.testing.assert_allclose(plain, eager, atol=1e-5)
     np.testing.assert_allclose(fused, plain, atol=1e-5)
 
 
-def test_a_table_with_unequal_halves_is_not_fused(tmp_path):
+@pytest.mark.parametrize("bound", [BOUND, None])
+def test_a_table_with_unequal_halves_is_not_fused(tmp_path, bound):
     """RotaryEmbedding applies one angle to both halves: a table whose halves differ matches the
     node pattern but must stay as it is (fusing it would rotate the second half wrongly)."""
-    counts, ops, plain, fused, eager = _fused(Rope(skew=2.0), tmp_path, "skewed")
+    counts, ops, plain, fused, eager = _fused(Rope(skew=2.0, bound=bound), tmp_path, "skewed")
     assert "fused_rotary_embeddings" not in counts and "RotaryEmbedding" not in ops and "Neg" in ops
     np.testing.assert_allclose(fused, eager, atol=1e-5)

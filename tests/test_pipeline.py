@@ -345,7 +345,9 @@ def _wrappers(loaded, predictor_stage: str) -> dict:
 
     model, decoder = loaded.models.talker, loaded.models.decoder
     frame = predictor.CodePredictorFrame if predictor_stage == "code_predictor" else predictor.CodePredictorStep
-    return {"talker_prefill": talker.TalkerPrefill(model), "talker_decode": talker.TalkerDecode(model),
+    options = loaded.options
+    return {"talker_prefill": talker.TalkerPrefill(model, options["prefill_len"]),
+            "talker_decode": talker.TalkerDecode(model, options["max_context"]),
             predictor_stage: frame(model), "code2latent": code2wav.Code2Latent(decoder),
             "latent2wav": code2wav.Latent2Wav(decoder, code2wav.receptive_field_frames(decoder))}
 

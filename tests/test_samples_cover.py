@@ -45,8 +45,8 @@ def test_a_talker_with_rope_wrong_beyond_slot_100_fails_at_max_context_128(monke
 
     rope = talker.rope_cos_sin
 
-    def off_beyond_100(inv_freq, positions, dtype):
-        return rope(inv_freq, torch.where(positions > 100, positions + 3, positions), dtype)
+    def off_beyond_100(module, name, positions, dtype):  # 3 positions back: the table ends at the last slot
+        return rope(module, name, torch.where(positions > 100, positions - 3, positions), dtype)
 
     monkeypatch.setattr(talker, "rope_cos_sin", off_beyond_100)
     broken = _export(tmp_path / "broken", "qwen3-tts", "talker_decode", "--set", "max_context=128")
@@ -79,11 +79,12 @@ def test_a_denoise_step_wrong_only_mid_trajectory_fails(monkeypatch, tmp_path):
 
 
 def _rope_off_beyond(module, slot: int):
-    """`module.rope_cos_sin` with every position beyond `slot` turned 3 positions further."""
+    """`module.rope_cos_sin` with every position beyond `slot` turned 3 positions back (the table
+    holds no row beyond the last slot)."""
     rope = module.rope_cos_sin
 
-    def off(inv_freq, positions, dtype):
-        return rope(inv_freq, torch.where(positions > slot, positions + 3, positions), dtype)
+    def off(owner, name, positions, dtype):
+        return rope(owner, name, torch.where(positions > slot, positions - 3, positions), dtype)
 
     return off
 

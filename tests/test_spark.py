@@ -98,10 +98,10 @@ def test_graphs_share_no_numerical_code_with_the_reference(spark, monkeypatch, b
     loaded, components = spark
     inputs = components["decode"].samples[f"prompt_a_pos{loaded.options['max_context'] - 1}_last_slot"]  # the ring has wrapped
     with torch.no_grad():
-        clean = SparkDecode(build(loaded.models.config, 0))(*inputs)
+        clean = SparkDecode(build(loaded.models.config, 0), loaded.options["max_context"])(*inputs)
         REFERENCE_BUGS[bug](monkeypatch)
         broken = build(loaded.models.config, 0)  # inv_freq is computed when a model is built
-        graph = SparkDecode(broken)(*inputs)
+        graph = SparkDecode(broken, loaded.options["max_context"])(*inputs)
     for before, after in zip(clean, graph):
         assert torch.equal(before, after), "the graph's numbers depend on the reference's code"
     reference = step_reference(broken, *inputs)

@@ -74,11 +74,13 @@ def _through(value, *op_types: str):
 
 
 def _half_table(table, trig: str, positions: int, half: int):
-    """The [P, D/2] cache ONNX Runtime's RotaryEmbedding reads for `table` ([1, 1, P, D], cos or
-    sin of the NeoX angles, `trig` its op), when its two halves are equal, as RotaryEmbedding
-    assumes; else None. A computed table must be trig(Concat(m, m) on the last axis) behind
-    Unsqueezes, what `edgex.nn.transformer.rope_cos_sin` builds (the cache is then trig(m)); a
-    constant one (positions known at export) is compared half against half."""
+    """What ONNX Runtime's RotaryEmbedding reads for `table` ([1, 1, P, D], cos or sin of the NeoX
+    angles, `trig` its op), when its two halves are equal, as RotaryEmbedding assumes; else None:
+    - ("gathered", cache, ids): rows `ids` [P] of a constant [N, D] table behind Unsqueezes, what
+      `edgex.nn.transformer.rope_cos_sin` gathers (the cache is its first half [N, D/2]);
+    - ("constant", cache): a constant table (positions known at export), the cache its first half;
+    - ("angles", m): trig(Concat(m, m) on the last axis) behind Unsqueezes, the angles computed in the
+      graph (`rope_cos_sin` where the graph has no table; the cache is then trig(m))."""
     import onnx_ir as ir
 
     if table.shape != ir.Shape([1, 1, positions, 2 * half]):
@@ -86,6 +88,13 @@ def _half_table(table, trig: str, positions: int, half: int):
     if table.const_value is not None:
         values = table.const_value.numpy().reshape(positions, 2 * half)
         return ("constant", values[:, :half]) if np.array_equal(values[:, :half], values[:, half:]) else None
+    gather = _through(table, "Unsqueeze").producer()
+    if gather is not None and gather.op_type == "Gather" and gather.domain == "" and gather.inputs[0].const_value is not None:
+        axis = gather.attributes.get("axis")
+        values, ids = gather.inputs[0].const_value.numpy(), gather.inputs[1]
+        if (axis is not None and axis.value != 0) or values.ndim != 2 or values.shape[1] != 2 * half or ids.shape != ir.Shape([positions]):
+            return None
+        return ("gathered", values[:, :half], ids) if np.array_equal(values[:, :half], values[:, half:]) else None
     node = _through(table, "Unsqueeze").producer()
     cat = node.inputs[0].producer() if node is not None and node.op_type == trig and node.domain == "" else None
     if cat is None or cat.op_type != "Concat" or len(cat.inputs) != 2 or cat.inputs[0] is not cat.inputs[1]:
@@ -101,9 +110,10 @@ def fuse_rotary_embeddings(model) -> int:
     """Rewrite every fp32 NeoX RoPE that `edgex.nn.transformer.apply_rope` emits (x * cos +
     cat(-x[.., D/2:], x[.., :D/2]) * sin: seven nodes per q or k) into ONNX Runtime's contrib
     `RotaryEmbedding` (non-interleaved). Its cos/sin caches are the graph's own half-angle table
-    [P, D/2] (cos and sin of the same values edgex's table concatenates twice) and the position ids
-    index that table (0 .. P-1), so the positions the graph computes are the ones rotated. Returns
-    how many were fused."""
+    (cos and sin of the same values edgex's table concatenates twice): where the graph gathers rows
+    of a stored [N, D] table, its first half [N, D/2] indexed by the graph's own position ids;
+    otherwise the [P, D/2] table of this call indexed by 0 .. P-1. Either way the positions the graph
+    computes are the ones rotated. Returns how many were fused."""
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
 
@@ -127,18 +137,25 @@ def fuse_rotary_embeddings(model) -> int:
                     and is_singleton_value(end_hi, lambda e: e >= dim) and is_singleton_value(start_lo, 0)
                     and is_singleton_value(end_lo, half)):
                 return result.fail("not a rotate-half of the last axis")
-            if _half_table(cos, "Cos", shape[2], half) is None or _half_table(sin, "Sin", shape[2], half) is None:
+            tables = _half_table(cos, "Cos", shape[2], half), _half_table(sin, "Sin", shape[2], half)
+            if None in tables:
                 return result.fail("cos / sin are not a NeoX table over this call's positions")
+            if tables[0][0] != tables[1][0] or (tables[0][0] == "gathered" and tables[0][2] is not tables[1][2]):
+                return result.fail("cos and sin are not read at the same positions")
             return result
 
         def rewrite(self, op, x, cos, sin, **_):
             positions, half = x.shape[2], x.shape[3] // 2
 
             def cache(table, trig):
-                kind, value = _half_table(table, trig, positions, half)
-                return op.Constant(value=ir.tensor(np.ascontiguousarray(value))) if kind == "constant" else getattr(op, trig)(value)
+                kind, value, *_ = _half_table(table, trig, positions, half)
+                return getattr(op, trig)(value) if kind == "angles" else op.Constant(value=ir.tensor(np.ascontiguousarray(value)))
 
-            ids = op.Constant(value=ir.tensor(np.arange(positions, dtype=np.int64)[None, :]))
+            gathered = _half_table(cos, "Cos", positions, half)
+            if gathered[0] == "gathered":
+                ids = op.Unsqueeze(op.Cast(gathered[2], to=ir.DataType.INT64), op.Constant(value=ir.tensor(np.array([0], np.int64))))
+            else:
+                ids = op.Constant(value=ir.tensor(np.arange(positions, dtype=np.int64)[None, :]))
             return op.RotaryEmbedding(x, ids, cache(cos, "Cos"), cache(sin, "Sin"), interleaved=0, num_heads=x.shape[1],
                                       _domain="com.microsoft")
 

@@ -34,21 +34,52 @@ def rope_inv_freq(config) -> torch.Tensor:
 FP32_BUFFERS = "edgex_fp32_buffers"  # module attribute: names of its buffers fp16 exports keep in float32
 
 
-def register_rope(module: nn.Module, name: str, inv_freq: torch.Tensor) -> None:
-    """`inv_freq` as a buffer of `module` that fp16 exports keep in float32 (`exporters.base.module_in`
-    reads `FP32_BUFFERS`). Rounded to fp16 (11 significant bits), a frequency is off by up to 2^-12 of
-    itself and each angle, position x frequency, by position times that: about 0.25 rad at position
-    1000 for the fastest pair. The tiny Spark-X2.5 decode graph run in eager fp16 at a 1k context
-    scored 27.2 dB on its logits with fp16 frequencies and 49.8 dB with float32 ones."""
-    module.register_buffer(name, inv_freq.to(torch.float32), persistent=False)
-    setattr(module, FP32_BUFFERS, frozenset({*getattr(module, FP32_BUFFERS, ()), name}))
+def rope_table(inv_freq: torch.Tensor, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX rotate-half cos, sin [positions, 2 x len(inv_freq)] of the angles p x f for p < `positions`,
+    computed in float64 and stored in float32."""
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(torch.float32), emb.sin().to(torch.float32)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """NeoX rotate-half RoPE tables for integer `positions` [P] -> cos, sin [1, 1, P, head_dim]."""
-    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+def register_rope(module: nn.Module, name: str, inv_freq: torch.Tensor, positions: int | None) -> None:
+    """The RoPE of a graph whose positions stay below `positions`, as buffers of `module` that
+    `rope_cos_sin(module, name, ...)` reads: the cos / sin table over every such position
+    (`<name>_cos`, `<name>_sin`, `rope_table`), which the graph gathers rows of.
+
+    A runtime that runs a graph in fp16 (the QNN HTP at fp16, MNN fp16) evaluates an angle computed
+    in the graph, position x frequency, in fp16: spacing 0.125 rad at positions 128-255, an error that
+    grows with the position. Rotating 128-wide random keys (theta 1e6) with angles computed so scores
+    37.6 dB at position 255 and 26.0 dB at 1000; with exact angles whose cos / sin are rounded to fp16
+    (the table of an fp16 export: cos and sin lie in [-1, 1]) 77.7 dB. The table covers the positions
+    the component declares (its KV slots, its chunk), so the graph never reads a row beyond it.
+
+    `positions` None, for a graph whose positions have no bound (an absolute frame index over a whole
+    stream), keeps the product in the graph: `<name>_inv_freq`, which fp16 exports keep in float32
+    (`exporters.base.module_in` reads `FP32_BUFFERS`). Rounded to fp16 (11 significant bits), a
+    frequency is off by up to 2^-12 of itself and each angle by position times that: about 0.25 rad
+    at position 1000 for the fastest pair."""
+    if positions is None:
+        module.register_buffer(f"{name}_inv_freq", inv_freq.to(torch.float32), persistent=False)
+        setattr(module, FP32_BUFFERS, frozenset({*getattr(module, FP32_BUFFERS, ()), f"{name}_inv_freq"}))
+        return
+    cos, sin = rope_table(inv_freq, positions)
+    module.register_buffer(f"{name}_cos", cos, persistent=False)
+    module.register_buffer(f"{name}_sin", sin, persistent=False)
+
+
+def rope_cos_sin(module: nn.Module, name: str, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE `register_rope` gave `module` under `name` at integer `positions` [P] -> cos, sin
+    [1, 1, P, head_dim]: the table's rows at those positions, or the angles computed in the graph
+    where the graph has no table."""
+    table = getattr(module, f"{name}_cos", None)
+    if table is not None:
+        cos, sin = table.index_select(0, positions), getattr(module, f"{name}_sin").index_select(0, positions)
+    else:
+        freqs = positions.to(torch.float32)[:, None] * getattr(module, f"{name}_inv_freq").to(torch.float32)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+    return cos.to(dtype)[None, None], sin.to(dtype)[None, None]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -130,7 +130,7 @@ class _ComponentBuilder:
     def tts_prefill(self) -> Component:
         head = self.models.tts
         return _component(
-            "tts_prefill", tts.TTSPrefill(head), ["inputs_embeds"],
+            "tts_prefill", tts.TTSPrefill(head, self.options["prefill_len"]), ["inputs_embeds"],
             [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
             partial(tts.prefill_reference, head),
             {"utterance_a": (self.head_utt("a").prefill_embeds,), "utterance_b": (self.head_utt("b").prefill_embeds,)},
@@ -171,7 +171,7 @@ class _ComponentBuilder:
             return self._decode_sample(u, k * self.head_utt(u).last_step // (per_utterance - 1))
 
         return _component(
-            "tts_decode", tts.TTSDecode(head), ["inputs_embeds", "position", "past_key", "past_value"],
+            "tts_decode", tts.TTSDecode(head, self.options["max_context"]), ["inputs_embeds", "position", "past_key", "past_value"],
             [("logits", LOGITS), ("key", SIGNAL), ("value", SIGNAL)],
             partial(tts.decode_reference, head),
             self._decode_samples(),

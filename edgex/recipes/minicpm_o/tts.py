@@ -105,17 +105,18 @@ class MiniCPMTTSHead(nn.Module):
 
 
 class _HeadGraph(nn.Module):
-    def __init__(self, head: MiniCPMTTSHead):
+    def __init__(self, head: MiniCPMTTSHead, positions: int):
+        """`positions`: the bound of the positions the graph takes (prefill: its chunk; decode: its KV slots)."""
         super().__init__()
         self.model = head.model
         for layer in self.model.layers:  # Llama has no q/k norms; edgex.nn's attention skips Identity
             layer.self_attn.q_norm = layer.self_attn.k_norm = nn.Identity()
         attach_norm_constants(self.model)
-        register_rope(self, "inv_freq", rope_inv_freq(head.backbone_config))
+        register_rope(self, "rope", rope_inv_freq(head.backbone_config), positions)
         self.head_weight = head.output_weight()  # shared with the eager head: see output_weight
 
     def _run(self, embeds, positions, past_key, past_value, mask):
-        cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
+        cos, sin = rope_cos_sin(self, "rope", positions, embeds.dtype)
         hidden, keys, values = decoder_stack(self.model, embeds, cos, sin, past_key, past_value, mask)
         return torch.matmul(hidden, self.head_weight.t()), keys, values
 

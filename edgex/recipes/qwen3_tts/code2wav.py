@@ -115,14 +115,15 @@ def receptive_field_frames(decoder: nn.Module) -> int:
 
 
 class _DecoderGraph(nn.Module):
-    def __init__(self, decoder: nn.Module):
+    def __init__(self, decoder: nn.Module, positions: int | None):
+        """`positions`: the bound of the frame positions the transformer takes (None: unbounded)."""
         super().__init__()
         self.decoder = decoder
         attach_norm_constants(decoder)
         self.transformer = decoder.pre_transformer
         self.window = int(decoder.config.sliding_window)
         self.upsample_per_frame = int(decoder.total_upsample)
-        register_rope(self, "inv_freq", rope_inv_freq(decoder.config))
+        register_rope(self, "rope", rope_inv_freq(decoder.config), positions)
 
     def _hold_codebooks(self):
         """For the graphs that take codes: buffers codebook_<group>_<k> (`_codebooks`)."""
@@ -138,7 +139,7 @@ class _DecoderGraph(nn.Module):
     def _transformer(self, latent, positions, past, mask):
         tr = self.transformer
         hidden = tr.input_proj(latent)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)
+        cos, sin = rope_cos_sin(self, "rope", positions, hidden.dtype)
         new = []
         for i, layer in enumerate(tr.layers):
             pk, pv = (None, None) if past is None else (past[0][i], past[1][i])
@@ -172,10 +173,11 @@ class _DecoderGraph(nn.Module):
 
 
 class Code2WavWindow(_DecoderGraph):
-    """codes [1, 16, context + new] -> wav [1, 1, new * 1920] of the last `new` frames."""
+    """codes [1, 16, context + new] -> wav [1, 1, new * 1920] of the last `new` frames; `frames` is
+    context + new, the positions its transformer takes."""
 
-    def __init__(self, decoder: nn.Module, new_frames: int):
-        super().__init__(decoder)
+    def __init__(self, decoder: nn.Module, new_frames: int, frames: int):
+        super().__init__(decoder, frames)
         self._hold_codebooks()
         self.new_frames = new_frames
 
@@ -193,10 +195,13 @@ class Code2WavWindow(_DecoderGraph):
 class Code2Latent(_DecoderGraph):
     """codes [1, 16, C], start [1] (absolute frame index of the chunk), conv_state [1, Dq, 2],
     past_key/past_value [L, 1, H, window-1, D] -> latent [1, latent_dim, C], conv_state, key, value
-    (the rolled caches to feed back). Slots holding frames before 0 are masked by position."""
+    (the rolled caches to feed back). Slots holding frames before 0 are masked by position.
+
+    Its positions are absolute frame indices over the whole stream, with no bound the graph
+    declares: its RoPE angles are computed in the graph (`register_rope` with no table)."""
 
     def __init__(self, decoder: nn.Module):
-        super().__init__(decoder)
+        super().__init__(decoder, None)
         self._hold_codebooks()
 
     def forward(self, codes, start, conv_state, past_key, past_value):
@@ -220,7 +225,7 @@ class Latent2Wav(_DecoderGraph):
     """latent [1, latent_dim, context + C], context_valid [1] -> wav [1, 1, C * 1920]."""
 
     def __init__(self, decoder: nn.Module, context: int):
-        super().__init__(decoder)
+        super().__init__(decoder, None)  # no transformer: its RoPE is never read
         self.context = context
 
     def forward(self, latent, context_valid):

@@ -30,11 +30,11 @@ class _PredictorGraph(nn.Module):
         self.tables = predictor.model.codec_embedding
         self.talker_table = talker.model.codec_embedding
         config = predictor.config
-        register_rope(self, "inv_freq", rope_inv_freq(config))
+        register_rope(self, "rope", rope_inv_freq(config), GROUPS + 1)  # every position of a frame
         self.groups = config.num_attention_heads // config.num_key_value_heads
 
     def _rope(self, positions, dtype):
-        return rope_cos_sin(self.inv_freq, positions, dtype)
+        return rope_cos_sin(self, "rope", positions, dtype)
 
     def _layers(self, embeds, rope, past, mask):
         cos, sin = rope

@@ -123,7 +123,7 @@ class _ComponentBuilder:
     def talker_prefill(self) -> Component:
         return _component(
             "talker_prefill",
-            talker.TalkerPrefill(self.talker),
+            talker.TalkerPrefill(self.talker, self.prefill_len),
             ["inputs_embeds"],
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.prefill_reference, self.talker),
@@ -161,7 +161,7 @@ class _ComponentBuilder:
     def talker_decode(self) -> Component:
         return _component(
             "talker_decode",
-            talker.TalkerDecode(self.talker),
+            talker.TalkerDecode(self.talker, self.slots),
             ["inputs_embeds", "position", "past_key", "past_value"],
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.decode_reference, self.talker),
@@ -263,7 +263,7 @@ class _ComponentBuilder:
         frames = WINDOW_CONTEXT + WINDOW_NEW
         return _component(
             "code2wav",
-            code2wav.Code2WavWindow(self.decoder, WINDOW_NEW),
+            code2wav.Code2WavWindow(self.decoder, WINDOW_NEW, frames),
             ["codes"],
             [("wav", SIGNAL)],
             partial(code2wav.window_reference, self.decoder, new_frames=WINDOW_NEW),

@@ -17,15 +17,16 @@ from ...nn.transformer import (attach_norm_constants, causal_valid, decoder_stac
 
 
 class _TalkerGraph(nn.Module):
-    def __init__(self, talker: nn.Module):
+    def __init__(self, talker: nn.Module, positions: int):
+        """`positions`: the bound of the positions the graph takes (prefill: its chunk; decode: its KV slots)."""
         super().__init__()
         self.model = talker.model
         self.codec_head = talker.codec_head
         attach_norm_constants(talker)
-        register_rope(self, "inv_freq", rope_inv_freq(talker.config))
+        register_rope(self, "rope", rope_inv_freq(talker.config), positions)
 
     def _run(self, embeds, positions, past_key, past_value, mask):
-        cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
+        cos, sin = rope_cos_sin(self, "rope", positions, embeds.dtype)
         hidden, keys, values = decoder_stack(self.model, embeds, cos, sin, past_key, past_value, mask)
         return self.codec_head(hidden), hidden, keys, values
 

@@ -57,14 +57,15 @@ def _gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class _SparkGraph(nn.Module):
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, context: int):
+        """`context`: the full layers' cache slots, the bound of every position the graph takes."""
         super().__init__()
         self.model = model.model  # its parameters, under the checkpoint's names `model.`; never its forwards
         self.config: SparkConfig = model.config
         config = self.config
         attach_norm_constants(self.model)
-        register_rope(self, "inv_freq_sliding", rotary_inv_freq(config, SLIDING))
-        register_rope(self, "inv_freq_full", rotary_inv_freq(config, FULL))
+        register_rope(self, "rope_sliding", rotary_inv_freq(config, SLIDING), context)
+        register_rope(self, "rope_full", rotary_inv_freq(config, FULL), context)
 
     def _project(self, attn, normed, cos, sin):
         cfg = self.config
@@ -99,8 +100,8 @@ class _SparkGraph(nn.Module):
         values and additive mask from the i-th layer of that type's state and the new k, v."""
         hidden = self.model.embedding(tokens)
         tables = {
-            SLIDING: rope_cos_sin(self.inv_freq_sliding, positions, hidden.dtype),
-            FULL: rope_cos_sin(self.inv_freq_full, positions, hidden.dtype),
+            SLIDING: rope_cos_sin(self, "rope_sliding", positions, hidden.dtype),
+            FULL: rope_cos_sin(self, "rope_full", positions, hidden.dtype),
         }
         index = {SLIDING: 0, FULL: 0}
         for kind, layer in zip(self.config.layer_types, self.model.layers):

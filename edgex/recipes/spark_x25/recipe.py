@@ -137,7 +137,7 @@ class _ComponentBuilder:
         samples = {"prompt_a_start0": self._inputs(_SAMPLE_SEEDS["a"], 0, p),
                    f"prompt_b_start{late}": self._inputs(_SAMPLE_SEEDS["b"], late, p)}
         starts = sorted({(j * (self.context - p) // (_CALIBRATION_PER_PROMPT - 1)) // p * p for j in range(_CALIBRATION_PER_PROMPT)})
-        return self._component("prefill", SparkPrefill(self.model), p, samples, starts)
+        return self._component("prefill", SparkPrefill(self.model, self.context), p, samples, starts)
 
     def decode(self) -> Component:
         """The last slot (the example: the most RoPE rotation, the longest attention), the ring half
@@ -151,7 +151,7 @@ class _ComponentBuilder:
             samples[f"prompt_a_pos{in_situ_last}_stale_slots"] = self._inputs(_SAMPLE_SEEDS["a"], in_situ_last, 1,
                                                                                 stale_from=_SAMPLE_SEEDS["b"])
         starts = [j * (self.context - 1) // (_CALIBRATION_PER_PROMPT - 1) for j in range(_CALIBRATION_PER_PROMPT)]
-        return self._component("decode", SparkDecode(self.model), 1, samples, starts)
+        return self._component("decode", SparkDecode(self.model, self.context), 1, samples, starts)
 
 
 __all__ = ["SparkRecipe", "ROLES", "FLOAT_ONLY"]
