@@ -303,21 +303,23 @@ def test_samples_do_not_depend_on_which_components_are_derived_together():
         assert all(torch.equal(x, y) for x, y in zip(alone.samples[name], together.samples[name])), name
 
 
-def test_fp16_graph_keeps_rope_frequencies_in_float32_at_a_1k_context():
+def test_fp16_graph_reads_exact_rope_tables_at_a_1k_context():
     """Rounded to fp16, RoPE frequencies put each angle off by up to position x 2^-12 of the
     frequency: the tiny decode graph at position ~1k scored 27.2 dB on its logits in eager fp16
-    with them, 49.8 dB with float32 frequencies (the 1.7b graph: 5.7 dB; its fp16 `.pte` and ONNX
-    failed their gate). `module_in` casts every other buffer and every parameter read."""
+    with them (the 1.7b graph: 5.7 dB; its fp16 `.pte` and ONNX failed their gate). The graph computes
+    no angle: it gathers rows of cos / sin tables over its 1024 positions, computed in float64 and,
+    lying in [-1, 1], stored in fp16 like every other buffer and parameter `module_in` casts."""
     from edgex.exporters.base import cast_inputs, module_in
 
     recipe = RECIPES.get("spark-x2.5")
     (comp,) = recipe.components(recipe.load("tiny", None, 0, {"max_context": 1024}), ["decode"])
     sample, inputs = next(iter(comp.samples.items()))
     with torch.no_grad(), module_in(comp, torch.float16) as module:
-        assert module.inv_freq_full.dtype == module.inv_freq_sliding.dtype == torch.float32
+        assert module.rope_full_cos.dtype == module.rope_sliding_sin.dtype == torch.float16
+        assert module.rope_full_cos.shape[0] == module.rope_sliding_cos.shape[0] == 1024
         assert module.model.layers[0].input_layernorm.weight.dtype == torch.float16
         logits = module(*cast_inputs(inputs, torch.float16))[0]
-    assert module.inv_freq_full.dtype == torch.float32 and module.model.layers[0].input_layernorm.weight.dtype == torch.float32
+    assert module.rope_full_cos.dtype == torch.float32 and module.model.layers[0].input_layernorm.weight.dtype == torch.float32
     reference = comp.reference_outputs(sample)[0]
     assert snr_db(reference.numpy(), logits.float().numpy()) > 40
 
