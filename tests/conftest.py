@@ -64,7 +64,7 @@ LAYERS = {
                "task_figures", "tie_rule"]),
     "graphs": ("each recipe's eager graphs and wrappers against the model's own published code, and the "
                "samples parity runs, before any exporter",
-               ["hift_verdicts", "minicpm_o", "pi0", "samples_cover", "utterance_replay", "vla", "wrappers"]),
+               ["hift_verdicts", "minicpm_o", "pi0", "rope_table", "samples_cover", "utterance_replay", "vla", "wrappers"]),
     "artifacts": ("real exports run in their real runtimes, one per format and precision a target places by "
                   "default: a broken artifact fails its gate, a faithful one passes; contracts, pipelines, "
                   "checkpoints in published layouts",

@@ -51,8 +51,9 @@ def register_rope(module: nn.Module, name: str, inv_freq: torch.Tensor, position
     in the graph, position x frequency, in fp16: spacing 0.125 rad at positions 128-255, an error that
     grows with the position. Rotating 128-wide random keys (theta 1e6) with angles computed so scores
     about 38 dB at position 255 and 25 dB at 1000; with exact angles whose cos / sin are rounded to
-    fp16 (the table of an fp16 export: cos and sin lie in [-1, 1]) about 77 dB. The table covers the positions
-    the component declares (its KV slots, its chunk), so the graph never reads a row beyond it.
+    fp16 (the table of an fp16 export: cos and sin lie in [-1, 1]) about 77 dB. The table covers the
+    positions the component declares (its KV slots, its chunk), so the graph never reads a row
+    beyond it.
 
     `positions` None, for a graph whose positions have no bound (an absolute frame index over a whole
     stream), keeps the product in the graph: `<name>_inv_freq`, which fp16 exports keep in float32
