@@ -512,3 +512,18 @@ def test_a_pad_on_several_axes_with_a_value_becomes_concatenations_of_the_same_r
     want = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"]).run(None, feed)
     got = ort.InferenceSession(str(rewritten), providers=["CPUExecutionProvider"]).run(None, feed)
     assert all(np.array_equal(w, g) for w, g in zip(want, got))
+
+
+def test_a_table_stored_in_power_of_two_column_blocks_with_a_narrower_last_one_is_read_back():
+    # SmolVLA 450m's fp16 token embedding [49280, 960] sits in its context binary as blocks of 256
+    # columns and a last one of 192, each rows-contiguous; no equal split of 960 columns finds it.
+    import numpy as np
+
+    from edgex.exporters.qnn_tables import located
+
+    table = np.random.default_rng(3).standard_normal((300, 120)).astype(np.float16)
+    blocks = [table[:, start:start + 32] for start in range(0, 120, 32)]  # 32, 32, 32, 24 columns
+    data = b"header" + b"".join(np.ascontiguousarray(b).tobytes() + b"\0" * 40 for b in blocks)
+    got = located(data, table)
+    assert got is not None and np.array_equal(got, table)
+    assert located(data, np.ascontiguousarray(table[:, ::-1])) is None  # another table is not found

@@ -59,24 +59,38 @@ def gathered_then_scaled(model, inits: dict) -> list[tuple[str, float]]:
 
 def located(data: bytes, raw) -> "np.ndarray | None":
     """The 2-D `raw` as `data` stores it, rows contiguous, whole or split into column blocks: each
-    block of `_column_blocks` is located on its own (`_located_block`) and the table read back
-    from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode graph's
-    w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i of
-    each at its block's start + i * 64 bytes, 512 bytes between the blocks). None where some block
-    is not found (e.g. tiled)."""
+    block of a layout of `_column_layouts` is located on its own (`_located_block`) and the table
+    read back from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode
+    graph's w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i
+    of each at its block's start + i * 64 bytes, 512 bytes between the blocks; SmolVLA 450m's fp16
+    token embedding [49280, 960], times sqrt(960), as blocks of 256 columns and a last one of 192).
+    None where some block is not found (e.g. tiled)."""
     import numpy as np
 
-    for blocks in _column_blocks(raw.shape[1]):
-        width = raw.shape[1] // blocks
+    for layout in _column_layouts(raw.shape[1]):
         parts = []
-        for b in range(blocks):
-            part = _located_block(data, np.ascontiguousarray(raw[:, b * width:(b + 1) * width]))
+        for start, stop in layout:
+            part = _located_block(data, np.ascontiguousarray(raw[:, start:stop]))
             if part is None:
                 break
             parts.append(part)
         else:
-            return np.concatenate(parts, axis=1) if blocks > 1 else parts[0]
+            return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     return None
+
+
+def _column_layouts(width: int, least: int = 16) -> list[list[tuple[int, int]]]:
+    """The column blocks a table of `width` columns is looked for in, as [start, stop) ranges: the
+    equal splits of `_column_blocks`, then blocks of each power-of-two width (at least `least`), the
+    rest of the columns in a narrower last block."""
+    layouts = [[(b * (width // n), (b + 1) * (width // n)) for b in range(n)] for n in _column_blocks(width, least)]
+    block = 1 << (width - 1).bit_length() - 1 if width > 1 else 0
+    while block >= least:
+        layout = [(start, min(start + block, width)) for start in range(0, width, block)]
+        if layout not in layouts:
+            layouts.append(layout)
+        block //= 2
+    return layouts
 
 
 def _column_blocks(width: int, least: int = 16) -> list[int]:
