@@ -29,7 +29,7 @@ from .plan import ExportPlan, Job
 from .status import VERDICTS
 
 
-STAGE_QUIET_S = 20.0  # piped: a setup stage gets a line once it has lasted this long
+STAGE_QUIET_S = 30.0  # piped: a setup stage gets a line once it has lasted this long
 
 
 def cache_dir() -> Path:
