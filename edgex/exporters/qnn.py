@@ -33,7 +33,7 @@ from .qnn_dlc import (DLC_UNRUN, FOLDED, QAIRT_LAYOUTS, dlc_members, folded_cons
                       mismatch, oversized)
 from .qnn_graphs import GRAPHS
 from .qnn_quantize import SCHEMES
-from .qnn_tables import context_binary, dequantize, gathered_then_scaled, located
+from .qnn_tables import context_binary, dequantize, gathered_then_scaled, located_all
 
 if TYPE_CHECKING:
     from ..component import Component
@@ -180,12 +180,14 @@ class QnnExporter(Exporter):
                                               lambda a, factor=factor: a.astype(np.float32) / factor)
         data = context_binary(files[0]).read_bytes()
         found = {}
-        for name, (raw, decode) in encoded.items():
-            if not may_hold_table(raw.shape, component.tables):
-                continue
+        looked_for = {}
+        for name, (raw, _) in encoded.items():
             rows = raw.reshape(-1, raw.shape[-1]) if raw.ndim >= 2 else raw  # a stack of tables as its rows
-            stored = located(data, rows) if rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2 else None
+            if may_hold_table(raw.shape, component.tables) and rows.ndim == 2 and rows.shape[0] >= 16 and raw.dtype.itemsize <= 2:
+                looked_for[name] = rows
+        for name, stored in located_all(data, looked_for).items():
             if stored is not None:
+                raw, decode = encoded[name]
                 found[name] = decode(stored.reshape(raw.shape))
         return found
 
