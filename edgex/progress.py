@@ -45,9 +45,19 @@ class JobCosts:
     """Recorded wall seconds per job, in `<cache>/job-costs.json`; unreadable or missing = none."""
 
     def __init__(self, plan: ExportPlan, path: Path | None = None):
+        self._open(plan.recipe.name, plan.preset or plan.recipe.default_preset, plan.checkpoint, path)
+
+    @classmethod
+    def of(cls, recipe: str, preset: str | None, checkpoint: str | Path | None, path: Path | None = None) -> "JobCosts":
+        """The recorded costs of one model's jobs: `recipe` with `checkpoint`, else with `preset`."""
+        costs = cls.__new__(cls)
+        costs._open(recipe, preset, checkpoint, path)
+        return costs
+
+    def _open(self, recipe: str, preset: str | None, checkpoint, path: Path | None) -> None:
         self.path = path or cache_dir() / "job-costs.json"
-        source = f"checkpoint:{plan.checkpoint}" if plan.checkpoint else f"preset:{plan.preset or plan.recipe.default_preset}"
-        self._prefix = f"{plan.recipe.name}|{source}|"
+        source = f"checkpoint:{checkpoint}" if checkpoint else f"preset:{preset}"
+        self._prefix = f"{recipe}|{source}|"
         try:
             self._costs: dict[str, float] = json.loads(self.path.read_text())
         except (OSError, ValueError):
