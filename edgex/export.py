@@ -28,7 +28,7 @@ from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
 from . import host
-from .isolation import ChildDied, RanHere, die_with_parent, forking_supported, run_forked, start_forked
+from .isolation import ChildDied, RanHere, computing, die_with_parent, forking_supported, run_forked_for, start_forked
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
 from .parity.check import ParityReport, entry_gate, measure
@@ -90,6 +90,10 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     device = _OnDevice(hub, dict(job.placement).get("compute_unit"), scheme) if hub is not None else None
     entries = [_gate_and_place(entry, component, result.files, exporter.runtime, None, job.precision, overrides, threads, device, stage,
                                scheme, job.coarse)]
+    # The parity run's runtime and scheme reference are gone, but glibc keeps what they freed (2 GB
+    # after a 0.6b talker's fp16 scheme reference): it goes back before the sidecars' checks.
+    gc.collect()
+    return_free_memory()
     for sidecar in result.sidecars:
         side = {**{k: entry[k] for k in ("component", "role", "exporter", "precision")},
                 "format": sidecar.format, "backend": sidecar.backend, "sidecar_of": result.files[0].name,
@@ -145,21 +149,7 @@ def _lower_apart(exporter: Exporter, component: Component, job: Job, dest: Path)
     beside it. Exporters that are not `fork_safe` lower in this process."""
     if not exporter.fork_safe:
         return _lower(exporter, component, job, dest)
-    return _forked_for(component, "the lowering's process", _lower, exporter, component, job, dest)
-
-
-def _forked_for(component: Component, label: str, fn, *args):
-    """`fn(*args)` in a forked child (`edgex.isolation.run_forked`, which raises `ChildDied` with
-    `label`); what it computed for `component` (eager reference outputs, tensors read) comes back
-    and is kept here, so the next job of that component does not compute it again."""
-    result, added = run_forked(_computing, component, fn, *args, label=label)
-    component.adopt(added)
-    return result
-
-
-def _computing(component: Component, fn, *args):
-    before = component.computed()
-    return fn(*args), component.added_since(before)
+    return run_forked_for(component, "the lowering's process", _lower, exporter, component, job, dest)
 
 
 @dataclass(frozen=True)
@@ -248,7 +238,7 @@ def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | Ra
     exporter that is not `fork_safe` runs its jobs here, before this returns."""
     if not EXPORTERS.get(job.exporter).fork_safe:
         return RanHere(_export_guarded, (job, component, *args))
-    return _IsolatedJob(job, component, start_forked(_computing, component, _export_guarded, job, component, *args,
+    return _IsolatedJob(job, component, start_forked(computing, component, _export_guarded, job, component, *args,
                                                      label="the job's process"))
 
 

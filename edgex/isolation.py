@@ -142,6 +142,22 @@ def run_forked(fn: Callable[..., T], *args, label: str = "the forked process") -
     return start_forked(fn, *args, label=label).result()
 
 
+def run_forked_for(component, label: str, fn: Callable[..., T], *args) -> T:
+    """`run_forked(fn, *args)` for work on `component` (an `edgex.component.Component`): what the
+    child computed for it (eager reference outputs, tensors read, calibration activations) comes
+    back and is kept here (`Component.adopt`), so later work in this process does not compute it
+    again."""
+    result, added = run_forked(computing, component, fn, *args, label=label)
+    component.adopt(added)
+    return result
+
+
+def computing(component, fn: Callable[..., T], *args) -> tuple[T, object]:
+    """`fn(*args)`, and what it computed for `component` meanwhile (for `Component.adopt`)."""
+    before = component.computed()
+    return fn(*args), component.added_since(before)
+
+
 class Forked:
     """A child forked by `start_forked`: `result()` waits for what it returns (any thread may wait),
     `stop()` kills it. Either removes its temporary folder."""

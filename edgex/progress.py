@@ -7,13 +7,17 @@ seen before counts as the average of the known ones, or of this run's finished o
 by the worker count, plus the recorded setup (loading the model, building its components: the
 run's wall time the jobs do not account for) until the first job starts. On a terminal this is a
 rich progress bar, with a line per finished job above it; piped (CI logs) one plain line per
-finished job; `--json` runs print nothing extra.
+finished job, and a line for a setup stage (loading the model, building a component) that has
+lasted `STAGE_QUIET_S` (a published-size model's load and references take minutes, which a CI log
+would otherwise show as silence; a quicker stage, and a bad input caught in it, print nothing
+extra); `--json` runs print nothing extra.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +27,9 @@ from rich.text import Text
 
 from .plan import ExportPlan, Job
 from .status import VERDICTS
+
+
+STAGE_QUIET_S = 30.0  # piped: a setup stage gets a line once it has lasted this long
 
 
 def cache_dir() -> Path:
@@ -38,9 +45,19 @@ class JobCosts:
     """Recorded wall seconds per job, in `<cache>/job-costs.json`; unreadable or missing = none."""
 
     def __init__(self, plan: ExportPlan, path: Path | None = None):
+        self._open(plan.recipe.name, plan.preset or plan.recipe.default_preset, plan.checkpoint, path)
+
+    @classmethod
+    def of(cls, recipe: str, preset: str | None, checkpoint: str | Path | None, path: Path | None = None) -> "JobCosts":
+        """The recorded costs of one model's jobs: `recipe` with `checkpoint`, else with `preset`."""
+        costs = cls.__new__(cls)
+        costs._open(recipe, preset, checkpoint, path)
+        return costs
+
+    def _open(self, recipe: str, preset: str | None, checkpoint, path: Path | None) -> None:
         self.path = path or cache_dir() / "job-costs.json"
-        source = f"checkpoint:{plan.checkpoint}" if plan.checkpoint else f"preset:{plan.preset or plan.recipe.default_preset}"
-        self._prefix = f"{plan.recipe.name}|{source}|"
+        source = f"checkpoint:{checkpoint}" if checkpoint else f"preset:{preset}"
+        self._prefix = f"{recipe}|{source}|"
         try:
             self._costs: dict[str, float] = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -102,6 +119,9 @@ class JobProgress:
         self.live = console.is_terminal
         self._bar: Progress | None = None
         self._task = None
+        self._headed = False
+        self._stage: threading.Timer | None = None
+        self._lock = threading.Lock()
 
     def __enter__(self) -> "JobProgress":
         self.started = time.monotonic()
@@ -115,8 +135,32 @@ class JobProgress:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._quiet()
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+    def _quiet(self) -> None:
+        with self._lock:
+            if self._stage is not None:
+                self._stage.cancel()
+                self._stage = None
+
+    def _print(self, line: str) -> None:
+        """A piped line, after the plan's size once (with the first line printed)."""
+        with self._lock:
+            if not self._headed:
+                self._headed = True
+                self.console.print(f"{len(self.jobs)} job(s) on {self.workers} worker(s)"
+                                   + (f", about {clock(self.estimate)} in all by recorded costs" if self.estimate is not None else ""),
+                                   highlight=False)
+            self.console.print(line, highlight=False)
+
+    def _stage_lasted(self, message: str, timer_box: list) -> None:
+        with self._lock:
+            if self._stage is not timer_box[0]:
+                return  # a later message came first
+            self._stage = None
+        self._print(f"{message}  ({clock(time.monotonic() - self.started)} elapsed)")
 
     def _remaining(self) -> float | None:
         """Seconds of work left (divided over the workers), or None before anything is known."""
@@ -139,12 +183,18 @@ class JobProgress:
     def __call__(self, message: str, job: Job | None) -> None:
         finished = job is not None and message.endswith(VERDICTS)
         self.working = self.working or job is not None
-        if finished and self._bar is None and not self.done:
-            # Piped: the plan's size with the first result, so that bad input caught while the
-            # model loads still prints its one `edgex:` line and nothing else.
-            self.console.print(f"{len(self.jobs)} job(s) on {self.workers} worker(s)"
-                               + (f", about {clock(self.estimate)} in all by recorded costs" if self.estimate is not None else ""),
-                               highlight=False)
+        if self._bar is None:
+            # Piped: the plan's size with the first line printed, so that bad input caught while
+            # the model loads still prints its one `edgex:` line and nothing else.
+            self._quiet()
+            if job is None:
+                box: list = []
+                timer = threading.Timer(STAGE_QUIET_S, self._stage_lasted, (message, box))
+                timer.daemon = True
+                box.append(timer)
+                with self._lock:
+                    self._stage = timer
+                timer.start()
         if finished:
             self.done.add(job)
         if self._bar is not None:
@@ -154,4 +204,4 @@ class JobProgress:
         elif finished:
             left = self._remaining()
             timing = f"{clock(time.monotonic() - self.started)} elapsed" + (f", ~{clock(left)} left" if left is not None else "")
-            self.console.print(f"[{len(self.done)}/{len(self.jobs)}] {message}  ({timing})", highlight=False)
+            self._print(f"[{len(self.done)}/{len(self.jobs)}] {message}  ({timing})")

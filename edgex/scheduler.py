@@ -9,7 +9,17 @@ which shares the model, samples and references copy-on-write.
 
 Order: the jobs of one model run together, models in the order their first job was given, each
 component's jobs as soon as it is built (its references computed in this process while the jobs
-of the components before it run). The next model is loaded while the last jobs of the one before
+of the components before it run). Within a model, the longest first: its components by their
+longest job's expected cost, each component's jobs by theirs (ties in the order given); on two
+workers the longest job started last would otherwise set the wall (longest-processing-time-first,
+the usual rule for a few machines: a Qwen3-TTS 0.6b s25-htp export's 12-minute predictor frame
+started at 4 minutes, behind the talker's jobs, ended the export at 16). A job's expected cost is
+known before it runs (`expected_costs`): the wall seconds the export cache records for it
+(`edgex.progress.JobCosts`, written by every finished export) when it records every job of the
+model, else an estimate in relative units, the same for all of them: the passes its graph unrolls
+(`RecipeFacts.unrolled_steps`, 1 where not declared) times its exporter's `cost_weight`. The memory
+budget still decides what runs beside what: a job that would not fit waits, whatever its cost.
+The next model is loaded while the last jobs of the one before
 run when the budget holds both (what the one before added to this process when it was built, on top
 of what is held now); otherwise once those jobs have finished. A model is dropped when its last job
 has finished.
@@ -216,9 +226,9 @@ def warm_up(jobs: list[Job]) -> None:
 def run_tasks(tasks: list[Task], workers: int, budget_mb: float | None, progress: Callable[[str], None],
               held: Callable[[], float] = held_mb) -> tuple[list[list[dict]], Models]:
     """Every task's entries, in the order given, and the `Models` that built their inputs. Jobs of
-    one model are started together (module doc); `workers` at most at once, a job beside others
+    one model are started together, longest first (module doc); `workers` at most at once, a job beside others
     only while `budget_mb` holds it (None: no limit)."""
-    order = sorted(range(len(tasks)), key=_grouped(tasks))
+    order = longest_first(tasks, expected_costs(tasks))
     ordered = [tasks[i] for i in order]
     models = Models(ordered, budget_mb, progress, held)
     # In this thread, before any job forks: the first model, and meanwhile every exporter's warm-up
@@ -245,11 +255,43 @@ def run_tasks(tasks: list[Task], workers: int, budget_mb: float | None, progress
     return results, models
 
 
-def _grouped(tasks: list[Task]) -> Callable[[int], tuple[int, int]]:
-    """Sort key: the task's model (by its first task), then its component (by its first task)."""
+def expected_costs(tasks: list[Task]) -> list[float]:
+    """Each task's expected cost (module doc): per model, the recorded seconds of its jobs where the
+    export cache holds every one, else `unrolled steps x cost_weight` for all of them."""
+    from .progress import JobCosts
+
+    costs = [0.0] * len(tasks)
+    by_source: dict[Source, list[int]] = {}
+    for i, task in enumerate(tasks):
+        by_source.setdefault(task.source, []).append(i)
+    for source, indices in by_source.items():
+        recorded = JobCosts.of(source.model, source.preset, source.checkpoint)
+        seconds = [recorded.get(tasks[i].job) for i in indices]
+        if all(s is not None for s in seconds):
+            for i, s in zip(indices, seconds):
+                costs[i] = float(s)
+            continue
+        steps = getattr(RECIPES.facts(source.model), "unrolled_steps", {}) if source.model in RECIPES.names() else {}
+        for i in indices:
+            job = tasks[i].job
+            costs[i] = steps.get(job.component, 1) * EXPORTERS.get(job.exporter).cost_weight
+    return costs
+
+
+def longest_first(tasks: list[Task], costs: list[float]) -> list[int]:
+    """The order the tasks start in (module doc), as indices: models by their first task; within one,
+    components by their longest job, then each component's jobs, longest first; ties as given."""
     first_source: dict[Source, int] = {}
     first_component: dict[tuple[Source, str], int] = {}
+    longest: dict[tuple[Source, str], float] = {}
     for i, task in enumerate(tasks):
+        key = (task.source, task.job.component)
         first_source.setdefault(task.source, i)
-        first_component.setdefault((task.source, task.job.component), i)
-    return lambda i: (first_source[tasks[i].source], first_component[tasks[i].source, tasks[i].job.component], i)
+        first_component.setdefault(key, i)
+        longest[key] = max(longest.get(key, costs[i]), costs[i])
+
+    def order(i: int) -> tuple:
+        key = (tasks[i].source, tasks[i].job.component)
+        return first_source[tasks[i].source], -longest[key], first_component[key], -costs[i], i
+
+    return sorted(range(len(tasks)), key=order)

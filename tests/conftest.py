@@ -71,7 +71,7 @@ LAYERS = {
                   ["checkpoint", "coarse_schemes", "contract", "coreml", "coreml_interpreter", "executorch_lowering",
                    "export_cost", "export_cpu", "fault_injection", "gate", "gguf", "gguf_mmproj", "gguf_vocab", "hub", "manifest",
                    "minicpm_o_stream", "mnn", "nonfinite", "norm_quantization", "official_utterance", "onnx_fusions",
-                   "patches", "pipeline", "planted_graph", "policy_configs", "predictor_gate", "qdq_lowering", "qnn",
+                   "patches", "pipeline", "planted_graph", "policy_configs", "predictor_gate", "qdq_lowering", "qnn", "qnn_tables",
                    "quantized", "sampling_quantization", "scheme", "spark", "streaming", "unverified", "verify",
                    "voice_prompt"]),
     "commands": ("commands on what other commands wrote and under faults: builds, sweeps, the cache, "

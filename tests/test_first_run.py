@@ -152,6 +152,36 @@ def test_progress_counts_jobs_and_estimates_from_recorded_costs(tmp_path):
     assert len(lines) == 3  # stage messages are not printed when piped
 
 
+def test_piped_progress_names_a_setup_stage_that_lasts_and_stays_quiet_for_a_quick_one(tmp_path, monkeypatch):
+    # A published-size model's load and references take minutes before the first job ends: a CI log
+    # shows which stage it is in once the stage has lasted, and nothing for a stage that ends sooner.
+    import time
+
+    from rich.console import Console
+
+    from edgex import progress as progress_module
+    from edgex.plan import make_plan
+
+    monkeypatch.setattr(progress_module, "STAGE_QUIET_S", 0.3)
+    plan = make_plan("qwen3-tts", "cpu", tmp_path, components=["talker_decode"], formats=["onnx"])
+    first = plan.jobs[0]
+    console = Console(file=(log := open(tmp_path / "log", "w")), width=160)
+    with progress_module.JobProgress(console, plan, 1, progress_module.JobCosts(plan, tmp_path / "costs.json")) as progress:
+        progress("loading qwen3-tts (tiny)", None)  # followed at once: no line
+        progress("building talker_decode from the eager pipeline", None)
+        time.sleep(1.0)
+        progress(f"{first.component} -> onnx {first.precision}", first)
+        progress(f"{first.component} onnx {first.precision}: pass", first)
+        progress("building code2wav from the eager pipeline", None)  # the run ends first: no line
+    time.sleep(0.6)
+    log.close()
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert lines[0].startswith("2 job(s) on 1 worker(s)")
+    assert lines[1] == "building talker_decode from the eager pipeline  (0:00 elapsed)"
+    assert lines[2].startswith(f"[1/2] {first.component} onnx {first.precision}: pass")
+    assert len(lines) == 3
+
+
 def _fake_hub_cache(root: Path, repo_id: str, commit: str, files: dict[str, bytes]) -> Path:
     """The layout huggingface_hub writes: blobs, a snapshot of symlinks per commit, refs/main."""
     repo = root / f"models--{repo_id.replace('/', '--')}"

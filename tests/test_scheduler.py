@@ -136,3 +136,53 @@ def test_a_model_is_dropped_when_its_last_job_has_finished(tmp_path):
     tasks = _tasks(tmp_path, [("a", "decode", "fp32"), ("b", "decode", "fp32")])
     run_tasks(tasks, 1, None, lambda message: None)
     assert ("running b with a alive", False) in LOG.events
+
+
+def _record(tmp_path, monkeypatch, seconds: dict[str, float]) -> None:
+    """Costs as a finished export of model `a` (preset tiny, onnx fp32 jobs) records them."""
+    import json
+
+    from edgex.progress import JobCosts
+
+    monkeypatch.setenv("EDGEX_CACHE_DIR", str(tmp_path / "cache"))
+    path = JobCosts.of("a", "tiny", None).path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({f"a|preset:tiny|{c}|onnx|fp32": s for c, s in seconds.items()}))
+
+
+def test_the_longest_recorded_job_is_built_and_started_first(tmp_path, monkeypatch):
+    # as a 0.6b Qwen3-TTS s25-htp export records them: the unrolled frame is the longest by far
+    _record(tmp_path, monkeypatch, {"prefill": 216.0, "decode": 155.0, "frame": 732.0, "step": 49.0})
+    plan = [("a", c, "fp32") for c in ("prefill", "decode", "frame", "step")]
+    run_tasks(_tasks(tmp_path, plan), 1, None, lambda message: None)
+    assert [e[2] for e in LOG.events if e[0] == "build"] == ["frame", "prefill", "decode", "step"]
+    assert [e[2] for e in LOG.events if e[0] == "done"] == ["frame", "prefill", "decode", "step"]
+
+
+def test_a_long_job_does_not_run_beside_another_the_budget_cannot_hold(tmp_path, monkeypatch):
+    _record(tmp_path, monkeypatch, {"prefill": 216.0, "frame": 732.0})
+    run_tasks(_tasks(tmp_path, [("a", "prefill", "fp32"), ("a", "frame", "fp32")]), 2, 1500.0, lambda message: None,
+              held=lambda: 1000.0)
+    assert LOG.most == 1  # the budget decides what runs beside what, whatever the order
+    assert [e[2] for e in LOG.events if e[0] == "done"] == ["frame", "prefill"]
+
+
+def test_expected_costs_come_from_the_record_of_every_job_else_from_unrolled_steps_and_format(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEX_CACHE_DIR", str(tmp_path / "cache"))
+    source = Source.of("qwen3-tts", "0.6b", None, 0, {})
+    plan = [("talker_prefill", "qnn", "fp16"), ("code2wav", "onnx", "fp32"), ("code_predictor", "qnn", "fp16"),
+            ("talker_decode", "qnn", "fp16")]
+    tasks = [Task(source, Job(c, "talker", e, p), lambda comp: None, tmp_path) for c, e, p in plan]
+    # nothing recorded: the predictor frame's 15 unrolled steps on the HTP path first, the ONNX job last
+    costs = scheduler.expected_costs(tasks)
+    assert costs == [3.0, 1.0, 45.0, 3.0]
+    assert scheduler.longest_first(tasks, costs) == [2, 0, 3, 1]
+    # every job recorded: their seconds decide (here the decode graph before the prefill)
+    from edgex.progress import JobCosts
+
+    recorded = JobCosts.of("qwen3-tts", "0.6b", None)
+    recorded.record({"artifacts": [{"component": c, "exporter": e, "precision": p, "job_seconds": s}
+                                   for (c, e, p), s in zip(plan, (150.0, 20.0, 700.0, 200.0))]})
+    costs = scheduler.expected_costs(tasks)
+    assert costs == [150.0, 20.0, 700.0, 200.0]
+    assert scheduler.longest_first(tasks, costs) == [2, 3, 0, 1]

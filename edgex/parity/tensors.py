@@ -106,10 +106,11 @@ def tensor_parity(exporter, component: Component, files: list[Path], threshold_d
     stored = exporter.stored_tensors(component, files, precision, **(options or {}))
     if stored is None:
         return None
-    tensors, unverified = {}, []
-    for name, t in stored.items():
+    tensors, unverified, why = {}, [], None
+    for name, t in stored.items():  # one at a time: `stored` may read each tensor on demand (`ReadOnDemand`)
         if not t.readable:
             unverified.append(name)
+            why = why or t.type
             tensors[name] = {"type": t.type, "rows": int(t.original.shape[0]), "snr_db": None}
         elif t.stored is None or t.original is None:
             problem = "missing from the file" if t.stored is None else "not a weight of the component"
@@ -133,7 +134,7 @@ def tensor_parity(exporter, component: Component, files: list[Path], threshold_d
     if verdict == "fail":
         block["failure"] = _failure(tensors, threshold_db)
     if unverified:
-        block["unverified"] = f"{', '.join(unverified)} not read back ({stored[unverified[0]].type.removeprefix('unverified: ')})"
+        block["unverified"] = f"{', '.join(unverified)} not read back ({why.removeprefix('unverified: ')})"
     return block
 
 

@@ -105,6 +105,11 @@ class RecipeFacts:
     # (`metrics.spectral_db`) is gated in place of their waveform SNR, which is recorded beside it.
     spectral_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    # component -> how many passes of its network one call of its graph unrolls, where more than one
+    # (Qwen3-TTS's predictor frame: its 15 residual codebooks in one graph). The scheduler's estimate of
+    # a job's cost, where none is recorded, scales with it (`edgex.scheduler`).
+    unrolled_steps: dict[str, int] = field(default_factory=dict)
+
     # component -> why it is built only when named (`--component`): a graph only some checkpoints
     # of the family hold, or one that only some apps need (Qwen3-TTS's voice-prompt encoders).
     on_request: dict[str, str] = field(default_factory=dict)

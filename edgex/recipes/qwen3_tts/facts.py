@@ -103,6 +103,7 @@ FACTS = RecipeFacts(
     # The decoders' waveforms are judged by what they sound like (their spectrogram), their SNR
     # recorded beside it: the components' parity and the in-situ decoder stage alike.
     spectral_outputs={"code2wav": ("wav",), "latent2wav": ("wav",)},
+    unrolled_steps={"code_predictor": 15},  # num_code_groups - 1 (16 in every preset)
     options={"max_context": RecipeOption("talker KV slots of talker_decode (tiny 64, real presets / checkpoint 256)"),
              "reference_frames": RecipeOption("80 ms frames of reference audio the voice-prompt graphs take (default 40: 3.2 s)")},
     reference_packages=("transformers", "qwen-tts", "safetensors"),
