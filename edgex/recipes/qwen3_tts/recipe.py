@@ -166,8 +166,8 @@ class _ComponentBuilder:
             [("logits", LOGITS), ("hidden", SIGNAL), ("key", SIGNAL), ("value", SIGNAL)],
             partial(talker.decode_reference, self.talker),
             self._decode_samples(),
-            # every position up to the last slot: a static quantizer calibrated on early positions only
-            # saturates the RoPE angles of later ones (w8a16 key at the last slot: 2.6 dB with frames 4..39)
+            # every position up to the last slot: a static quantizer's ranges are those of the positions
+            # calibration sees, and a later position's activations beyond them would saturate
             _calibration(lambda u, k: self._decode_sample(u, 4 + k * (self.slots - self.prefill_len - 5) // 7), 8),
             layouts={"gguf": talker_layout(self.talker, DECODE_FEED, self.checkpoint)},
             metadata={"max_context": self.slots},
