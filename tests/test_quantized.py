@@ -427,6 +427,15 @@ def _qnn_export_of(graph, tmp_path, monkeypatch):
         name, module, calibration_size, tables = "g", torch.nn.Linear(2, 2), 2, {}
         inputs = outputs = [SimpleNamespace(to_json=lambda: {"name": "x"})]
 
+        def computed(self):  # nothing eager is computed for a hand-made graph
+            return {}
+
+        def added_since(self, _before):
+            return {}
+
+        def adopt(self, _added):
+            pass
+
     component = Component()
     monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", write)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the graph store's folder, removed with tmp_path

@@ -92,7 +92,7 @@ def test_talker_rope_frequencies_come_from_the_config_not_the_reference(tiny, mo
     monkeypatch.setattr(rotary, "inv_freq", rotary.inv_freq * 0.5)
     with torch.no_grad():
         clean = comp.module(*comp.example_inputs)
-        graph = type(comp.module)(talker)(*comp.example_inputs)
+        graph = type(comp.module)(talker, comp.example_inputs[2].shape[3])(*comp.example_inputs)  # positions: the KV slots
         reference = comp.reference(*comp.example_inputs)
     assert all(torch.equal(a, b) for a, b in zip(clean, graph))
     assert snr_db(reference[0].numpy(), graph[0].numpy()) < 90.0

@@ -76,8 +76,8 @@ class QnnExporter(Exporter):
         "w8a8": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint8 activations calibrated on eager activations",
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
-    # two compiles (the context binary, the .dlc) and a parity run on the HTP simulator: measured at
-    # 0.6b, Qwen3-TTS talker_prefill fp16 216 s here, 72 s as MNN, code2wav 21 s as ONNX
+    # two compiles (the context binary, the .dlc) and a parity run on the HTP simulator: measured on a
+    # 0.6b LLM prefill graph at fp16, 216 s here against 72 s as MNN
     cost_weight = 3.0
 
     def scheme_reference(self, component: Component, precision: str, files: list[Path], *,

@@ -17,7 +17,7 @@ def pads_as_concats(source: Path) -> int:
 
     The HTP does not always write a constant Pad's padding: where its memory planner gives the Pad's
     output a buffer other tensors of the graph use later, the padded region keeps what the previous
-    execution left there (measured in QAIRT's HTP simulator, fp16: SmolVLA 450m's prefix graph, whose
+    execution left there (measured in QAIRT's HTP simulator, fp16: a 450m robot policy's prefix graph, whose
     state vector is zero-padded from 6 to 32 before its projection, put out exact values on its
     first call and -3 to -17 dB on every later one; a 4-node graph with the same Pad before 960-wide
     matmuls does the same). A Concat with a constant block writes every element on every call.

@@ -62,7 +62,7 @@ def located(data: bytes, raw) -> "np.ndarray | None":
     block of a layout of `_column_layouts` is located on its own (`_located_block`) and the table
     read back from where its blocks are. The HTP splits some tables so (measured: a tiny LLM decode
     graph's w8a16 embedding, uint16 [131072, 64], stored as two [131072, 32] blocks of 8 MiB, row i
-    of each at its block's start + i * 64 bytes, 512 bytes between the blocks; SmolVLA 450m's fp16
+    of each at its block's start + i * 64 bytes, 512 bytes between the blocks; a 450m robot policy's fp16
     token embedding [49280, 960], times sqrt(960), as blocks of 256 columns and a last one of 192).
     None where some block is not found (e.g. tiled)."""
     import numpy as np
