@@ -121,6 +121,7 @@ class JobProgress:
         self._task = None
         self._headed = False
         self._stage: threading.Timer | None = None
+        self._stages = 0  # set-up messages so far: a timer speaks only for the latest
         self._lock = threading.Lock()
 
     def __enter__(self) -> "JobProgress":
@@ -155,9 +156,9 @@ class JobProgress:
                                    highlight=False)
             self.console.print(line, highlight=False)
 
-    def _stage_lasted(self, message: str, timer_box: list) -> None:
+    def _stage_lasted(self, message: str, stage: int) -> None:
         with self._lock:
-            if self._stage is not timer_box[0]:
+            if self._stage is None or stage != self._stages:
                 return  # a later message came first
             self._stage = None
         self._print(f"{message}  ({clock(time.monotonic() - self.started)} elapsed)")
@@ -188,13 +189,11 @@ class JobProgress:
             # the model loads still prints its one `edgex:` line and nothing else.
             self._quiet()
             if job is None:
-                box: list = []
-                timer = threading.Timer(STAGE_QUIET_S, self._stage_lasted, (message, box))
-                timer.daemon = True
-                box.append(timer)
                 with self._lock:
-                    self._stage = timer
-                timer.start()
+                    self._stages += 1
+                    self._stage = threading.Timer(STAGE_QUIET_S, self._stage_lasted, (message, self._stages))
+                    self._stage.daemon = True
+                    self._stage.start()
         if finished:
             self.done.add(job)
         if self._bar is not None:
