@@ -33,8 +33,8 @@ _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([mb])\b", re.IGNORECASE)
 def stated_parameters(preset: str, description: str) -> float | None:
     """The parameter count a preset's name or its description states (`0.6b`, `450m`, `... 52M`);
     None where neither states one. A recipe states its published presets' sizes there, in the
-    model's own words; the count is the family's nominal size, which may fall short of what the
-    eager model holds (Qwen3-TTS `0.6b` builds about 1.0B with its decoder and predictor)."""
+    model's own words: the family's nominal size, which may fall short of the parameters its eager
+    model holds (a published name counts the language model, not the decoder beside it)."""
     for text in (preset, description):
         found = _SIZE.findall(text)
         if found:
