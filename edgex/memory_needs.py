@@ -85,16 +85,21 @@ def job_needs(model: str, preset: str | None, checkpoint: Path | str | None, job
     """Each job's need (module doc), for those of `jobs` some source knows."""
     from .exporters import EXPORTERS
     from .progress import JobCosts
+    from .recipes import RECIPES
 
+    if not checkpoint:
+        preset = preset or RECIPES.facts(model).default_preset  # as the export cache keys it
     recorded = JobCosts.of(model, preset, checkpoint)
-    parameters = None
+    unknown = object()
+    parameters = unknown  # counted once, when some job has no recorded peak
     needs = []
     for job in jobs:
         peak = recorded.peak_mb(job)
         if peak is not None:
             needs.append(Need(model, job, float(peak), "its peak when an export last ran it"))
             continue
-        parameters = parameters or model_parameters(model, preset, checkpoint)
+        if parameters is unknown:
+            parameters = model_parameters(model, preset, checkpoint)
         if parameters is None:
             continue
         count, said = parameters
