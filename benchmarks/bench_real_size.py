@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -43,18 +42,6 @@ ROWS = "real_size.jsonl"
 GB = 1e9
 # (largest parameter count, wall minutes, peak GB) of each budget, smallest first.
 BUDGETS = ((1e9, 15, 12), (math.inf, 45, 24))
-_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([mb])\b", re.IGNORECASE)
-
-
-def stated_parameters(preset: str, description: str) -> float | None:
-    """The parameter count a preset's name or its description states (`0.6b`, `450m`, `... 52M`);
-    None where neither states one."""
-    for text in (preset, description):
-        found = _SIZE.findall(text)
-        if found:
-            number, unit = found[-1]
-            return float(number) * (1e9 if unit.lower() == "b" else 1e6)
-    return None
 
 
 def budget(parameters: float | None) -> tuple[int, int]:
@@ -239,6 +226,7 @@ def table(rows: list[dict]) -> Table:
 
 def main() -> int:
     from edgex.recipes import RECIPES
+    from edgex.recipes.base import stated_parameters
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(RECIPES.names()))

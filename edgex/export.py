@@ -31,6 +31,7 @@ from . import host
 from .isolation import ChildDied, RanHere, computing, die_with_parent, forking_supported, run_forked_for, start_forked
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
+from .memory_needs import Need, job_needs, refuse_oversized
 from .parity.check import ParityReport, entry_gate, measure
 from .parity.gates import check_overrides, lowering_db, threshold_db
 from .parity.half_arithmetic import half_arithmetic_gates
@@ -472,10 +473,16 @@ def export_models(calls: list[ExportCall], *, jobs: int = 1, max_memory_mb: floa
 
     `progress(message)`: the models' loading and building; each call's own `progress` gets its jobs'.
     An error stops every call not yet published, as it would stop one export. `runner`: where the jobs
-    run instead of here (`Runner`)."""
+    run instead of here (`Runner`). Jobs that run here are refused as a whole, before any model is
+    built or any folder made, when the largest needs more memory than `max_memory_mb` (None: what the
+    machine has available) allows (`edgex.memory_needs`)."""
     progress = progress or (lambda _message: None)
     done = done or (lambda _index, _manifest: None)
     exports = [_Export(call) for call in calls]
+    if runner is None:  # jobs that run here: the largest must fit, or nothing is built or written
+        refuse_oversized([need for export in exports if export.unchanged is None for need in export.needs()], max_memory_mb)
+    for export in exports:
+        ensure_writable_dir(export.out_dir)
     results: list = [None] * len(calls)
 
     def finish(i: int) -> None:
@@ -531,7 +538,7 @@ class _Export:
         self.checked = checked
         check_overrides(call.min_db or {}, set(checked.recipe.components.values()))
         self.allow_unverified = check_unverified_kinds(call.allow_unverified)
-        self.out_dir = ensure_writable_dir(checked.out_dir)
+        self.out_dir = checked.out_dir  # made once every call's jobs fit (`export_models`)
         self.connection = connect_hub(call.hub, checked.target) if call.hub else None  # token and device checked before any build
         self.key = None if call.hub else export_key(checked, seed=call.seed, settings=call.settings, min_db=call.min_db,
                                                     threads=call.threads, allow_unverified=self.allow_unverified)
@@ -557,6 +564,10 @@ class _Export:
         self.source_records: tuple[dict, dict] | None = None  # the loaded model's source and options
         self._closing = ExitStack()
         self.stage: Path | None = None
+
+    def needs(self) -> list[Need]:
+        """The memory each job left to build needs, where known (`edgex.memory_needs`)."""
+        return job_needs(self.call.model, self.source.preset, self.source.checkpoint, self.todo)
 
     def open(self) -> None:
         """The stage mirrors the output folder: artifacts, failed/, hub/. The manifest is written first

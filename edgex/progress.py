@@ -30,6 +30,7 @@ from .status import VERDICTS
 
 
 STAGE_QUIET_S = 30.0  # piped: a setup stage gets a line once it has lasted this long
+PEAK = "|peak_rss_mb"  # a job's key plus this: its recorded peak memory (`JobCosts.peak_mb`)
 
 
 def cache_dir() -> Path:
@@ -42,7 +43,9 @@ def clock(seconds: float) -> str:
 
 
 class JobCosts:
-    """Recorded wall seconds per job, in `<cache>/job-costs.json`; unreadable or missing = none."""
+    """Recorded wall seconds and peak resident memory per job, in `<cache>/job-costs.json`;
+    unreadable or missing = none. A job's peak (`job_peak_rss_mb`, MiB) sits beside its seconds under
+    the same key plus `|peak_rss_mb`: what `edgex.memory_needs` takes as the job's need next time."""
 
     def __init__(self, plan: ExportPlan, path: Path | None = None):
         self._open(plan.recipe.name, plan.preset or plan.recipe.default_preset, plan.checkpoint, path)
@@ -69,19 +72,26 @@ class JobCosts:
     def get(self, job: Job) -> float | None:
         return self._costs.get(self._key(job.component, job.exporter, job.precision))
 
+    def peak_mb(self, job: Job) -> float | None:
+        """The job's peak resident memory in the last export that ran it, in MiB."""
+        return self._costs.get(self._key(job.component, job.exporter, job.precision) + PEAK)
+
     @property
     def setup(self) -> float | None:
         """Seconds before the first job: loading the model and building its components."""
         return self._costs.get(f"{self._prefix}setup")
 
     def record(self, manifest: dict, workers: int = 1) -> None:
-        """Keep this run's per-job seconds (and what the rest of its wall time cost) for the next
-        estimate. Best effort: a read-only cache only costs the estimate."""
+        """Keep this run's per-job seconds and peak memory (and what the rest of its wall time cost)
+        for the next estimate. Best effort: a read-only cache only costs the estimate."""
         seconds = []
         for entry in manifest.get("artifacts", []):
             if "job_seconds" in entry and not entry.get("reused"):
-                self._costs[self._key(entry["component"], entry["exporter"], entry["precision"])] = entry["job_seconds"]
+                key = self._key(entry["component"], entry["exporter"], entry["precision"])
+                self._costs[key] = entry["job_seconds"]
                 seconds.append(entry["job_seconds"])
+                if entry.get("job_peak_rss_mb") is not None:
+                    self._costs[key + PEAK] = entry["job_peak_rss_mb"]
         if seconds and "seconds" in manifest:
             self._costs[f"{self._prefix}setup"] = round(max(0.0, manifest["seconds"] - sum(seconds) / max(1, workers)), 3)
         try:

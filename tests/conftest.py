@@ -60,7 +60,7 @@ LAYERS = {
               "inputs, stand-in models or recorded manifests: no export",
               ["build_plan", "catalog", "cli_errors", "cli_options", "coarse_verdicts", "component_builder", "docs",
                "first_run", "gate_outcomes", "half_arithmetic", "import_circles", "knowledge_layout", "mapped_weights",
-               "metrics", "qwen3_tts_runner", "ray_batches", "scheduler", "side_by_side", "spectral_gate",
+               "memory_needs", "metrics", "qwen3_tts_runner", "ray_batches", "scheduler", "side_by_side", "spectral_gate",
                "task_figures", "tie_rule"]),
     "graphs": ("each recipe's eager graphs and wrappers against the model's own published code, and the "
                "samples parity runs, before any exporter",

@@ -65,6 +65,12 @@ class Exporter(ABC):
     # A job's expected cost per pass of its graph, relative to the other formats', where no cost of it
     # is recorded (`edgex.scheduler`): what orders jobs longest first, never a time.
     cost_weight: float = 1.0
+    # What an export running one of its jobs needs, per byte of its model's weights in fp32, where no
+    # peak of the job is recorded (`edgex.memory_needs`, which refuses an export whose largest job
+    # cannot fit). 1.0 is the floor every format shares: the export's process builds the eager model's
+    # fp32 weights in memory before any job starts, whatever the job lowers. A format sets more only
+    # from recorded peaks, never more than the smallest of them shows: refusing a job that fits is a bug.
+    memory_factor: float = 1.0
 
     def check(self, precision: str) -> None:
         from ..toolchain import ensure_installed

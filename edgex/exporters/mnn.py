@@ -89,6 +89,9 @@ class MnnExporter(Exporter):
         "w4": "int4 weights in blocks of 32 along the input (converter weight quantization), float compute, every layer",
     }
     requires = ("onnx", "onnxscript", "MNN")
+    # The peak recorded here (2-core Xeon, 23 GiB) over the model's fp32 weights: 1.35 for the largest
+    # process of a 1.01B-parameter speech model's whole export (5.45 GB; docs/troubleshooting.md). Below it.
+    memory_factor = 1.2
 
     def stored_scheme(self, component: Component, precision: str, files: list[Path], **_options):
         """Read from the file: every quantized Convolution weight of the `.mnn` (`mnn_weights`),

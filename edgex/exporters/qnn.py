@@ -79,6 +79,11 @@ class QnnExporter(Exporter):
     # two compiles (the context binary, the .dlc) and a parity run on the HTP simulator: measured on a
     # 0.6b LLM prefill graph at fp16, 216 s here against 72 s as MNN
     cost_weight = 3.0
+    # Peaks recorded here (2-core Xeon, 23 GiB) over the model's fp32 weights: 1.40 for a 1.01B-parameter
+    # speech model's talker prefill at fp16 alone (5.66 GB), 1.48 for its predictor's context-binary
+    # build (6.0 GB), 2.72 for a 0.45B vision-language-action model's language graph at fp16 alone
+    # (4.9 GB; docs/troubleshooting.md names them). Below the smallest.
+    memory_factor = 1.2
 
     def scheme_reference(self, component: Component, precision: str, files: list[Path], *,
                          calibration_size: int | None = None, **_target):

@@ -6,6 +6,7 @@ Light on import (no torch): `RecipeFacts` is what name checks, `edgex list` and 
 from __future__ import annotations
 
 import json
+import re
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -24,6 +25,22 @@ def stage_options(stage) -> list[tuple[str, ...]]:
     """A pipeline stage of `Recipe.in_situ_components` as its alternatives, each a tuple of the
     components that serve the stage together (one name: one component)."""
     return [(o,) if isinstance(o, str) else tuple(o) for o in ((stage,) if isinstance(stage, str) else stage)]
+
+
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([mb])\b", re.IGNORECASE)
+
+
+def stated_parameters(preset: str, description: str) -> float | None:
+    """The parameter count a preset's name or its description states (`0.6b`, `450m`, `... 52M`);
+    None where neither states one. A recipe states its published presets' sizes there, in the
+    model's own words: the family's nominal size, which may fall short of the parameters its eager
+    model holds (a published name counts the language model, not the decoder beside it)."""
+    for text in (preset, description):
+        found = _SIZE.findall(text)
+        if found:
+            number, unit = found[-1]
+            return float(number) * (1e9 if unit.lower() == "b" else 1e6)
+    return None
 
 
 @dataclass
