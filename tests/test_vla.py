@@ -376,3 +376,35 @@ def test_fp16_module_casts_view_buffers_for_torch_export():
         assert half.scale.dtype == torch.float16
     assert program.module()(torch.ones(1, 2, 3, dtype=torch.float16)).dtype == torch.float16
     assert module.scale is view and view.dtype == torch.float32
+
+
+
+def _linears_on_zeros(path) -> list[str]:
+    """The MatMul / Gemm nodes of an ONNX graph whose data input is a constant of zeros (an
+    initializer or a Constant node)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    zeros = {init.name for init in graph.initializer if not numpy_helper.to_array(init).any()}
+    zeros |= {node.output[0] for node in graph.node if node.op_type == "Constant" and node.attribute
+              and node.attribute[0].type == onnx.AttributeProto.TENSOR and not numpy_helper.to_array(node.attribute[0].t).any()}
+    return [node.name or node.output[0] for node in graph.node if node.op_type in ("MatMul", "Gemm") and node.input[0] in zeros]
+
+
+
+def test_act_graph_for_the_htp_runs_no_linear_layer_on_its_zero_latent(tmp_path):
+    """A quantized linear layer on a constant zero input (ACT's latent at inference) has a calibrated
+    input range of zero, and its int32 bias, at the input's scale x the weight's, overflows: the
+    HTP's w8a16 actions then missed by a whole spread at the published size. The graph QNN artifacts
+    are compiled from gives that layer's output (its bias) as a constant instead."""
+    from edgex.exporters.qnn_graphs import _float_graph
+
+    recipe = RECIPES.get("act")
+    (policy,) = recipe.components(recipe.load("tiny", None, 0), ["policy"])
+    # a latent as wide as the published one's projection (over the 8192 elements the ONNX export folds)
+    graph = policy.module
+    graph.model.encoder_latent_input_proj = torch.nn.Linear(300, graph.dim)
+    graph.latent = torch.zeros(1, 300)
+    _float_graph(policy, tmp_path / "policy.onnx")
+    assert _linears_on_zeros(tmp_path / "policy.onnx") == []

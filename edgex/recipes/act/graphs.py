@@ -85,6 +85,14 @@ class ActPolicyGraph(nn.Module):
         self.register_buffer("latent", torch.zeros(1, config.latent_dim), persistent=False)
         self.chunk, self.dim = config.chunk_size, config.dim_model
 
+    def _latent_token(self):
+        """The projection of the zero latent: its bias exactly (0 x W is 0), given as that constant.
+        Run as a linear layer on a constant zero, a QDQ graph calibrates that input's range to zero,
+        and the int32 bias's scale (the input's scale x the weight's) becomes so small that the bias
+        overflows int32: at the published size the HTP's actions then miss by a whole spread."""
+        proj = self.model.encoder_latent_input_proj
+        return proj(self.latent) if proj.bias is None else proj.bias[None]
+
     def _encoder_layer(self, layer, x):
         skip = x
         if self.pre_norm:
@@ -118,7 +126,7 @@ class ActPolicyGraph(nn.Module):
 
     def forward(self, state, *images):
         m = self.model
-        tokens = [m.encoder_latent_input_proj(self.latent)[None], m.encoder_robot_state_input_proj(self.state_norm(state))[None]]
+        tokens = [self._latent_token()[None], m.encoder_robot_state_input_proj(self.state_norm(state))[None]]
         for norm, image in zip(self.image_norm, images):
             fmap = m.encoder_img_feat_input_proj(self.backbone(norm(image))["feature_map"])  # [1, D, h, w]
             tokens.append(fmap.flatten(2).permute(2, 0, 1))  # [(h w), 1, D]

@@ -16,7 +16,7 @@ given its initial noise. The eager reference is switched to DDIM with the same s
 from __future__ import annotations
 
 from .._lerobot import LEROBOT_PACKAGES
-from ..base import RecipeFacts, RecipeOption
+from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 
 ROLES = {"vision_encoder": "vision", "denoise_step": "action", "action_loop": "action"}
 DEFAULT_STEPS = 10  # published presets and checkpoints; tiny bakes 4 (export time of the unrolled loop)
@@ -37,6 +37,17 @@ PRESETS = {
     },
 }
 
+# ExecuTorch runs the loop as the app's own loop over denoise_step; the unrolled loop's XNNPACK build
+# is slow and lossy at the published size (pusht, 10 steps: 758 s and 10.1 GB to lower at fp32, 856 s
+# at fp16, which then scores 26.7 dB end-to-end against the 30 dB gate as XNNPACK's fp16 arithmetic
+# compounds over the steps: scheme 57.3 dB, denoise_step alone 36.8 dB; ONNX fp16 53.5 dB), so it is
+# built only when placed by name.
+ACTION_LOOP = ComponentPrecisions(
+    {"executorch": ()},
+    "ExecuTorch runs the DDIM loop as the app's loop over denoise_step; the unrolled loop's XNNPACK build takes "
+    "13 minutes and 10 GB at pusht and its fp16 arithmetic compounds over the steps (26.7 dB against the 30 dB "
+    "gate), so it is built only when placed by name (--placement action_loop=executorch:fp32)")
+
 FACTS = RecipeFacts(
     name="diffusion-policy",
     description="Diffusion Policy (LeRobot): ResNet18 vision encoder + conditional 1-D U-Net, DDIM loop in one graph",
@@ -44,4 +55,5 @@ FACTS = RecipeFacts(
     components=ROLES,
     options={"steps": RecipeOption(f"DDIM steps baked into action_loop (default {DEFAULT_STEPS}, tiny 4)")},
     reference_packages=LEROBOT_PACKAGES + ("torchvision", "diffusers"),
+    placed_precisions={"action_loop": ACTION_LOOP},
 )
