@@ -39,15 +39,9 @@ def _save(policy, folder):
     policy.postprocess.save_pretrained(folder)
 
 
-def _export(model, folder, out, settings=None, formats=("onnx",), components=None, pte=()):
-    """ONNX fp32 (or `formats`) of `components`; the components in `pte` also as ExecuTorch fp32 in
-    the same export (placed by name, the rest ONNX alone)."""
-    placements = None
-    if pte:
-        placements = [f"{c}={fmt}:fp32" for c in components for fmt in ("onnx", "executorch") if fmt == "onnx" or c in pte]
-        formats = None
-    manifest = export_model(model, "cpu", out, checkpoint=folder, formats=list(formats) if formats else None, precisions=["fp32"],
-                            settings=settings, components=components, placements=placements)
+def _export(model, folder, out, settings=None, formats=("onnx",), components=None):
+    manifest = export_model(model, "cpu", out, checkpoint=folder, formats=list(formats), precisions=["fp32"],
+                            settings=settings, components=components)
     assert manifest["status"] == "pass", [(a["component"], a["format"], a["parity"].get("min_snr_db")) for a in manifest["artifacts"]]
     for art in manifest["artifacts"]:  # each file against LeRobot's own code on the export's samples ("inf": exact)
         assert art["parity"]["method"] == "runtime" and float(art["parity"]["min_snr_db"]) >= 100.0, art["component"]
@@ -164,7 +158,7 @@ def test_diffusion_checkpoint_configs_reproduce_select_action(tmp_path, record_p
     policy.policy.eval()
     _bf16_checkpoint(policy, tmp_path / "ckpt")
     folder, _ = _export("diffusion-policy", tmp_path / "ckpt", tmp_path / "out", settings={"steps": "2"},
-                        components=["vision_encoder", "action_loop"], pte=["vision_encoder"] if pte else ())
+                        components=["vision_encoder", "action_loop"])
     if len(cameras) > 1:  # the statistics differ between cameras, so a shared normalization would show
         first, second = (stats[c]["mean"] for c in list(cameras)[:2])
         assert not torch.equal(first, second)
@@ -192,7 +186,9 @@ def test_diffusion_checkpoint_configs_reproduce_select_action(tmp_path, record_p
     record_property("select_action_snr_db", figure)
     assert figure >= 100.0
     if pte:  # the camera graph as a .pte (the loop's U-Net does not depend on the cameras)
-        (features_pte,) = _pte_runs(folder, "vision_encoder", _images(policy, observations[-1]))
+        pte_folder, _ = _export("diffusion-policy", tmp_path / "ckpt", tmp_path / "pte", settings={"steps": "2"},
+                                formats=("executorch",), components=["vision_encoder"])
+        (features_pte,) = _pte_runs(pte_folder, "vision_encoder", _images(policy, observations[-1]))
         figure = snr_db(feats[-1], np.asarray(features_pte))
         record_property("pte_vs_onnx_snr_db", figure)
         assert figure >= 100.0
@@ -287,7 +283,7 @@ def test_smolvla_checkpoint_configs_reproduce_select_action(tmp_path, record_pro
     seeded_weights(policy.policy, 13)
     policy.policy.eval()
     _bf16_checkpoint(policy, tmp_path / "ckpt")
-    folder, _ = _export("smolvla", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS, pte=["vision_encoder"] if pte else ())
+    folder, _ = _export("smolvla", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
 
     steps = config.n_action_steps
     observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
@@ -306,15 +302,16 @@ def test_smolvla_checkpoint_configs_reproduce_select_action(tmp_path, record_pro
     record_property("select_action_snr_db", figure)
     assert figure >= FLOW_BAR_DB
     if pte:
-        _pte_matches_onnx(folder, policy, observations[-1], record_property)
+        _pte_matches_onnx("smolvla", tmp_path, folder, policy, observations[-1], record_property)
 
 
-def _pte_matches_onnx(folder, policy, obs, record_property):
-    """The camera graph as a .pte (beside the ONNX files, gated against LeRobot's code): every
-    camera's tokens as the ONNX file gives them."""
+def _pte_matches_onnx(model, tmp_path, folder, policy, obs, record_property):
+    """The camera graph as a .pte (its own export, gated against LeRobot's code): every camera's
+    tokens as the ONNX file gives them."""
+    pte_folder, _ = _export(model, tmp_path / "ckpt", tmp_path / "pte", formats=("executorch",), components=["vision_encoder"])
     feed = _images(policy, obs)
     onnx = _session(folder, "vision_encoder").run_named(feed)
-    pte = _pte_runs(folder, "vision_encoder", feed)
+    pte = _pte_runs(pte_folder, "vision_encoder", feed)
     figure = min(snr_db(a, np.asarray(b)) for a, b in zip(onnx, pte))
     record_property("pte_vs_onnx_snr_db", figure)
     assert figure >= 100.0
@@ -346,7 +343,7 @@ def test_pi0_checkpoint_configs_reproduce_select_action(tmp_path, monkeypatch, r
     seeded_weights(model, 14)
     policy = Policy(model, stats, *processors(config, stats), {}, list(config.image_features))
     _bf16_checkpoint(policy, tmp_path / "ckpt")
-    folder, _ = _export("pi0", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS, pte=["vision_encoder"] if pte else ())
+    folder, _ = _export("pi0", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
 
     steps = config.n_action_steps
     observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
@@ -361,4 +358,4 @@ def test_pi0_checkpoint_configs_reproduce_select_action(tmp_path, monkeypatch, r
     record_property("select_action_snr_db", figure)
     assert figure >= FLOW_BAR_DB
     if pte:
-        _pte_matches_onnx(folder, policy, observations[-1], record_property)
+        _pte_matches_onnx("pi0", tmp_path, folder, policy, observations[-1], record_property)
