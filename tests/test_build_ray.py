@@ -80,6 +80,15 @@ def cluster():
             nodes.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_build(tmp_path_factory):
+    """The two-job build file and its build by the local executor: what each Ray run is held to."""
+    root = tmp_path_factory.mktemp("local")
+    file = root / "two.toml"
+    file.write_text(TWO_JOBS)
+    return file, run_build(file, root / "out")
+
+
 class WorkerKiller(threading.Thread):
     """Watches for the job's spawned process; `after` seconds into the first one, SIGKILLs its
     parent, the Ray worker running the task. `spawned`: every job process a Ray worker started (the
@@ -105,14 +114,12 @@ class WorkerKiller(threading.Thread):
             self.stop.wait(0.1)
 
 
-def test_ray_build_matches_local_and_survives_a_killed_worker(cluster, tmp_path):
+def test_ray_build_matches_local_and_survives_a_killed_worker(cluster, local_build, tmp_path):
     """Two jobs of one model: one batch per node (each node builds the model once); the first
     batch's worker is killed mid-job and that batch runs again."""
     from edgex.build.executors.ray_cluster import RayExecutor
 
-    file = tmp_path / "two.toml"
-    file.write_text(TWO_JOBS)
-    local = run_build(file, tmp_path / "local")
+    file, local = local_build
 
     killer = WorkerKiller(after=1.0)
     killer.start()
@@ -191,20 +198,21 @@ def test_the_patch_switch_reaches_the_tasks_as_the_driver_has_it(cluster, tmp_pa
     assert seen == {"off": "TaskFailed: switch off", None: "TaskFailed: switch on"}
 
 
-def test_an_export_on_ray_writes_what_a_local_export_writes(cluster, tmp_path):
+def test_an_export_on_ray_writes_what_a_local_export_writes(cluster, local_build, tmp_path):
+    """The Ray export's verdicts, job keys and files are the local build's of the same two jobs,
+    which tests/test_build_local.py holds equal to a local export's."""
     from edgex.build.executors.ray_cluster import RayExecutor
     from edgex.build.executors.remote_export import ray_runner
     from edgex.export import export_model
 
-    def exported(out, **options) -> dict:
-        manifest = export_model("qwen3-tts", "cpu", out, preset="tiny", components=["talker_decode"], formats=["onnx"],
-                                precisions=["fp32", "fp16"], threads=1, **options)
-        return {(a["component"], a["precision"]): (a["verdict"], a.get("job_key"), sorted((f["path"], f["sha256"]) for f in a["files"]))
-                for a in manifest["artifacts"]}, manifest
+    def files(a: dict) -> list:
+        return sorted((f["path"], f["sha256"]) for f in a["files"])
 
-    local, _ = exported(tmp_path / "local")
+    local = {(a["component"], a["precision"]): (a["verdict"], a["build"]["key"], files(a)) for a in local_build[1]["artifacts"]}
     executor = RayExecutor(cluster.address)
-    remote, manifest = exported(tmp_path / "ray", runner=ray_runner(cluster.address, executor))
+    manifest = export_model("qwen3-tts", "cpu", tmp_path / "ray", preset="tiny", components=["talker_decode"], formats=["onnx"],
+                            precisions=["fp32", "fp16"], threads=1, runner=ray_runner(cluster.address, executor))
+    remote = {(a["component"], a["precision"]): (a["verdict"], a.get("job_key"), files(a)) for a in manifest["artifacts"]}
     assert remote == local and manifest["status"] == "pass" and manifest["source"]["preset"] == "tiny"
     assert len(executor.batches) == 2  # the export's two jobs, one per node
     folder = tmp_path / "ray" / "qwen3-tts" / "cpu"

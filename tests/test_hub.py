@@ -28,6 +28,7 @@ from edgex.targets import get_target
 pytestmark = pytest.mark.xdist_group("hub")  # its module fixture is built once
 
 S25 = "Samsung Galaxy S25"
+TIMEOUT_S = 10  # each job's limit here: edgex polls every timeout / 100 s, so a fake job's few polls take 0.1 s each
 PASSED = {"verdict": "pass", "threshold_db": 60.0}  # the local parity block
 
 
@@ -76,7 +77,7 @@ def _parity(hub_settings, toy, out_dir):
 def test_device_parity_runs_compile_profile_and_inference(toy, ini, tmp_path):
     with FakeAIHub() as hub:
         hub.write_config(ini)
-        block = _parity(HubSettings(S25, 30), toy, tmp_path)
+        block = _parity(HubSettings(S25, TIMEOUT_S), toy, tmp_path)
     assert block["method"] == "device" and block["device"] == S25 and block["verdict"] == "pass"
     assert block["min_snr_db"] == "inf" or block["min_snr_db"] > 100  # ONNX Runtime as the device, fp32
     assert set(block["samples"]) == {"example", "held_out"}
@@ -100,14 +101,14 @@ def test_device_parity_leaves_temp_as_it_was(toy, ini, tmp_path, fresh_tempdir):
     with FakeAIHub() as hub:
         hub.write_config(ini)
         before = set(fresh_tempdir.iterdir())  # the fake's own folder
-        assert _parity(HubSettings(S25, 30), toy, tmp_path)["verdict"] == "pass"
+        assert _parity(HubSettings(S25, TIMEOUT_S), toy, tmp_path)["verdict"] == "pass"
         assert set(fresh_tempdir.iterdir()) == before
 
 
 def test_a_numerically_broken_device_build_fails_the_gate(toy, ini, tmp_path):
     with FakeAIHub(noise=0.1) as hub:
         hub.write_config(ini)
-        block = _parity(HubSettings(S25, 30), toy, tmp_path)
+        block = _parity(HubSettings(S25, TIMEOUT_S), toy, tmp_path)
     assert block["method"] == "device" and block["verdict"] == "fail"
     assert 10 < block["min_snr_db"] < 30
 
@@ -117,7 +118,7 @@ def test_a_failed_job_is_one_line_with_its_reason(toy, ini, tmp_path, kind):
     with FakeAIHub(fail=kind) as hub:
         hub.write_config(ini)
         with pytest.raises(EdgexError, match=rf"AI Hub {kind} job j\d+ failed on {S25}: fake AI Hub: {kind} failed") as info:
-            _parity(HubSettings(S25, 30), toy, tmp_path)
+            _parity(HubSettings(S25, TIMEOUT_S), toy, tmp_path)
     assert "\n" not in str(info.value)
 
 
@@ -209,7 +210,7 @@ def test_cli_export_records_on_device_parity(ini, tmp_path):
     with FakeAIHub() as hub:
         hub.write_config(ini)
         proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "-c", "talker_decode", "-f", "onnx",
-                       "-p", "fp32", "--hub-device", S25, "--hub-timeout", "60", "--out", str(tmp_path), "--json")
+                       "-p", "fp32", "--hub-device", S25, "--hub-timeout", str(TIMEOUT_S), "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads(proc.stdout)
     assert manifest["hub"]["device"] == S25 and manifest["tool_versions"]["qai-hub"] == "0.56.0"
@@ -253,7 +254,7 @@ def test_compile_and_run_options_follow_the_placement(toy, ini, tmp_path, unit, 
     component, files = toy
     with FakeAIHub() as hub:
         hub.write_config(ini)
-        block = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", PASSED, tmp_path, unit)
+        block = device_parity(connect(HubSettings(S25, TIMEOUT_S), get_target("cpu")), component, files, "float32", PASSED, tmp_path, unit)
     assert block["verdict"] == "pass" and block["compute_unit"] == (unit or "cpu")
     assert [j["options"] for j in hub.jobs_of("compile")] == [compiled] and block["compile_options"] == compiled
     assert sorted(j["options"] for j in (*hub.jobs_of("profile"), *hub.jobs_of("inference"))) == [run, run]
@@ -271,7 +272,7 @@ def test_device_outputs_are_taken_by_name(pair, ini, tmp_path):
     component, files = pair
     with FakeAIHub(reverse_outputs=True) as hub:
         hub.write_config(ini)
-        block = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", PASSED, tmp_path)
+        block = device_parity(connect(HubSettings(S25, TIMEOUT_S), get_target("cpu")), component, files, "float32", PASSED, tmp_path)
     assert block["verdict"] == "pass" and all(float(s["snr_db"]) > 100 for s in block["samples"]["example"].values())
     renamed = Component("pair", "decoder", component.module, component.inputs,
                         [TensorSpec("first", (1, 4, 8), "float32"), TensorSpec("scaled", (1, 4, 8), "float32")],
@@ -279,7 +280,7 @@ def test_device_outputs_are_taken_by_name(pair, ini, tmp_path):
     with FakeAIHub() as hub:
         hub.write_config(ini)
         with pytest.raises(EdgexError, match="returned outputs squashed, scaled; pair declares first, scaled"):
-            device_parity(connect(HubSettings(S25, 30), get_target("cpu")), renamed, files, "float32", PASSED, tmp_path)
+            device_parity(connect(HubSettings(S25, TIMEOUT_S), get_target("cpu")), renamed, files, "float32", PASSED, tmp_path)
 
 
 class _Scheme:
@@ -314,7 +315,7 @@ def test_a_sidecar_never_run_here_passes_only_by_its_own_device_run_at_the_lower
     for noise in (0.0, 0.05):
         with FakeAIHub(noise=noise) as hub:
             hub.write_config(ini)
-            blocks[noise] = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, [dlc], "float32", unrun,
+            blocks[noise] = device_parity(connect(HubSettings(S25, TIMEOUT_S), get_target("cpu")), component, [dlc], "float32", unrun,
                                           tmp_path, "npu", lambda: _Scheme(component), 30.0)
         assert not hub.jobs_of("compile")
         assert [j["options"] for j in hub.jobs_of("inference")] == ["--compute_unit npu"]
@@ -363,7 +364,7 @@ def test_a_declared_spectral_output_is_gated_by_its_spectral_figure_on_the_devic
     with FakeAIHub() as hub:
         hub.write_config(ini)
         for name, component in (("declared", declared), ("undeclared", replace(declared, spectral=()))):
-            blocks[name] = device_parity(connect(HubSettings(S25, 30), get_target("cpu")), component, files, "float32", local,
+            blocks[name] = device_parity(connect(HubSettings(S25, TIMEOUT_S), get_target("cpu")), component, files, "float32", local,
                                          tmp_path)
     spectral, by_snr = blocks["declared"], blocks["undeclared"]
     assert spectral["method"] == "device" and spectral["verdict"] == verdict, spectral.get("failures")

@@ -127,18 +127,15 @@ def test_the_driver_call_after_a_last_28_token_call_matches_the_official_stream(
 LAST_GRAPHS = ("flow_encoder_last", "hift_stream")
 
 
-def test_the_flush_through_pte_graphs_matches_the_official_stream(tmp_path):
+def test_the_flush_through_pte_graphs_matches_the_official_stream(exported, tmp_path):
     """The last call's encoder graph and HiFT's streaming graph as ExecuTorch (XNNPACK fp32) `.pte` files
-    of a target-`cpu` export, the regular call's graphs as ONNX: an utterance of one 28-token call
-    and a flush of 18, its whole waveform against Token2wav's `stream` (2 Euler steps: the DiT
-    graph XNNPACK lowers is a fifth of the 10-step one)."""
-    recipe = RECIPES.get("minicpm-o")
-    loaded = recipe.load("tiny", None, 0, {"max_prompt": MAX_PROMPT, "steps": 2})
-    comps, graphs = {c.name: c for c in recipe.components(loaded, list(GRAPHS))}, {}
-    for name, comp in comps.items():
-        fmt, runtime = ("executorch", "executorch") if name in LAST_GRAPHS else ("onnx", "onnxruntime")
-        path = tmp_path / f"{name}.fp32.{'pte' if fmt == 'executorch' else 'onnx'}"
-        session = RUNTIMES.get(runtime).load(EXPORTERS.get(fmt).export(comp, "fp32", path).files)
+    of the module's export (neither graph holds the Euler steps), the other graphs its ONNX files: an
+    utterance of one 28-token call and a flush of 18, its whole waveform against Token2wav's `stream`."""
+    loaded, comps, onnx_graphs = exported
+    graphs = dict(onnx_graphs)
+    for name in LAST_GRAPHS:
+        path = tmp_path / f"{name}.fp32.pte"
+        session = RUNTIMES.get("executorch").load(EXPORTERS.get("executorch").export(comps[name], "fp32", path).files)
         graphs[name] = lambda *xs, s=session: tuple(torch.from_numpy(o) for o in s.run([x.numpy() for x in xs]))
     ref, got, calls, _ = _stream((loaded, comps, graphs), 10, 25 + 18, 58)
     assert calls == [(0, 28, False), (25, 43, True)]

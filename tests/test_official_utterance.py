@@ -18,6 +18,8 @@ import pytest
 
 from conftest import built_once, run_cli
 
+pytestmark = pytest.mark.xdist_group("official_utterance")  # the module fixture: built on one worker, never waited for
+
 STOP = 10  # frames of the official utterance
 COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav")
 PLACE = "talker=onnx:fp32,code_predictor_step=onnx:fp32,decoder=onnx:fp32"
@@ -26,7 +28,7 @@ FRAMES = 16  # the most frames either side may make (the utterance stops at STOP
 
 @pytest.fixture(scope="module")
 def custom_voice():
-    """The CustomVoice checkpoint and its export, built once for every worker that runs a test of this module."""
+    """The CustomVoice checkpoint and its export, built once per run."""
 
     def make(root: Path) -> None:
         from edgex.recipes.qwen3_tts import official, utterance

@@ -50,6 +50,10 @@ def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
     assert "Adreno" in gpu["placement"]["device"] and "not the GPU" in gpu["placement"]["unverified"]
 
 
+# The tests of the s24 export run on one xdist worker: the module fixture is built once.
+S24_GROUP = pytest.mark.xdist_group("qnn-s24")
+
+
 @pytest.fixture(scope="module")
 def s24(tmp_path_factory):
     """Tiny talker_decode for s24-htp in fp16, w8a16 and w4a16 (6 calibration sets), exported on one
@@ -62,6 +66,7 @@ def s24(tmp_path_factory):
     return out, proc
 
 
+@S24_GROUP
 def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(s24):
     _, proc = s24
     got = _artifacts(proc)
@@ -80,6 +85,7 @@ def test_s24_w8a16_is_calibrated_for_v75_and_the_gate_fails_w4a16(s24):
     assert any(f.startswith("scheme: ") for f in w4["parity"]["failures"]), w4["parity"]["failures"]
 
 
+@S24_GROUP
 def test_a_w8a16_binary_exported_on_one_thread_verifies_on_two_and_another_qdq_graph_is_refused(s24, tiny, tmp_path, monkeypatch):
     """`edgex verify` makes the QDQ graph again in its own process, at its own thread count, and
     refuses a context binary whose recorded digest is not that graph's. The w8a16 binary exported on

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import built_once, cpu_export_artifacts, run_cli
+from conftest import built_once, cpu_export_artifacts, run_cli, subset_folder
 from edgex.artifacts.files import file_records
 from edgex.recipes.qwen3_tts.facts import ROLES
 
@@ -188,32 +188,21 @@ def test_verify_and_pipeline_refuse_a_checkpoint_that_is_not_the_one_exported(tm
         run_pipeline([folder])
 
 
-@pytest.fixture(scope="module")
-def latent2wav_onnx():
-    """Qwen3-TTS's latent2wav (the streaming decoder's vocoder half) as ONNX fp32, exported once for
-    every worker; it passed its gates (exit 0)."""
-
-    def make(out):
-        proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "-c", "latent2wav", "-f", "onnx", "-p", "fp32",
-                       "--out", str(out), "--json")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-
-    return built_once("latent2wav-onnx", make) / "qwen3-tts" / "cpu"
-
-
-def test_verify_fails_a_negated_waveform_its_spectral_figure_cannot_see(latent2wav_onnx, tmp_path):
-    """latent2wav's `wav` output multiplied by -1 inside the ONNX graph, the manifest's hashes
-    rewritten: the spectral figure (blind to phase by design) still reads it as identical, the
-    waveform's correlation with the reference (-1) fails it. The faithful export passed."""
+def test_verify_fails_a_negated_waveform_its_spectral_figure_cannot_see(cpu_export, tmp_path):
+    """latent2wav's `wav` output (the streaming decoder's vocoder half, ONNX fp32 of the suite's CPU
+    export) multiplied by -1 inside the ONNX graph, the manifest's hashes rewritten: the spectral
+    figure (blind to phase by design) still reads it as identical, the waveform's correlation with
+    the reference (-1) fails it. The faithful export passed."""
     import onnx
     from onnx import helper
 
-    faithful = json.loads((latent2wav_onnx / "manifest.json").read_text())["artifacts"][0]
-    assert faithful["verdict"] == "pass", faithful["parity"]["failures"]
-    root = tmp_path / "cpu"
-    shutil.copytree(latent2wav_onnx, root)
-    manifest = json.loads((root / "manifest.json").read_text())
+    out, proc = cpu_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    is_latent2wav = lambda a: (a["component"], a["format"], a["precision"]) == ("latent2wav", "onnx", "fp32")  # noqa: E731
+    root, manifest = subset_folder(out / "qwen3-tts" / "cpu", is_latent2wav, tmp_path)
     (entry,) = manifest["artifacts"]
+    faithful = json.loads(json.dumps(entry))
+    assert faithful["verdict"] == "pass", faithful["parity"]["failures"]
     path = root / entry["files"][0]["path"]
     model = onnx.load(str(path))
     (wav,) = [o for o in model.graph.output if o.name == "wav"]

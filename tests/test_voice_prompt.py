@@ -20,6 +20,8 @@ import pytest
 
 from conftest import built_once, run_cli
 
+pytestmark = pytest.mark.xdist_group("voice_prompt")  # the module fixture: built on one worker, never waited for
+
 COMPONENTS = ("talker_prefill", "talker_decode", "code_predictor_step", "code2latent", "latent2wav",
               "speaker_encoder", "speech_encoder")
 PLACE = "talker=onnx:fp32,code_predictor_step=onnx:fp32,decoder=onnx:fp32,voice=onnx:fp32"
@@ -30,8 +32,8 @@ TRANSCRIPT = [1, 2, 3, 4, 5]
 
 @pytest.fixture(scope="module")
 def base():
-    """The Base checkpoint, its reference audio, its export and its voice prompt: built once for
-    every worker that runs a test of this module (the model itself is rebuilt from its seed)."""
+    """The Base checkpoint, its reference audio, its export and its voice prompt: built once per run
+    (the model itself is rebuilt from its seed)."""
     from edgex.recipes.qwen3_tts import official
 
     model = official.build("base", seed=0)
