@@ -8,12 +8,15 @@ hub cache that `huggingface_hub` fills (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 from pathlib import Path
 
 from .errors import EdgexError
 
+_HEADER_LIMIT = 100 * 2**20  # safetensors' own bound on a header's size
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 
 
@@ -59,3 +62,13 @@ def resolve_checkpoint(value: Path | str) -> Path:
             f"`huggingface-cli download {repo_id}`"
         )
     return snapshot
+
+
+def safetensors_header(path: Path) -> dict:
+    """A safetensors file's header (tensor name -> dtype, shape, offsets; `__metadata__`), read
+    alone: no tensor is read. OSError / ValueError / struct.error where it cannot be read."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        if size > _HEADER_LIMIT:
+            raise ValueError(f"{path}: a safetensors header of {size} bytes")
+        return json.loads(f.read(size))

@@ -22,7 +22,6 @@ fp32 weights, and a recorded peak is what the job took last time.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from .plan import Job
 
 MB = 2**20
 FP32_BYTES = 4
-_HEADER_LIMIT = 100 * MB  # safetensors' own bound on a header's size
 
 
 @dataclass(frozen=True)
@@ -52,15 +50,13 @@ class Need:
 def checkpoint_parameters(folder: Path) -> int | None:
     """The parameters the safetensors files under `folder` hold, from their headers alone (the
     shapes; no tensor is read). None when it has none, or a header cannot be read."""
+    from .checkpoints import safetensors_header
+
     total = 0
     files = sorted(Path(folder).rglob("*.safetensors"))
     for file in files:
         try:
-            with open(file, "rb") as f:
-                size = struct.unpack("<Q", f.read(8))[0]
-                if size > _HEADER_LIMIT:
-                    return None
-                header = json.loads(f.read(size))
+            header = safetensors_header(file)
             total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
         except (OSError, ValueError, struct.error, KeyError, TypeError):
             return None

@@ -9,7 +9,6 @@ hard-codes Code2Wav's sizes and the predictor's RoPE base instead of reading the
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 # clip.cpp's fixed Code2Wav sizes for qwen3tts_gen (not read from the file)
@@ -55,11 +54,11 @@ def unsupported_reason(talker_config: dict, decoder_config: dict, has_speaker_en
 
 def _tensor_names(folder: Path) -> set[str]:
     """The tensor names of the folder's safetensors files, from their headers only."""
+    from ...checkpoints import safetensors_header
+
     names = set()
     for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            names |= set(json.loads(f.read(size)))
+        names |= set(safetensors_header(path))
     return names
 
 
