@@ -553,6 +553,41 @@ def test_a_pad_on_several_axes_with_a_value_becomes_concatenations_of_the_same_r
     assert all(np.array_equal(w, g) for w, g in zip(want, got))
 
 
+def test_a_short_rows_convolution_padding_reaches_the_htp_as_a_matmul_that_keeps_it_exact(tmp_path):
+    # The HTP's fp16 Conv over a row of width 8 padding 2 per side is wrong (Diffusion Policy pusht's
+    # U-Net at width 8 failed its gate so); written as zero Concats after another Conv it is folded
+    # back and just as wrong. The graph a QNN artifact is compiled from pads such a row by a MatMul.
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgex.exporters.qnn_htp import row_conv_pads_as_matmuls
+    from edgex.parity.metrics import snr_db
+    from edgex.qnn import htp_session
+
+    rng = np.random.default_rng(4)
+    channels, width = 64, 8
+    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, 1)) / 8).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((channels, channels, 5)) / 18).astype(np.float32), "w5")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], name="pointwise", kernel_shape=[1]),
+             helper.make_node("Conv", ["h", "w5"], ["y"], name="wide", kernel_shape=[5], pads=[2, 2])]
+    graph = helper.make_graph(nodes, "row", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    original, rewritten = tmp_path / "original.onnx", tmp_path / "rewritten.onnx"
+    onnx.save(model, str(original))
+    shutil.copy(original, rewritten)
+    assert row_conv_pads_as_matmuls(rewritten) == 1  # the 1-wide Conv pads nothing
+    feed = {"x": rng.standard_normal((1, channels, width)).astype(np.float32)}
+    want = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.array_equal(ort.InferenceSession(str(rewritten), providers=["CPUExecutionProvider"]).run(None, feed)[0], want)
+    soc = {"soc_model": 69, "htp_arch": 79}
+    assert snr_db(want, htp_session(original, fp16=True, **soc).run(None, feed)[0]) < 10.0  # the HTP's own defect
+    assert snr_db(want, htp_session(rewritten, fp16=True, **soc).run(None, feed)[0]) > 45.0
+
+
 def test_a_table_stored_in_power_of_two_column_blocks_with_a_narrower_last_one_is_read_back():
     # SmolVLA 450m's fp16 token embedding [49280, 960] sits in its context binary as blocks of 256
     # columns and a last one of 192, each rows-contiguous; no equal split of 960 columns finds it.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..isolation import run_forked_for
 from .onnx import OnnxExporter
-from .qnn_htp import pads_as_concats
+from .qnn_htp import pads_as_concats, row_conv_pads_as_matmuls
 from .qnn_quantize import SCHEMES, quantize_qdq
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class Graphs:
 def _float_graph(component: Component, dest: Path) -> None:
     OnnxExporter().graph(component, "fp32", dest)
     pads_as_concats(dest)
+    row_conv_pads_as_matmuls(dest)
 
 
 def _float_key(component: Component) -> str:
