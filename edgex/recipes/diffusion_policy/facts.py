@@ -37,20 +37,19 @@ PRESETS = {
     },
 }
 
-# ExecuTorch runs the loop as the app's own loop over denoise_step; the unrolled loop's XNNPACK build
-# is slow and lossy at the published size (pusht, 10 steps: 758 s and 10.1 GB to lower at fp32, 856 s
-# at fp16, which then scores 26.7 dB end-to-end against the 30 dB gate as XNNPACK's fp16 arithmetic
-# compounds over the steps: scheme 57.3 dB, denoise_step alone 36.8 dB; ONNX fp16 53.5 dB), so it is
-# built only when placed by name. The HTP builds the loop in fp16 only: its w8a16 graph is ONNX
-# Runtime's static QDQ quantization of the unrolled loop, which is quadratic in the graph's size (pusht:
-# still quantizing after 22 minutes), while denoise_step keeps its w8a16 build for the app's loop.
+# The unrolled loop is built only when placed by name (--placement action_loop=EXPORTER:PRECISION):
+# ExecuTorch and the HTP run the loop as the app's own loop over denoise_step. At the published size
+# (pusht, 10 steps) the unrolled loop's XNNPACK build took 758 s and 10.1 GB at fp32, 856 s at fp16,
+# which then scored 26.7 dB end-to-end against the 30 dB gate as XNNPACK's fp16 arithmetic compounds
+# over the steps (scheme 57.3 dB, denoise_step alone 36.8 dB; ONNX fp16 53.5 dB); its HTP fp16 job
+# took 800 s (the unrolled graph's ONNX export and HTP compile 477 s) and its w8a16 graph, ONNX
+# Runtime's static QDQ quantization of the unrolled loop, was still quantizing after 22 minutes.
 ACTION_LOOP = ComponentPrecisions(
-    {"executorch": (), "qnn": ("fp16",)},
-    "ExecuTorch runs the DDIM loop as the app's loop over denoise_step; the unrolled loop's XNNPACK build takes "
-    "13 minutes and 10 GB at pusht and its fp16 arithmetic compounds over the steps (26.7 dB against the 30 dB "
-    "gate), so it is built only when placed by name (--placement action_loop=executorch:fp32); the HTP builds it in "
-    "fp16 only, as ONNX Runtime's QDQ quantization of the unrolled loop runs past 22 minutes at pusht "
-    "(--placement action_loop=qnn:w8a16 builds it; denoise_step keeps w8a16)")
+    {"executorch": (), "qnn": ()},
+    "ExecuTorch and the HTP run the DDIM loop as the app's loop over denoise_step; at pusht the unrolled loop's "
+    "XNNPACK build takes 13 minutes and 10 GB and its fp16 arithmetic compounds over the steps (26.7 dB against "
+    "the 30 dB gate), its HTP fp16 job 13 minutes and its w8a16 quantization over 22, so it is built there only "
+    "when placed by name (--placement action_loop=executorch:fp32, action_loop=qnn:fp16)")
 
 FACTS = RecipeFacts(
     name="diffusion-policy",
