@@ -335,3 +335,35 @@ def test_the_scheme_pass_reuses_the_lowering_pass_reference_outputs_and_a_broken
     # a session fed other values than the samples' gets a run of its own, never a kept output
     other = np.zeros((1, 3, 8), np.float32)
     assert kept.kept_for([other]) is None and kept.kept_for([comp.samples["s"][0].numpy()]) is not None
+
+
+@pytest.mark.parametrize("hashing", ["own", "colliding"])
+def test_rows_are_found_again_at_their_first_occurrence_by_value(hashing, monkeypatch):
+    # The scheme reference maps each stored row onto a parameter row of the same values; the index
+    # it looks them up in must give what a dict of each row's bytes gave (the first table and row
+    # holding those values), whatever the hashes: with every hash equal, only the values decide.
+    import numpy as np
+    import torch
+
+    from edgex.parity import scheme
+
+    if hashing == "colliding":
+        monkeypatch.setattr(scheme, "_row_hash", lambda rows: np.zeros(len(rows), np.uint64))
+    rng = np.random.default_rng(5)
+    first = torch.from_numpy(rng.standard_normal((6, 5)).astype(np.float32))
+    second = torch.cat([first[2:4], torch.from_numpy(rng.standard_normal((3, 5)).astype(np.float32))])  # rows 0, 1 repeat first's 2, 3
+    wide = torch.from_numpy(rng.standard_normal((2, 7)).astype(np.float32))
+    index = scheme._RowIndex([first, second, wide])
+    query = torch.stack([second[3], first[3], torch.zeros(5), second[4], first[0]])
+    expected = {}
+    for i, row in enumerate(query.numpy()):
+        for t, table in enumerate([first, second]):
+            matches = [j for j, r in enumerate(table.numpy()) if r.tobytes() == row.tobytes()]
+            if matches:
+                expected.setdefault(t, ([], []))
+                expected[t][0].append(i)
+                expected[t][1].append(matches[0])
+                break
+    got = index.find(query)
+    assert {t: (a.tolist(), r.tolist()) for t, (a, r) in got.items()} == expected == {1: ([0, 3], [3, 4]), 0: ([1, 4], [3, 0])}
+    assert {t: (a.tolist(), r.tolist()) for t, (a, r) in index.find(wide).items()} == {2: ([0, 1], [0, 1])}
