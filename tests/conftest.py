@@ -26,6 +26,21 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*EDGEX, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=3600)
 
 
+def cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The CLI's own entry point (`edgex.cli.app`, what `python -m edgex` runs) in this test process,
+    as `run_cli` returns it: for a test of what a command writes and decides, not of its process (a
+    fresh interpreter's imports and exporter warm-up cost each `run_cli` about 6 s). An exception the
+    CLI lets out fails the test with its traceback."""
+    from typer.testing import CliRunner
+
+    from edgex.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["edgex", *args], result.exit_code, result.stdout, result.stderr)
+
+
 # The CLI records each job's cost for its next progress estimate: tests keep theirs out of the
 # user's cache, in one folder per run, made by the process that imports this file first (pytest, or
 # xdist's controller: its workers inherit the variable) and removed by it when the session ends.

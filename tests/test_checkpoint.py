@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import run_cli
+from conftest import cli_here
 from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.models import build_from_preset, load_checkpoint
 from edgex.recipes.qwen3_tts.presets import get_preset
@@ -54,7 +54,7 @@ def test_checkpoint_with_a_missing_tensor_is_refused(checkpoint, tmp_path):
 
 def test_export_from_checkpoint(checkpoint, tmp_path):
     root, _ = checkpoint
-    proc = run_cli("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",
+    proc = cli_here("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",
                    "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
@@ -62,7 +62,7 @@ def test_export_from_checkpoint(checkpoint, tmp_path):
     assert len(data["source"]["checkpoint_sha256"]) == 64  # what verify checks the folder against
     (artifact,) = data["artifacts"]
     assert artifact["verdict"] == "pass" and artifact["parity"]["min_snr_db"] > 90
-    table = run_cli("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",
+    table = cli_here("export", "qwen3-tts", "--checkpoint", str(root), "-c", "talker_decode", "-f", "onnx", "-p", "fp32",
                     "--out", str(tmp_path))  # unchanged: the summary of the recorded manifest
     assert table.stdout.splitlines()[0].strip() == f"qwen3-tts (checkpoint {root.resolve()}) -> cpu  (PASS)"
 

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli_here
 from edgex.errors import EdgexError
 
 pytest.importorskip("coremltools")
 
 
 def test_apple_target_exports_mlpackages_with_simulated_parity(tmp_path):
-    proc = run_cli("export", "qwen3-tts", "--target", "apple", "--preset", "tiny", "-c", "code_predictor_step",
+    proc = cli_here("export", "qwen3-tts", "--target", "apple", "--preset", "tiny", "-c", "code_predictor_step",
                    "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
@@ -33,7 +33,7 @@ def test_apple_target_exports_mlpackages_with_simulated_parity(tmp_path):
     assert db["fp16"] > db["w8"] > db["w4"] > 5.0
     size = {a["precision"]: sum(f["bytes"] for f in a["files"]) for a in data["artifacts"]}
     assert size["fp16"] > size["w8"] > size["w4"]
-    verify = run_cli("verify", str(tmp_path / "qwen3-tts" / "apple"), "--json")
+    verify = cli_here("verify", str(tmp_path / "qwen3-tts" / "apple"), "--json")
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert {a["verdict"] for a in json.loads(verify.stdout)["artifacts"]} == {"pass"}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.cli import app
 from edgex.recipes import RECIPES
 
@@ -75,12 +75,12 @@ def test_min_db_override_can_fail_a_good_artifact(tmp_path):
     """Also: a preset's random weights are named in the manifest and on the summary's first line."""
     args = ("export", "qwen3-tts", "--preset", "tiny", "--component", "talker_decode", "--format", "onnx",
             "--precision", "fp16", "--min-db", "talker=200", "--out", str(tmp_path))
-    proc = run_cli(*args, "--json")
+    proc = cli_here(*args, "--json")
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     (artifact,) = data["artifacts"]
     assert artifact["parity"]["threshold_db"] == 200.0 and artifact["verdict"] == "fail"
     assert data["source"] == {"preset": "tiny", "seed": 0, "weights": "seeded random"}
-    table = run_cli(*args)  # unchanged: the recorded manifest's summary and exit code
+    table = cli_here(*args)  # unchanged: the recorded manifest's summary and exit code
     assert table.returncode == 1 and "reused" in table.stderr
     assert table.stdout.splitlines()[0].strip() == "qwen3-tts (preset tiny: seeded random weights, seed 0) -> cpu  (FAIL)"

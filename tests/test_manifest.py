@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import edgex.export
-from conftest import run_cli
+from conftest import cli_here
 from edgex.artifacts.files import sha256, strict_json
 from edgex.errors import EdgexError
 from edgex.export import _gate_and_place, combined_verdict, export_model
@@ -40,7 +40,7 @@ def test_bf16_checkpoint_as_f16_gguf_scores_exact_tensors_and_writes_strict_json
         for p in model.parameters():
             p.copy_(torch.where(p.abs() < 2.0**-14, 0.0, p).to(torch.bfloat16).float())
     root = _write_checkpoint(tmp_path / "ckpt", model)
-    proc = run_cli("export", "spark-x2.5", "--checkpoint", str(root), "--target", "llama-cpp", "-p", "f16", "-c", "decode",
+    proc = cli_here("export", "spark-x2.5", "--checkpoint", str(root), "--target", "llama-cpp", "-p", "f16", "-c", "decode",
                    "--out", str(tmp_path / "out"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = tmp_path / "out" / "spark-x2.5" / "llama-cpp"

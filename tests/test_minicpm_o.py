@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.errors import EdgexError
 from edgex.parity import scheme
 from edgex.parity.metrics import snr_db
@@ -304,7 +304,7 @@ def test_the_head_s_failing_4_bit_scheme_is_on_request_only(tmp_path, target, ke
 # -- one CPU export through the CLI ---------------------------------------------------------------
 def test_cpu_onnx_export_passes(tmp_path):
     out = tmp_path / "o"
-    proc = run_cli("export", "minicpm-o", "--target", "cpu", "--preset", "tiny", "-c", "tts_decode", "-c", "flow_step",
+    proc = cli_here("export", "minicpm-o", "--target", "cpu", "--preset", "tiny", "-c", "tts_decode", "-c", "flow_step",
                    "-f", "onnx", "-p", "fp32", "--out", str(out), "--json")  # the smallest graphs: ~1 min on 2 cores
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "minicpm-o" / "cpu" / "manifest.json").read_text())

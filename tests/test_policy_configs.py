@@ -39,9 +39,15 @@ def _save(policy, folder):
     policy.postprocess.save_pretrained(folder)
 
 
-def _export(model, folder, out, settings=None, formats=("onnx",), components=None):
+def _export(model, folder, out, settings=None, formats=("onnx",), components=None, pte=()):
+    """The checkpoint's export on `cpu`, fp32: ONNX (or `formats`) of `components`, and the
+    components named in `pte` also as a .pte, all in one export (one load of the checkpoint)."""
+    placements = None
+    if pte:  # each component placed by name: ONNX, and ExecuTorch beside it for those in `pte`
+        placements = [f"{c}=onnx:fp32" for c in components] + [f"{c}=executorch:fp32" for c in pte]
+        formats = ("onnx", "executorch")
     manifest = export_model(model, "cpu", out, checkpoint=folder, formats=list(formats), precisions=["fp32"],
-                            settings=settings, components=components)
+                            settings=settings, components=components, placements=placements)
     assert manifest["status"] == "pass", [(a["component"], a["format"], a["parity"].get("min_snr_db")) for a in manifest["artifacts"]]
     for art in manifest["artifacts"]:  # each file against LeRobot's own code on the export's samples ("inf": exact)
         assert art["parity"]["method"] == "runtime" and float(art["parity"]["min_snr_db"]) >= 100.0, art["component"]
@@ -96,8 +102,9 @@ SAME_ACT = {"observation.images.top": (3, 48, 64), "observation.images.wrist": (
 @pytest.mark.parametrize("cameras,state_dim,action_dim,pte",
                          [pytest.param(ONE, 5, 3, False, id="1cam"),
                           pytest.param(SAME_ACT, 8, 2, False, id="2cams-own-stats", marks=pytest.mark.benchmark),
-                          pytest.param(TWO, 7, 4, True, id="2cams-2shapes"),
-                          pytest.param(THREE, 3, 9, False, id="3cams-2shapes")])
+                          # the three-camera config has two shapes too (and two cameras alike): it stands for this one
+                          pytest.param(TWO, 7, 4, True, id="2cams-2shapes", marks=pytest.mark.benchmark),
+                          pytest.param(THREE, 3, 9, True, id="3cams-2shapes")])
 def test_act_checkpoint_configs_reproduce_select_action(tmp_path, record_property, cameras, state_dim, action_dim, pte):
     """bf16 ACT checkpoints: one ResNet pass per camera at its own shape, each camera with its own statistics."""
     from edgex.recipes.act.recipe import _policy
@@ -158,7 +165,7 @@ def test_diffusion_checkpoint_configs_reproduce_select_action(tmp_path, record_p
     policy.policy.eval()
     _bf16_checkpoint(policy, tmp_path / "ckpt")
     folder, _ = _export("diffusion-policy", tmp_path / "ckpt", tmp_path / "out", settings={"steps": "2"},
-                        components=["vision_encoder", "action_loop"])
+                        components=["vision_encoder", "action_loop"], pte=["vision_encoder"] if pte else ())
     if len(cameras) > 1:  # the statistics differ between cameras, so a shared normalization would show
         first, second = (stats[c]["mean"] for c in list(cameras)[:2])
         assert not torch.equal(first, second)
@@ -186,9 +193,7 @@ def test_diffusion_checkpoint_configs_reproduce_select_action(tmp_path, record_p
     record_property("select_action_snr_db", figure)
     assert figure >= 100.0
     if pte:  # the camera graph as a .pte (the loop's U-Net does not depend on the cameras)
-        pte_folder, _ = _export("diffusion-policy", tmp_path / "ckpt", tmp_path / "pte", settings={"steps": "2"},
-                                formats=("executorch",), components=["vision_encoder"])
-        (features_pte,) = _pte_runs(pte_folder, "vision_encoder", _images(policy, observations[-1]))
+        (features_pte,) = _pte_runs(folder, "vision_encoder", _images(policy, observations[-1]))
         figure = snr_db(feats[-1], np.asarray(features_pte))
         record_property("pte_vs_onnx_snr_db", figure)
         assert figure >= 100.0
@@ -250,12 +255,13 @@ def _flow_chunks(folder, policy, observations, steps, tokens, mask, noises, stat
     return np.concatenate(chunks)
 
 
-# the suite runs two configs per family; the others are benchmarks (-m benchmark,
+# the suite runs one config per family, three cameras of two shapes (two alike), each with its own
+# statistics, and its camera graph also as a .pte; the others are benchmarks (-m benchmark,
 # benchmarks/bench_policy_configs.py prints every config's figure)
 FLOW_CONFIGS = [pytest.param("1cam", 9, 2, False, id="1cam", marks=pytest.mark.benchmark),
                 pytest.param("2cams-1shape", 4, 6, False, id="2cams-own-stats", marks=pytest.mark.benchmark),
-                pytest.param("2cams-2shapes", 5, 7, True, id="2cams-2shapes"),
-                pytest.param("3cams-2shapes", 11, 3, False, id="3cams-2shapes")]
+                pytest.param("2cams-2shapes", 5, 7, True, id="2cams-2shapes", marks=pytest.mark.benchmark),
+                pytest.param("3cams-2shapes", 11, 3, True, id="3cams-2shapes")]
 # The chained files against select_action: fp32 rounding of three graphs and the Euler steps lands at
 # 100-140 dB (pi0's lowest 99.6); a camera normalized with another's statistics scores ~9 dB.
 FLOW_BAR_DB = 90.0
@@ -283,7 +289,8 @@ def test_smolvla_checkpoint_configs_reproduce_select_action(tmp_path, record_pro
     seeded_weights(policy.policy, 13)
     policy.policy.eval()
     _bf16_checkpoint(policy, tmp_path / "ckpt")
-    folder, _ = _export("smolvla", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
+    folder, _ = _export("smolvla", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS,
+                        pte=["vision_encoder"] if pte else ())
 
     steps = config.n_action_steps
     observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
@@ -302,16 +309,15 @@ def test_smolvla_checkpoint_configs_reproduce_select_action(tmp_path, record_pro
     record_property("select_action_snr_db", figure)
     assert figure >= FLOW_BAR_DB
     if pte:
-        _pte_matches_onnx("smolvla", tmp_path, folder, policy, observations[-1], record_property)
+        _pte_matches_onnx(folder, policy, observations[-1], record_property)
 
 
-def _pte_matches_onnx(model, tmp_path, folder, policy, obs, record_property):
-    """The camera graph as a .pte (its own export, gated against LeRobot's code): every camera's
-    tokens as the ONNX file gives them."""
-    pte_folder, _ = _export(model, tmp_path / "ckpt", tmp_path / "pte", formats=("executorch",), components=["vision_encoder"])
+def _pte_matches_onnx(folder, policy, obs, record_property):
+    """The camera graph as a .pte (built beside the ONNX files and gated against LeRobot's code by
+    the export): every camera's tokens as the ONNX file gives them."""
     feed = _images(policy, obs)
     onnx = _session(folder, "vision_encoder").run_named(feed)
-    pte = _pte_runs(pte_folder, "vision_encoder", feed)
+    pte = _pte_runs(folder, "vision_encoder", feed)
     figure = min(snr_db(a, np.asarray(b)) for a, b in zip(onnx, pte))
     record_property("pte_vs_onnx_snr_db", figure)
     assert figure >= 100.0
@@ -343,7 +349,8 @@ def test_pi0_checkpoint_configs_reproduce_select_action(tmp_path, monkeypatch, r
     seeded_weights(model, 14)
     policy = Policy(model, stats, *processors(config, stats), {}, list(config.image_features))
     _bf16_checkpoint(policy, tmp_path / "ckpt")
-    folder, _ = _export("pi0", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS)
+    folder, _ = _export("pi0", tmp_path / "ckpt", tmp_path / "out", components=FLOW_COMPONENTS,
+                        pte=["vision_encoder"] if pte else ())
 
     steps = config.n_action_steps
     observations = _observations(cameras, state_dim, 7, CHUNKS * steps)
@@ -358,4 +365,4 @@ def test_pi0_checkpoint_configs_reproduce_select_action(tmp_path, monkeypatch, r
     record_property("select_action_snr_db", figure)
     assert figure >= FLOW_BAR_DB
     if pte:
-        _pte_matches_onnx("pi0", tmp_path, folder, policy, observations[-1], record_property)
+        _pte_matches_onnx(folder, policy, observations[-1], record_property)

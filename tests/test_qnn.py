@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 
 
 def _artifacts(proc, sidecars: bool = False) -> dict:
@@ -19,7 +19,7 @@ def _artifacts(proc, sidecars: bool = False) -> dict:
 def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
     # The talker's step on s25-htp (fp16 context binary and .dlc) is exported, checked and corrupted
     # in test_fault_injection.py; the predictor step stands for the LM roles here.
-    proc = run_cli("export", "qwen3-tts", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
+    proc = cli_here("export", "qwen3-tts", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
                    "-c", "code_predictor_step,code2latent")
     data = json.loads(proc.stdout)
     # the .dlc entries are unverified here: status "incomplete", exit 3, the reason on stderr
@@ -163,7 +163,7 @@ def test_spark_decode_w8a16_on_the_htp_keeps_the_gate_projection_float_and_its_t
     from edgex.parity.tensors import tensor_parity
     from edgex.recipes import RECIPES
 
-    proc = run_cli("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
+    proc = cli_here("export", "spark-x2.5", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
                    "-c", "decode", "-p", "fp16,w8a16", "--allow-unverified", "sidecar")  # the .dlc sidecars cannot run here
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _artifacts(proc)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from conftest import run_cli
+from conftest import cli_here
 from edgex.parity.metrics import snr_db
 from edgex.parity.quantizer import QDQ_CHANNEL_SCHEMES, QDQ_SCHEMES, SCHEMES, fake_quantize
 
@@ -98,7 +98,7 @@ def test_qdq_constants_of_tiny_range_take_the_htp_minimum_range(qtype, schemes):
 @pytest.fixture(scope="module")
 def onnx_8da4w(tmp_path_factory):
     out = tmp_path_factory.mktemp("quantized")
-    proc = run_cli("export", "qwen3-tts", "--preset", "tiny", "--target", "cpu", "-c", "talker_decode", "-f", "onnx",
+    proc = cli_here("export", "qwen3-tts", "--preset", "tiny", "--target", "cpu", "-c", "talker_decode", "-f", "onnx",
                    "-p", "8da4w", "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out / "qwen3-tts" / "cpu"
@@ -125,7 +125,7 @@ def test_8da4w_onnx_with_doubled_down_projection_scales_fails_verify_naming_the_
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data")
     manifest["artifacts"][0]["files"] = [r for p in (path, broken / (path.name + ".data")) for r in file_records(p, broken)]
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_cli("verify", str(broken), "--json")
+    proc = cli_here("verify", str(broken), "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
     (row,) = json.loads(proc.stdout)["artifacts"]
     assert row["files"] == "ok" and row["min_snr_db"] >= row["threshold_db"]  # the run alone passes it

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.catalog import catalog
 from edgex.errors import EdgexError
 from edgex.exporters.onnx import OnnxExporter
@@ -164,7 +164,7 @@ def test_quantized_executorch_keeps_the_gate_in_float(spark):
 
 
 def test_mnn_target_with_a_max_context_option(tmp_path):
-    proc = run_cli("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "w8",
+    proc = cli_here("export", "spark-x2.5", "--target", "mnn", "--preset", "tiny", "-c", "decode", "-p", "w8",
                    "--set", "max_context=48", "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
@@ -184,7 +184,7 @@ def test_llama_cpp_target_runs_spark_in_llama_cpp_s_own_architecture(tmp_path):
     and the full layers' past seeding its two caches (the second sample starts after two wraps)."""
     from gguf import GGUFReader
 
-    proc = run_cli("export", "spark-x2.5", "--target", "llama-cpp", "--preset", "tiny", "--out", str(tmp_path), "--json")
+    proc = cli_here("export", "spark-x2.5", "--target", "llama-cpp", "--preset", "tiny", "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     artifacts = json.loads(proc.stdout)["artifacts"]
     assert {(a["component"], a["precision"]) for a in artifacts} == {(c, p) for c in ROLES for p in ("f16", "q8_0")}

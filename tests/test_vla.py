@@ -208,7 +208,7 @@ def test_smolvla_fp16_builds_on_the_htp(smolvla_htp_fp16):
     assert conv["type"] == "float16 in model.params.bin" and 60 < conv["snr_db"] < 90, conv
 
 
-@pytest.mark.benchmark  # in the suite: test_policy_configs.py's SmolVLA 2cams-2shapes case gates its own .pte at 100 dB
+@pytest.mark.benchmark  # in the suite: test_policy_configs.py's SmolVLA 3cams-2shapes case gates its .pte at 100 dB
 def test_smolvla_vision_encoder_on_executorch_fp32(tmp_path):
     """ExecuTorch's XNNPACK lowers F.gelu(approximate="tanh") as the erf GELU (76 dB); the graph
     writes SigLIP's tanh GELU out, so the .pte meets the fp32 bar like the other formats."""
