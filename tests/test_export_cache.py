@@ -16,7 +16,7 @@ import pytest
 
 import edgex.artifacts.keys
 import edgex.toolchain
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.artifacts.keys import job_inputs
 from edgex.artifacts.reuse import export_key
 from edgex.build.cache import Cache
@@ -238,12 +238,12 @@ def test_build_keys_follow_the_cpu_features_and_llama_cpps_cpu_backend(tmp_path,
 def test_the_cli_says_reused_in_one_line_and_exits_with_the_manifest_status(exported, tmp_path):
     out, first = exported
     before = files_state(out)
-    proc = run_cli(*CLI, "--out", str(out))
+    proc = cli_here(*CLI, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [f"unchanged since {first['created']}: reused 1 artifact(s) (manifest "
                                         f"{first['manifest_path']}; --force re-exports)"]
     assert "talker_prefill" in proc.stdout and f"manifest: {first['manifest_path']}" in proc.stdout
-    data = json.loads(run_cli(*CLI, "--out", str(out), "--json").stdout)
+    data = json.loads(cli_here(*CLI, "--out", str(out), "--json").stdout)
     assert data["reused"] is True and data["artifacts"] == first["artifacts"] and data["created"] == first["created"]
     assert files_state(out) == before
     # bad input is still one `edgex:` line and exit 2 before anything is reused
@@ -255,7 +255,7 @@ def test_the_cli_says_reused_in_one_line_and_exits_with_the_manifest_status(expo
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["artifacts"][0]["verdict"] = manifest["status"] = "fail"
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    failed = run_cli(*CLI, "--out", str(copy))
+    failed = cli_here(*CLI, "--out", str(copy))
     assert failed.returncode == 1 and "reused 1 artifact(s)" in failed.stderr
     assert "parity gate failed for 1 artifact(s): talker_prefill.fp32.onnx" in failed.stderr
 
@@ -367,7 +367,7 @@ def test_an_export_with_one_job_changed_builds_that_job_alone(exported, tmp_path
     out, folder = copy_of(exported, tmp_path)
     first = json.loads((folder / "manifest.json").read_text())
     kept = files_state(out)
-    proc = run_cli(*CLI, "-p", "fp16", "--out", str(out))
+    proc = cli_here(*CLI, "-p", "fp16", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reused 1 unchanged artifact(s) of the earlier export in this folder, built 1" in proc.stderr
     manifest = json.loads((folder / "manifest.json").read_text())

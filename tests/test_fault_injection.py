@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import gguf_export, mnn_export, run_cli, subset_folder
+from conftest import cli_here, gguf_export, mnn_export, run_cli, subset_folder
 from edgex.artifacts.files import sha256
 
 pytestmark = pytest.mark.xdist_group("fault_injection")  # one module fixture: exports built once
@@ -137,7 +137,7 @@ def exported(tmp_path_factory):
         if target not in done:
             out = tmp_path_factory.mktemp(f"fault-{target}")
             args = TARGETS[target] if "-t" in TARGETS[target] else ("-t", target, *TARGETS[target])
-            proc = run_cli("export", "qwen3-tts", *args, "--preset", "tiny", "-c", COMPONENT, "--out", str(out), "--json")
+            proc = cli_here("export", "qwen3-tts", *args, "--preset", "tiny", "-c", COMPONENT, "--out", str(out), "--json")
             manifest = json.loads(proc.stdout)
             assert all(a["verdict"] in ("pass", "unverified") for a in manifest["artifacts"]), proc.stderr[-3000:]
             done[target] = (out / "qwen3-tts" / manifest["target"], manifest)
@@ -153,7 +153,7 @@ def _tamper_and_verify(exported, target: str, corrupt, tmp_path: Path) -> tuple[
     shutil.copytree(source, folder)
     corrupt(folder)
     _rehash(folder)
-    proc = run_cli("verify", str(folder), "--json")
+    proc = cli_here("verify", str(folder), "--json")
     report = _strict(proc.stdout)
     for row in report["artifacts"]:  # the hashes match: only parity can have caught it
         assert row["files"] == "ok", row

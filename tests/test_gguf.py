@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import GGUF_PRECISIONS, run_cli
+from conftest import GGUF_PRECISIONS, cli_here
 from conftest import gguf_export as shared_gguf_export
 
 from edgex.errors import EdgexError
@@ -52,7 +52,7 @@ def test_a_coarse_scheme_asked_for_by_name_is_recorded_and_judged_by_its_lowerin
     others = [a for a in manifest["artifacts"] if a is not entry]
     assert all("coarse_scheme" not in a and not a["parity"]["waived"] for a in others)
     assert "q4_0" not in {j.precision for j in make_plan("qwen3-tts", "llama-cpp", folder, components=["talker_prefill"]).jobs}
-    verify = run_cli("verify", str(folder), "--json")
+    verify = cli_here("verify", str(folder), "--json")
     assert verify.returncode == 0, verify.stderr[-2000:]
 
 

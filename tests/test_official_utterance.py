@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import built_once, run_cli
+from conftest import built_once, cli_here
 
 pytestmark = pytest.mark.xdist_group("official_utterance")  # the module fixture: built on one worker, never waited for
 
@@ -38,7 +38,7 @@ def custom_voice():
         official.stop_at(model, request, STOP)
         checkpoint = official.write_checkpoint(model, root / "checkpoint")
         components = [arg for c in COMPONENTS for arg in ("--component", c)]
-        proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
+        proc = cli_here("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
                        *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE, "--jobs", "2")
         assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.artifacts.files import sha256
 from edgex.parity.runtimes.base import Session
 
@@ -35,7 +35,7 @@ def _copy(cpu_export, dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def clean(cpu_export, tmp_path_factory):
     folder = _copy(cpu_export, tmp_path_factory.mktemp("pipeline") / "cpu")
-    return folder, run_cli("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
+    return folder, cli_here("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
 
 
 def test_qwen3_tts_pipeline_of_fp32_artifacts_matches_the_eager_pipeline(clean):
@@ -86,7 +86,7 @@ def test_a_broken_predictor_artifact_fails_the_pipeline(cpu_export, clean, tmp_p
     folder = _copy(cpu_export, tmp_path / "cpu")
     (folder / "pipeline.json").unlink(missing_ok=True)
     _corrupt_largest_initializer(folder / "code_predictor.fp32.onnx")
-    refused = run_cli("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES)
+    refused = cli_here("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES)
     assert refused.returncode == 2 and "code_predictor" in refused.stderr and "sha256" in refused.stderr
     assert "Traceback" not in refused.stderr
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -94,7 +94,7 @@ def test_a_broken_predictor_artifact_fails_the_pipeline(cpu_export, clean, tmp_p
         for record in entry["files"]:
             record.update(sha256=sha256(folder / record["path"]), bytes=(folder / record["path"]).stat().st_size)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_cli("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
+    proc = cli_here("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["verdict"] == "fail"
@@ -114,7 +114,7 @@ def test_a_broken_decoder_artifact_fails_the_pipeline_on_its_spectral_figure(cpu
         for record in entry["files"]:
             record.update(sha256=sha256(folder / record["path"]), bytes=(folder / record["path"]).stat().st_size)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_cli("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
+    proc = cli_here("pipeline", "qwen3-tts", str(folder), "--placement", PLACE, *FRAMES, "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     decoder = report["teacher_forced"]["decoder"]

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from edgex.build.cache import Cache
 from edgex.errors import EdgexError
 from edgex.plan import make_plan, read_placements
@@ -28,7 +28,7 @@ ARGS = ("spark-x2.5", "--target", "cpu", "-c", "prefill,decode", "-f", "onnx", "
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    proc = run_cli("sweep", *ARGS, "--out", str(out), "--json")
+    proc = cli_here("sweep", *ARGS, "--out", str(out), "--json")
     return out, proc
 
 
@@ -63,7 +63,7 @@ def test_the_recommended_placement_passes_edgex_pipeline(swept):
     """The README's second line: the sweep's recommendation file picks the stages of `edgex pipeline`."""
     out, proc = swept
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ran = run_cli("pipeline", "spark-x2.5", str(out / "spark-x2.5" / "cpu"), "--placement", f"@{out / 'recommended.placement'}",
+    ran = cli_here("pipeline", "spark-x2.5", str(out / "spark-x2.5" / "cpu"), "--placement", f"@{out / 'recommended.placement'}",
                   "--frames", "8", "--json")
     assert ran.returncode == 0, ran.stderr[-2000:]
     report = json.loads(ran.stdout)
@@ -92,7 +92,7 @@ def test_a_second_sweep_reuses_every_point_after_rehashing(swept):
 def test_the_recommended_placement_is_accepted_by_export(swept):
     out, proc = swept
     assert proc.returncode == 0, proc.stderr[-2000:]
-    placed = run_cli("export", "spark-x2.5", "--target", "cpu", "--placement", f"@{out / 'recommended.placement'}",
+    placed = cli_here("export", "spark-x2.5", "--target", "cpu", "--placement", f"@{out / 'recommended.placement'}",
                      "--dry-run", "--json", "--out", str(out / "follow"))
     assert placed.returncode == 0, placed.stderr
     jobs = json.loads(placed.stdout)["jobs"]

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import built_once, cpu_export_artifacts, run_cli, subset_folder
+from conftest import built_once, cli_here, cpu_export_artifacts, subset_folder
 from edgex.artifacts.files import file_records
 from edgex.recipes.qwen3_tts.facts import ROLES
 
@@ -31,7 +31,7 @@ def test_verify_reruns_parity_and_flags_exactly_the_tampered_artifacts(export_co
     data.write_bytes(bytes(raw))
     pte = tampered / "latent2wav.fp32.pte"
     pte.write_bytes(pte.read_bytes()[:1000])
-    proc = run_cli("verify", str(tampered), "--json")
+    proc = cli_here("verify", str(tampered), "--json")
     assert proc.returncode == 1
     assert "verification failed: 2 problem(s)" in proc.stderr
     report = json.loads(proc.stdout)
@@ -67,7 +67,7 @@ def spark_decode_onnx():
     """Spark-X2.5's decode step as ONNX fp32, exported once for every worker; it passed its gate (exit 0)."""
 
     def make(out):
-        proc = run_cli("export", "spark-x2.5", "--preset", "tiny", "-c", "decode", "-f", "onnx", "-p", "fp32",
+        proc = cli_here("export", "spark-x2.5", "--preset", "tiny", "-c", "decode", "-f", "onnx", "-p", "fp32",
                        "--out", str(out), "--json")
         assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -94,7 +94,7 @@ def test_verify_parity_catches_a_tampered_onnx_whose_manifest_hashes_were_update
     entry["files"] = [record for r in entry["files"] for record in file_records(root / r["path"], root)]
     (root / "manifest.json").write_text(json.dumps(manifest))
 
-    proc = run_cli("verify", str(root), "--json")
+    proc = cli_here("verify", str(root), "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["artifacts"]
     assert row["files"] == "ok" and row["method"] == "runtime", row  # the hashes match: parity caught it
@@ -148,7 +148,7 @@ def test_verify_reads_back_embedding_rows_no_parity_sample_reads(export_copy, ti
         entry["files"] = [record for r in entry["files"] for record in file_records(root / r["path"], root)]
     (root / "manifest.json").write_text(json.dumps(manifest))
 
-    proc = run_cli("verify", str(root), "--json")
+    proc = cli_here("verify", str(root), "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert len(report["artifacts"]) == 7
@@ -215,7 +215,7 @@ def test_verify_fails_a_negated_waveform_its_spectral_figure_cannot_see(cpu_expo
     entry["files"] = [record for r in entry["files"] for record in file_records(root / r["path"], root)]
     (root / "manifest.json").write_text(json.dumps(manifest))
 
-    proc = run_cli("verify", str(root), "--json")
+    proc = cli_here("verify", str(root), "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)["artifacts"]
     assert row["files"] == "ok" and row["method"] == "runtime", row

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import built_once, run_cli
+from conftest import built_once, cli_here, run_cli
 
 pytestmark = pytest.mark.xdist_group("voice_prompt")  # the module fixture: built on one worker, never waited for
 
@@ -49,11 +49,11 @@ def base():
             audio = model.decoder(codes).reshape(-1).numpy()  # exactly the graphs' reference length
         wavfile.write(str(root / "reference.wav"), 24000, np.round(np.clip(audio, -1, 1) * 32767).astype(np.int16))
         components = [arg for c in COMPONENTS for arg in ("--component", c)]
-        proc = run_cli("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
+        proc = cli_here("export", "qwen3-tts", "--checkpoint", str(checkpoint), "--target", "cpu", "--out", str(root / "out"),
                        *components, "--format", "onnx", "--precision", "fp32", "--placement", PLACE,
                        "--set", f"reference_frames={REFERENCE_FRAMES}", "--jobs", "2")
         assert proc.returncode == 0, proc.stderr[-3000:]
-        made = run_cli("voice-prompt", "qwen3-tts", "--checkpoint", str(checkpoint), "--audio", str(root / "reference.wav"),
+        made = cli_here("voice-prompt", "qwen3-tts", "--checkpoint", str(checkpoint), "--audio", str(root / "reference.wav"),
                        "--out", str(root / "voice.npz"), "--ids", ",".join(map(str, TRANSCRIPT)), "--json")
         assert made.returncode == 0, made.stderr[-2000:]
         (root / "written.json").write_text(made.stdout)
@@ -204,7 +204,7 @@ def test_a_request_file_with_text_runs_against_the_official_generate(base, tmp_p
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"text": "hello world again", "voice": str(base["voice"]), "non_streaming": True}))
     places = ",".join(p for p in PLACE.split(",") if not p.startswith("voice="))
-    proc = run_cli("pipeline", "qwen3-tts", str(base["folder"]), "--placement", places, "--frames", str(FRAMES),
+    proc = cli_here("pipeline", "qwen3-tts", str(base["folder"]), "--placement", places, "--frames", str(FRAMES),
                    "--stream-frames", str(FRAMES), "--request", str(request), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     official = json.loads(proc.stdout)["official_utterance"]
