@@ -217,7 +217,7 @@ def test_the_graph_a_qnn_artifact_is_compiled_from_is_made_once(monkeypatch):
         return {"calibration_sets": size}
 
     monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", graph)
-    monkeypatch.setattr(qnn_graphs, "pads_as_concats", lambda dest: 0)  # the stand-in graph is no ONNX
+    monkeypatch.setattr(qnn_graphs, "for_the_htp", lambda dest: None)  # the stand-in graph is no ONNX
     monkeypatch.setattr(qnn_graphs, "quantize_qdq", quantize)
     monkeypatch.setattr(qnn_graphs, "run_forked_for", lambda component, label, fn, *args: fn(*args))  # counted here
 
@@ -321,7 +321,7 @@ def test_the_graph_is_made_in_a_process_forked_for_it_and_only_its_file_comes_ba
         dest.write_text(str(os.getpid()))
 
     monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", graph)
-    monkeypatch.setattr(qnn_graphs, "pads_as_concats", lambda dest: 0)  # the stand-in graph is no ONNX
+    monkeypatch.setattr(qnn_graphs, "for_the_htp", lambda dest: None)  # the stand-in graph is no ONNX
     module = torch.nn.Linear(2, 2)
     comp = Component("c", "test", module, [TensorSpec("x", (1, 2), "float32")], [TensorSpec("y", (1, 2), "float32")],
                      lambda x: module(x), {})

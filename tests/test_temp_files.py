@@ -99,7 +99,7 @@ def test_a_forked_child_never_removes_the_qnn_graphs_its_parent_keeps(fresh_temp
     import edgex.exporters.qnn_graphs as qnn_graphs
 
     monkeypatch.setattr(qnn_graphs.OnnxExporter, "graph", lambda _self, _component, _precision, dest: dest.write_bytes(b"graph"))
-    monkeypatch.setattr(qnn_graphs, "pads_as_concats", lambda dest: 0)  # the stand-in graph is no ONNX
+    monkeypatch.setattr(qnn_graphs, "for_the_htp", lambda dest: None)  # the stand-in graph is no ONNX
     graphs, component = qnn_graphs.Graphs(), _mlp()
     graph, _ = graphs.get(component, "fp16", None)
     run_forked(graphs.clear)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..isolation import run_forked_for
 from .onnx import OnnxExporter
-from .qnn_htp import pads_as_concats, row_conv_pads_as_matmuls
+from .qnn_htp import for_the_htp
 from .qnn_quantize import SCHEMES, quantize_qdq
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 class Graphs:
     """The ONNX graph a QNN artifact is compiled from: the component's fp32 graph with its constant
-    pads written as concatenations (`pads_as_concats`; fp16 artifacts), or that graph quantized to
+    pads written as concatenations and short rows' convolution padding as matrix products
+    (`qnn_htp.for_the_htp`; fp16 artifacts), or that graph quantized to
     static QDQ, made once and kept for the next caller.
 
     One job needs it up to three times (the export compiles it, the scheme reference runs the QDQ
@@ -89,8 +90,7 @@ class Graphs:
 
 def _float_graph(component: Component, dest: Path) -> None:
     OnnxExporter().graph(component, "fp32", dest)
-    pads_as_concats(dest)
-    row_conv_pads_as_matmuls(dest)
+    for_the_htp(dest)
 
 
 def _float_key(component: Component) -> str:

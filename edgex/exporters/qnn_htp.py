@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from ..component import Component
 
 
+def for_the_htp(source: Path) -> None:
+    """The graph at `source` rewritten in place as the HTP needs it whatever the scheme
+    (`pads_as_concats`, then `row_conv_pads_as_matmuls`)."""
+    pads_as_concats(source)
+    row_conv_pads_as_matmuls(source)
+
+
 def pads_as_concats(source: Path) -> int:
     """Rewrite each constant-mode Pad of the graph at `source` (in place) as a Concat of the input
     with constant blocks of the pad value along each padded axis; returns how many were rewritten.
@@ -90,8 +97,9 @@ def row_conv_pads_as_matmuls(source: Path) -> int:
     row's width is a multiple of 8 below 8 x the padding (measured in QAIRT's HTP simulator over
     every kernel size, dilation and channel count tried: padding 2 fails at width 8 only, 3 at 8
     and 16, 9 at 8 to 64, each at 2 to 3 dB against ONNX Runtime CPU and 69 dB at the other widths;
-    padding of 1 and 2-D images never failed). Diffusion Policy's pusht U-Net, whose 5-wide
-    convolutions run at width 8 after its first downsampling, scored 8 dB against its 30 dB gate so.
+    padding of 1 and 2-D images never failed). A 263M-parameter robot policy's 1-D U-Net, whose
+    5-wide convolutions run at width 8 after its first downsampling, scored 8 dB against its 30 dB
+    gate so.
     The padding written as a Concat with zero blocks (`pads_as_concats`) does not help: where the
     Concat's input is another Conv's output the HTP folds the blocks back into the padding (the same
     2 dB). A MatMul is not folded, and it stays small for such short rows."""
