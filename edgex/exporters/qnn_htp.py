@@ -40,8 +40,7 @@ def pads_as_concats(source: Path) -> int:
     graph = model.graph
     constants = {t.name: t for t in graph.initializer}
     constants.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
-    typed = onnx.shape_inference.infer_shapes(model).graph
-    kinds = {v.name: v.type.tensor_type for v in (*typed.value_info, *typed.input, *typed.output)}
+    kinds = _tensor_types(model)
 
     def static(name: str):
         if name not in constants or constants[name].data_location == onnx.TensorProto.EXTERNAL:
@@ -88,6 +87,14 @@ def pads_as_concats(source: Path) -> int:
     return rewritten
 
 
+def _tensor_types(model) -> dict:
+    """Each tensor's type (element type and shape, as ONNX's shape inference gives it), by name."""
+    import onnx
+
+    typed = onnx.shape_inference.infer_shapes(model).graph
+    return {v.name: v.type.tensor_type for v in (*typed.value_info, *typed.input, *typed.output)}
+
+
 def row_conv_pads_as_matmuls(source: Path) -> int:
     """Give each Conv over one row (a 1-D Conv, or a 2-D one of height 1) that pads 2 or more on a
     side of a row at most 8 x that padding wide its padded input as a MatMul with a constant 0 / 1
@@ -109,8 +116,7 @@ def row_conv_pads_as_matmuls(source: Path) -> int:
 
     model = onnx.load(str(source), load_external_data=False)
     graph = model.graph
-    typed = onnx.shape_inference.infer_shapes(model).graph
-    kinds = {v.name: v.type.tensor_type for v in (*typed.value_info, *typed.input, *typed.output)}
+    kinds = _tensor_types(model)
     nodes, rewritten = [], 0
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
