@@ -79,6 +79,18 @@ def vlm_config_inputs(checkpoint: Path) -> dict[str, str | None]:
     return {"vlm_model_name": name, "vlm_config_sha256": digest}
 
 
+# The unrolled Euler loop is built for ExecuTorch and the HTP only when placed by name
+# (--placement action_loop=EXPORTER:PRECISION): an app there loops over action_step. At 450m (10
+# steps) XNNPACK's lowering of the unrolled loop held 13-16 GB a precision: the fp32 job was killed
+# for memory beside the fp16 one, which was still lowering after 12 minutes; the HTP's fp16 and
+# w8a16 jobs of the loop were still running 25 minutes into the export.
+ACTION_LOOP = ComponentPrecisions(
+    {"executorch": (), "qnn": ()},
+    "ExecuTorch and the HTP run the Euler loop as the app's loop over action_step; at 450m the unrolled loop's "
+    "XNNPACK lowering holds 13-16 GB a precision and ran past 12 minutes, its HTP jobs past 25, so it is built "
+    "there only when placed by name (--placement action_loop=executorch:fp32, action_loop=qnn:fp16)")
+
+
 FACTS = RecipeFacts(
     name="smolvla",
     description="SmolVLA (LeRobot): SmolVLM vision + prefix K/V, cross-attending flow-matching action expert",
@@ -96,5 +108,6 @@ FACTS = RecipeFacts(
         "~0.8 rad, the embedding alone scores 19-34 dB and the velocity 29.6 dB, below the 30 dB fp16 lowering gate, so "
         "the HTP builds w8a16 (16-bit activations resolve t); MNN fp16 lowering 18.2 dB (torch fp16 61.6, the loop with "
         "baked embeddings 65.3); Core ML fp16 29.2 dB (lowering 29.3, scheme 61.6, MIL interpreter), fp32 103.5 dB. "
-        "--placement action_step=EXPORTER:fp16 builds the fp16 variant")},
+        "--placement action_step=EXPORTER:fp16 builds the fp16 variant"),
+        "action_loop": ACTION_LOOP},
 )
