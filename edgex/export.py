@@ -227,9 +227,12 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
 def error_entries(job: Job, exc: BaseException) -> list[dict]:
     exporter = EXPORTERS.get(job.exporter)
     message = str(exc).splitlines()[0] if str(exc) else ""
-    return [{"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
+    entry = {"component": job.component, "role": job.role, "format": exporter.format, "exporter": exporter.name,
              "backend": exporter.backend, "precision": job.precision, "verdict": "error",
-             "error": f"{type(exc).__name__}: {message}"[:500], "files": []}]
+             "error": f"{type(exc).__name__}: {message}"[:500], "files": []}
+    if isinstance(exc, ChildDied) and exc.signal:  # the job's or its lowering's process (the OOM killer)
+        entry["killed_by"] = exc.signal
+    return [entry]
 
 
 def _start_isolated(job: Job, component: Component, *args) -> "_IsolatedJob | RanHere":

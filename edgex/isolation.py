@@ -45,7 +45,21 @@ T = TypeVar("T")
 
 
 class ChildDied(RuntimeError):
-    """The job's process ended without a result: killed (the OOM killer's SIGKILL), or crashed."""
+    """The job's process ended without a result: killed (the OOM killer's SIGKILL), or crashed.
+    `signal`: the signal's name when one ended it, else None."""
+
+    def __init__(self, message: str, signal: str | None = None):
+        super().__init__(message)
+        self.signal = signal
+
+
+def _signal_name(status: int) -> str | None:
+    if not os.WIFSIGNALED(status):
+        return None
+    try:
+        return signal.Signals(os.WTERMSIG(status)).name
+    except ValueError:
+        return str(os.WTERMSIG(status))
 
 
 def forking_supported() -> bool:
@@ -124,13 +138,9 @@ def _child_setup(scratch: str) -> None:
 
 
 def _describe(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == signal.SIGKILL else ""
+    name = _signal_name(status)
+    if name is not None:
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if name == "SIGKILL" else ""
         return f"killed by {name}{hint}"
     return f"exited with status {os.WEXITSTATUS(status)} without a result"
 
@@ -187,7 +197,7 @@ class Forked:
         finally:
             self._scratch.cleanup()
         if not payload:
-            raise ChildDied(f"{self._label} {_describe(status)}")
+            raise ChildDied(f"{self._label} {_describe(status)}", _signal_name(status))
         kind, value = pickle.loads(payload)
         if kind == "raise":
             raise value

@@ -247,7 +247,7 @@ def run_tasks(tasks: list[Task], workers: int, budget_mb: float | None, progress
         alone=lambda task: not (EXPORTERS.get(task.job.exporter).fork_safe and forking_supported()),
         started=lambda task: task.started(), finished=finished,
         ready=lambda task: models.component(task) is not None, prepare=models.next, safe_points=between_module_calls,
-        held=held)
+        held=held, killed=lambda entries: entries[0].get("killed_by") == "SIGKILL")
     results: list = [None] * len(tasks)
     for i, entries in zip(order, made):
         results[i] = entries

@@ -17,7 +17,10 @@ Memory: children share the parent's pages, so a job costs what it adds to them. 
 while what the export holds now (this process's resident memory and each child's own pages) plus
 the most a finished job of this export added stays within the budget; until one has finished, a
 job is taken to add as much as the export holds. A job that must run in this process (an exporter
-that is not fork-safe) runs with no other job in flight.
+that is not fork-safe) runs with no other job in flight. What a job will add is known only once one
+like it has finished, so two large jobs can still start together and outgrow the machine: a job
+whose process the kernel killed (the OOM killer's SIGKILL) while another ran beside it runs once
+more with nothing beside it.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
                      started: Callable[[J], None] = lambda job: None, finished: Callable[[J, R], None] = lambda job, result: None,
                      held: Callable[[], float] = held_mb, ready: Callable[[J], bool] = lambda job: True,
                      prepare: Callable[[int], bool | None] = lambda in_flight: False,
-                     safe_points: Callable[[Callable[[], None]], AbstractContextManager] = lambda point: nullcontext()) -> list[R]:
+                     safe_points: Callable[[Callable[[], None]], AbstractContextManager] = lambda point: nullcontext(),
+                     killed: Callable[[R], bool] = lambda result: False) -> list[R]:
     """Every job, up to `workers` at once, results in the order of `jobs`. `start(job)` is called in
     this thread and sets the job going (a forked child); its `result()` is awaited in a worker
     thread. `added_mb(result)`: what the finished job added to the memory it shared (None: unknown).
@@ -81,12 +85,16 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
     the jobs (`in_flight`: how many will run meanwhile); None: it has nothing to do before a job in
     flight finishes (it is called again then). `safe_points(point)` is a context in which
     the preparing thread calls `point()` at the moments it may be paused for a fork (without one,
-    only between two calls). An exception (preparing, starting) stops every job in flight."""
+    only between two calls). An exception (preparing, starting) stops every job in flight.
+    `killed(result)`: the job's process was killed (module doc); if another job ran beside it, it is
+    started again, once, alone (neither `finished` nor `added_mb` sees the first result)."""
     results: list = [None] * len(jobs)
     pending = deque(range(len(jobs)))
     running: dict = {}  # future -> (index, Started)
     largest: float | None = None
     preparing = _Preparing(prepare, safe_points)
+    accompanied: set[int] = set()  # jobs that had another beside them at some moment
+    solo: set[int] = set()  # jobs to run again with nothing beside them
 
     def fits() -> bool:
         if not running or budget_mb is None:
@@ -102,6 +110,10 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
             preparing.waiting = False
             i, _ = running.pop(future)
             results[i] = future.result()
+            if i in accompanied and i not in solo and killed(results[i]):
+                solo.add(i)
+                pending.appendleft(i)
+                continue
             cost = added_mb(results[i])
             if cost is not None:
                 largest = cost if largest is None else max(largest, cost)
@@ -109,6 +121,8 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
 
     def start_ready() -> None:
         while pending and len(running) < max(1, workers) and ready(jobs[pending[0]]):
+            if any(i in solo for i, _ in running.values()) or (pending[0] in solo and running):
+                return
             job = jobs[pending[0]]
             if alone(job):
                 if running:
@@ -125,6 +139,8 @@ def run_side_by_side(jobs: Sequence[J], start: Callable[[J], Started[R]], worker
             started(job)
             with preparing.paused():
                 handle = start(job)
+            if running:
+                accompanied.update([i, *(j for j, _ in running.values())])
             running[pool.submit(handle.result)] = (i, handle)
 
     def will_run() -> int:

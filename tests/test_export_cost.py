@@ -123,20 +123,30 @@ def test_a_forked_job_raises_its_error_here_and_a_killed_one_says_how_it_died():
 
 def test_an_export_job_killed_for_memory_is_an_error_and_the_export_goes_on(tmp_path, monkeypatch):
     """The OOM killer's SIGKILL in one job (here sent by a sabotaged exporter) costs that artifact,
-    recorded as an error, not the export: the next job still runs and passes."""
+    recorded as an error, not the export: the next job still runs and passes. Killed beside another
+    job, it was run once more alone first."""
     import os
     import signal
 
     from edgex.export import export_model
     from edgex.exporters.executorch import ExecuTorchExporter
 
-    monkeypatch.setattr(ExecuTorchExporter, "export", lambda *_a, **_k: os.kill(os.getpid(), signal.SIGKILL))
-    manifest = export_model("qwen3-tts", "cpu", tmp_path, preset="tiny", components=["talker_prefill"], precisions=["fp32"])
+    tries = tmp_path / "tries"
+
+    def killed(*_a, **_k):
+        with open(tries, "a") as f:
+            f.write("x")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(ExecuTorchExporter, "export", killed)
+    manifest = export_model("qwen3-tts", "cpu", tmp_path / "out", preset="tiny", components=["talker_prefill"],
+                            precisions=["fp32"], jobs=2)
     by_exporter = {a["exporter"]: a for a in manifest["artifacts"]}
     assert by_exporter["executorch"]["verdict"] == "error" and "SIGKILL" in by_exporter["executorch"]["error"]
+    assert by_exporter["executorch"]["killed_by"] == "SIGKILL" and tries.read_text() == "xx"
     assert by_exporter["onnx"]["verdict"] == "pass"
     assert manifest["status"] == "fail"
-    assert not list((tmp_path / "qwen3-tts" / "cpu").rglob("*.pte"))
+    assert not list((tmp_path / "out" / "qwen3-tts" / "cpu").rglob("*.pte"))
 
 
 def test_what_a_forked_job_computed_for_its_component_comes_back(tmp_path):

@@ -81,6 +81,38 @@ def test_a_job_that_must_run_here_runs_with_nothing_in_flight():
     assert [r["job"] for r in out] == names
 
 
+def test_a_job_killed_beside_another_runs_once_more_alone_and_one_killed_alone_is_its_result():
+    """The OOM killer's SIGKILL of a job that ran beside another: it is run again with nothing beside
+    it, and only its second result is seen; a job killed while alone is not run again."""
+    jobs = _Jobs()
+    kills = {"big:1": 1, "lone:1": 9}  # how many of each job's runs are killed
+    runs: list[str] = []
+
+    def start(job: str):
+        def run():
+            result = jobs.run(job)
+            runs.append(job)
+            if kills.get(job, 0) > 0:
+                kills[job] -= 1
+                result["killed"] = True
+            return result
+        return _Later(run)
+
+    names = ["big:1", "small:1", "other:1"]
+    finished = []
+    out = run_side_by_side(names, start, 2, None, added_mb=lambda r: r["added"], killed=lambda r: r.get("killed", False),
+                           finished=lambda job, result: finished.append((job, result.get("killed", False))))
+    assert runs.count("big:1") == 2 and not out[0].get("killed")
+    second = [n for job, n in jobs.seen if job == "big:1"][1]
+    assert second == 1, "the second run had company"
+    assert ("big:1", True) not in finished and sorted(finished) == sorted((n, False) for n in names)
+    assert [r["job"] for r in out] == names
+
+    jobs, runs[:] = _Jobs(), []
+    out = run_side_by_side(["lone:1"], start, 2, None, added_mb=lambda r: r["added"], killed=lambda r: r.get("killed", False))
+    assert runs == ["lone:1"] and out[0]["killed"]
+
+
 class _Inputs:
     """Builds one component's inputs per `prepare` call, recording how many jobs were in flight."""
 
