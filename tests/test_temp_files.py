@@ -127,3 +127,20 @@ def test_a_test_run_removes_its_cost_cache_folder(tmp_path):
                           cwd=REPO, env=env | {"TMPDIR": str(temp)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not list(temp.glob("edgex-test-cache-*"))
+
+
+def test_a_killed_export_s_staging_folder_is_removed_by_the_next_export_into_its_folder(tmp_path):
+    """SIGKILL runs no clean-up: the staging folder of a killed export (named with its process id)
+    goes when the next export stages into the same folder; a live process's stays."""
+    from edgex.artifacts.files import STAGING_PREFIX, staging_dir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{STAGING_PREFIX}{int(gone.stdout)}-abc"
+    live = tmp_path / f"{STAGING_PREFIX}{os.getppid()}-def"
+    for folder in (dead, live):
+        (folder / "prefix.fp32.pte").parent.mkdir()
+        (folder / "prefix.fp32.pte").write_bytes(b"staged")
+    with staging_dir(tmp_path) as stage:
+        assert stage.name.startswith(f"{STAGING_PREFIX}{os.getpid()}-")
+        assert not dead.exists() and live.exists()
+    assert not stage.exists() and live.exists()

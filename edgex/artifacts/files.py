@@ -68,12 +68,25 @@ def ensure_writable_dir(path: Path) -> Path:
 
 @contextmanager
 def staging_dir(parent: Path) -> Iterator[Path]:
-    """A private folder in `parent` (same filesystem, so renames out of it are atomic), always removed."""
-    path = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
+    """A private folder in `parent` (same filesystem, so renames out of it are atomic), always removed.
+    Its name holds this process's id: one that a killed export left (SIGKILL runs no clean-up, and a
+    published-size export stages gigabytes) is removed by the next export into `parent`."""
+    sweep_orphaned_staging(parent)
+    path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=parent))
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_orphaned_staging(parent: Path) -> None:
+    """Remove the staging folders in `parent` whose exporting process is gone."""
+    import psutil
+
+    for path in Path(parent).glob(f"{STAGING_PREFIX}*-*"):
+        pid = path.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def move_into_place(files: list[Path], dest_dir: Path) -> list[Path]:
