@@ -78,11 +78,12 @@ FACTS = RecipeFacts(
         {"mnn": ("fp32",), "coreml": ("fp32",)},
         "fp32 only: the Gemma action expert's velocity loses the chunk below fp32 (its fp32_components); "
         "--placement action_step=EXPORTER:fp16 builds the fp16 variant"),
-        # the unrolled loop on ExecuTorch only when placed by name, as SmolVLA's: the app loops
-        # over action_step, and pi0's Gemma action expert is larger than SmolVLA's
+        # the unrolled loop on ExecuTorch and Core ML only when placed by name, as SmolVLA's: the
+        # app loops over action_step, and pi0's Gemma action expert is larger than SmolVLA's
         "action_loop": ComponentPrecisions(
-            {"executorch": ()},
-            "ExecuTorch runs the Euler loop as the app's loop over action_step: XNNPACK's lowering of the unrolled "
-            "loop held 13-16 GB a precision for SmolVLA 450m's smaller action expert, so it is built only when placed "
-            "by name (--placement action_loop=executorch:fp32)")},
+            {"executorch": (), "coreml": ()},
+            "ExecuTorch and Core ML run the Euler loop as the app's loop over action_step: for SmolVLA 450m's smaller "
+            "action expert the unrolled loop's XNNPACK lowering held 13-16 GB a precision and its Core ML fp16 job ran "
+            "past 20 minutes, so it is built there only when placed by name (--placement action_loop=executorch:fp32, "
+            "action_loop=coreml:fp32)")},
 )

@@ -79,16 +79,18 @@ def vlm_config_inputs(checkpoint: Path) -> dict[str, str | None]:
     return {"vlm_model_name": name, "vlm_config_sha256": digest}
 
 
-# The unrolled Euler loop is built for ExecuTorch and the HTP only when placed by name
+# The unrolled Euler loop is built for ExecuTorch, the HTP and Core ML only when placed by name
 # (--placement action_loop=EXPORTER:PRECISION): an app there loops over action_step. At 450m (10
 # steps) XNNPACK's lowering of the unrolled loop held 13-16 GB a precision: the fp32 job was killed
 # for memory beside the fp16 one, which was still lowering after 12 minutes; the HTP's fp16 and
-# w8a16 jobs of the loop were still running 25 minutes into the export.
+# w8a16 jobs of the loop were still running 25 minutes into the export; on Core ML the fp32 loop
+# ended 15 minutes into the export and the fp16 one was still running at 20.
 ACTION_LOOP = ComponentPrecisions(
-    {"executorch": (), "qnn": ()},
-    "ExecuTorch and the HTP run the Euler loop as the app's loop over action_step; at 450m the unrolled loop's "
-    "XNNPACK lowering holds 13-16 GB a precision and ran past 12 minutes, its HTP jobs past 25, so it is built "
-    "there only when placed by name (--placement action_loop=executorch:fp32, action_loop=qnn:fp16)")
+    {"executorch": (), "qnn": (), "coreml": ()},
+    "ExecuTorch, the HTP and Core ML run the Euler loop as the app's loop over action_step; at 450m the unrolled "
+    "loop's XNNPACK lowering holds 13-16 GB a precision and ran past 12 minutes, its HTP jobs past 25 and its Core "
+    "ML fp16 job past 20, so it is built there only when placed by name (--placement action_loop=executorch:fp32, "
+    "action_loop=qnn:fp16, action_loop=coreml:fp16)")
 
 
 FACTS = RecipeFacts(
