@@ -246,7 +246,11 @@ def test_every_target_places_or_declines_each_vla_role():
         # a flow step's fp16 time embedding loses its phases on the HTP: w8a16 by default, the recipe says why
         placed = SMOLVLA.placements_on(TARGETS[name], "action_step")
         assert [p.precisions for p in placed] == [("w8a16",)] and "29.6 dB" in placed[0].recipe_precisions
-        assert [p.precisions for p in SMOLVLA.placements_on(TARGETS[name], "action_loop")] == [("fp16", "w8a16")]
+        # the unrolled loop only when placed by name: the app loops over action_step
+        assert [p.precisions for p in SMOLVLA.placements_on(TARGETS[name], "action_loop")] == [()]
+    for name in ("cpu", "apple"):
+        by_exporter = {p.exporter: p.precisions for p in SMOLVLA.placements_on(TARGETS[name], "action_loop")}
+        assert by_exporter == ({"executorch": (), "onnx": ("fp32", "fp16")} if name == "cpu" else {"coreml": ()})
     for name in ("mnn", "apple"):  # fp16 step below the gate there too (18.2 / 29.2 dB): fp32
         placed = SMOLVLA.placements_on(TARGETS[name], "action_step")
         assert [p.precisions for p in placed] == [("fp32",)] and "18.2 dB" in placed[0].recipe_precisions
