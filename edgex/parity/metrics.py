@@ -34,6 +34,15 @@ def median(values) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def in_row_blocks(per_row, *arrays: np.ndarray, rows: int = 4096) -> np.ndarray:
+    """`per_row(*blocks)` on `rows` rows of `arrays` (one first axis) at a time, its results joined:
+    a figure per row of a large table without temporaries of the whole table (a 152k-row embedding
+    in float64 or uint64 is gigabytes a copy). Exact for any per-row figure: a row's result does not
+    depend on the rows beside it."""
+    count = arrays[0].shape[0]
+    return np.concatenate([per_row(*(a[i:i + rows] for a in arrays)) for i in range(0, max(1, count), rows)])
+
+
 def snr_db(ref: np.ndarray, out: np.ndarray) -> float:
     """10*log10(sum(ref^2) / sum((ref-out)^2)); identical -> inf; NaN / inf in either -> -inf."""
     ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..component import Component
 from .check import END_TO_END, SNR, ParityReport, check, deciding_gate, measure
+from .metrics import in_row_blocks
 from .gates import end_to_end_tie_db
 from .runtimes.base import Session
 
@@ -270,21 +271,19 @@ class _RowIndex:
         return {t: (a[np.argsort(a)], r[np.argsort(a)]) for t, (a, r) in found_rows.items() if a.size}
 
 
-_HASHED_AT_ONCE = 8192  # rows: a 152k x 2048 text embedding at once took two 2.5 GB uint64 temporaries
-
-
 def _row_hash(rows: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row's float32 bits and length (wrapping multiply-add with fixed odd
-    multipliers); equal rows hash equal, as bytes-equal rows did. `_HASHED_AT_ONCE` rows at a time."""
+    multipliers); equal rows hash equal, as bytes-equal rows did. In blocks of rows
+    (`metrics.in_row_blocks`): the uint64 copy of a 152k x 2048 embedding at once is 2.5 GB."""
     rows = np.ascontiguousarray(rows)
     width = rows.shape[1]
     multipliers = np.random.default_rng(width).integers(1, 1 << 62, width, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    out = np.empty(rows.shape[0], np.uint64)
-    with np.errstate(over="ignore"):
-        for i in range(0, rows.shape[0], _HASHED_AT_ONCE):
-            bits = rows[i:i + _HASHED_AT_ONCE].view(np.uint32).astype(np.uint64)
-            out[i:i + _HASHED_AT_ONCE] = (bits * multipliers).sum(axis=1, dtype=np.uint64) + np.uint64(width)
-    return out
+
+    def hashed(block: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return (block.view(np.uint32).astype(np.uint64) * multipliers).sum(axis=1, dtype=np.uint64) + np.uint64(width)
+
+    return in_row_blocks(hashed, rows, rows=8192)
 
 
 def _row_count(t: torch.Tensor) -> int:

@@ -23,18 +23,12 @@ from . import metrics
 from .stored import StoredTensor
 
 
-ROWS_AT_ONCE = 4096  # rows scored together: a 152k-row embedding table in float64 at once held ~8 GB
-
-
 def row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:
     """SNR in dB of each row (first axis) of `stored` against `original`, float64; inf where a row
     is exact, -inf where a row of zeros came back non-zero or where either row holds a NaN / inf
-    (never NaN, which no gate comparison would count). Scored `ROWS_AT_ONCE` rows at a time (each
-    row's sums are the same whatever rows are beside it)."""
+    (never NaN, which no gate comparison would count). Scored in blocks of rows (`metrics.in_row_blocks`)."""
     original = np.asarray(original).reshape(original.shape[0], -1)
-    stored = np.asarray(stored).reshape(original.shape)
-    return np.concatenate([_row_snr_db(original[i:i + ROWS_AT_ONCE], stored[i:i + ROWS_AT_ONCE])
-                           for i in range(0, max(1, original.shape[0]), ROWS_AT_ONCE)])
+    return metrics.in_row_blocks(_row_snr_db, original, np.asarray(stored).reshape(original.shape))
 
 
 def _row_snr_db(original: np.ndarray, stored: np.ndarray) -> np.ndarray:
