@@ -1,4 +1,4 @@
-"""Parity metrics, computed in float64 over whole tensors (docs/parity.md).
+"""Parity metrics, computed in float64 over whole tensors, read a piece at a time (docs/parity.md).
 
 A NaN or inf in either tensor makes every dB figure -inf: a non-finite value is a failure, and a
 NaN figure would compare False against any gate and fall out of (or, depending on order, win)
@@ -13,8 +13,25 @@ import statistics
 import numpy as np
 
 
+# Elements per float64 temporary the whole-tensor figures make (16 MiB): a 0.6b model's 152k-row
+# embedding table is ~1.2 GB a copy in float64, and a figure over it made five such copies at once.
+CHUNK = 1 << 21
+
+
+def chunks(*arrays: np.ndarray, size: int = CHUNK):
+    """The arrays flattened and read `size` elements at a time, each piece in float64: sums over
+    whole tensors without a float64 copy of any. One piece (the same sums as over the whole array)
+    for a tensor of at most `size` elements."""
+    arrays = [np.asarray(a) for a in arrays]
+    if len({a.shape for a in arrays}) > 1:  # as the arithmetic on whole arrays broadcasts them
+        arrays = np.broadcast_arrays(*arrays)
+    flat = [a.reshape(-1) for a in arrays]
+    for i in range(0, max(1, flat[0].size), size):
+        yield tuple(np.asarray(f[i:i + size], np.float64) for f in flat)
+
+
 def finite(*arrays: np.ndarray) -> bool:
-    return all(bool(np.all(np.isfinite(np.asarray(a, np.float64)))) for a in arrays)
+    return all(bool(np.all(np.isfinite(piece))) for a in arrays for (piece,) in chunks(a))
 
 
 def nonfinite_count(array: np.ndarray) -> int:
@@ -45,11 +62,10 @@ def in_row_blocks(per_row, *arrays: np.ndarray, rows: int = 4096) -> np.ndarray:
 
 def snr_db(ref: np.ndarray, out: np.ndarray) -> float:
     """10*log10(sum(ref^2) / sum((ref-out)^2)); identical -> inf; NaN / inf in either -> -inf."""
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     if not finite(ref, out):
         return -math.inf
-    noise = float(np.sum((ref - out) ** 2))
-    signal = float(np.sum(ref**2))
+    noise = sum(float(np.sum((r - o) ** 2)) for r, o in chunks(ref, out))
+    signal = sum(float(np.sum(r**2)) for (r,) in chunks(ref))
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
@@ -59,13 +75,16 @@ def snr_db(ref: np.ndarray, out: np.ndarray) -> float:
 
 def psnr_db(ref: np.ndarray, out: np.ndarray) -> float:
     """20*log10(max|ref| / rmse), AI Hub's definition."""
-    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     if not finite(ref, out):
         return -math.inf
-    rmse = math.sqrt(float(np.mean((ref - out) ** 2)))
+    squares, count = 0.0, 0
+    for r, o in chunks(ref, out):
+        squares += float(np.sum((r - o) ** 2))
+        count += r.size
+    rmse = math.sqrt(squares / count) if count else math.nan
     if rmse == 0.0:
         return math.inf
-    peak = float(np.max(np.abs(ref)))
+    peak = max(float(np.max(np.abs(r), initial=0.0)) for (r,) in chunks(ref))
     return -math.inf if peak == 0.0 else 20.0 * math.log10(peak / rmse)
 
 

@@ -223,7 +223,9 @@ def _input_hook(quant):
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().to(torch.float32).contiguous()
+    """`t` as float32 rows along its last axis: a view where it can be one (a transposed weight
+    stays a strided view, not a copy of the table)."""
+    t = t.detach().to(torch.float32)
     return t.reshape(1, -1) if t.ndim <= 1 else t.reshape(-1, t.shape[-1])
 
 
@@ -274,14 +276,14 @@ class _RowIndex:
 def _row_hash(rows: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row's float32 bits and length (wrapping multiply-add with fixed odd
     multipliers); equal rows hash equal, as bytes-equal rows did. In blocks of rows
-    (`metrics.in_row_blocks`): the uint64 copy of a 152k x 2048 embedding at once is 2.5 GB."""
-    rows = np.ascontiguousarray(rows)
+    (`metrics.in_row_blocks`), each made contiguous there: the uint64 copy of a 152k x 2048
+    embedding at once is 2.5 GB, and a transposed table is read as the strided view it is."""
     width = rows.shape[1]
     multipliers = np.random.default_rng(width).integers(1, 1 << 62, width, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
     def hashed(block: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
-            return (block.view(np.uint32).astype(np.uint64) * multipliers).sum(axis=1, dtype=np.uint64) + np.uint64(width)
+            return (np.ascontiguousarray(block).view(np.uint32).astype(np.uint64) * multipliers).sum(axis=1, dtype=np.uint64) + np.uint64(width)
 
     return in_row_blocks(hashed, rows, rows=8192)
 
