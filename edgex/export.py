@@ -28,6 +28,7 @@ from .errors import EdgexError
 from .exporters import EXPORTERS
 from .exporters.base import Exporter
 from . import host
+from .lowering_turns import turn as lowering_turn
 from .isolation import ChildDied, RanHere, computing, die_with_parent, forking_supported, run_forked_for, start_forked
 from .hub import HUB_DIR, HubSettings, device_parity
 from .hub import connect as connect_hub
@@ -80,8 +81,10 @@ def _export_one(job: Job, component: Component, exporter: Exporter, stage: Path,
     }
     start = time.perf_counter()
     exporter.before_lowering(component, job.precision, **dict(job.options))
-    result, peak_mb = _lower_apart(exporter, component, job, dest)
-    entry.update(export_seconds=round(time.perf_counter() - start, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
+    result, peak_mb, waited = _lower_apart(exporter, component, job, dest)
+    entry.update(export_seconds=round(time.perf_counter() - start - waited, 3), export_peak_rss_mb=peak_mb, io_float_dtype=result.io_float_dtype, details=result.details)
+    if waited >= 0.1:
+        entry["lowering_waited_seconds"] = round(waited, 1)
     if result.sidecars_not_written:
         entry["sidecars_not_written"] = dict(result.sidecars_not_written)
     gate = threshold_db(component.role, job.precision, overrides)
@@ -135,10 +138,11 @@ def gate_files(component: Component, exporter: Exporter, files: list[Path], io_f
 
 
 def _lower(exporter: Exporter, component: Component, job: Job, dest: Path):
-    """The exporter's lowering, its files written to `dest`, and its peak RSS."""
-    with PeakRss() as peak:
+    """The exporter's lowering, its files written to `dest`, its peak RSS, and the seconds it waited
+    for its turn (`edgex.lowering_turns`)."""
+    with lowering_turn(exporter.lowering_alone) as waited, PeakRss() as peak:
         result = exporter.export(component, job.precision, dest, **dict(job.options))
-    return result, peak.mb
+    return result, peak.mb, waited[0]
 
 
 def _lower_apart(exporter: Exporter, component: Component, job: Job, dest: Path):
@@ -214,7 +218,9 @@ def _export_guarded(job: Job, component: Component, stage, overrides, threads, h
         raise
     except Exception as exc:
         entries = error_entries(job, exc)
-    entries[0]["job_seconds"] = round(time.perf_counter() - started, 3)
+    # its own time: not the wait for another job's compile (`lowering_waited_seconds`), so that its next
+    # estimate and its place in the longest-first order do not depend on what ran beside it
+    entries[0]["job_seconds"] = round(time.perf_counter() - started - entries[0].get("lowering_waited_seconds", 0.0), 3)
     entries[0].update(memory.record(entries[0].get("export_peak_rss_mb")))
     # A lowered program is a web of graph objects in reference cycles that hold the weights they
     # were made from: freed now, before the next artifact is lowered, not whenever the collector runs,

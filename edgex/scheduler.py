@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 from .component import Component
 from .exporters import EXPORTERS
 from .isolation import between_module_calls, forking_supported
+from .lowering_turns import turns
 from .mapped_weights import map_weights
 from .plan import Job
 from .recipes import RECIPES
@@ -241,13 +242,14 @@ def run_tasks(tasks: list[Task], workers: int, budget_mb: float | None, progress
         task.finished(entries, models.described[task.source])
 
     started = time.perf_counter()
-    made = run_side_by_side(
-        ordered, lambda task: task.start(models.component(task)), workers, budget_mb,
-        added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
-        alone=lambda task: not (EXPORTERS.get(task.job.exporter).fork_safe and forking_supported()),
-        started=lambda task: task.started(), finished=finished,
-        ready=lambda task: models.component(task) is not None, prepare=models.next, safe_points=between_module_calls,
-        held=held, killed=lambda entries: entries[0].get("killed_by") == "SIGKILL")
+    with turns():  # whole-graph compiles (`lowering_alone`) take turns
+        made = run_side_by_side(
+            ordered, lambda task: task.start(models.component(task)), workers, budget_mb,
+            added_mb=lambda entries: entries[0].get("job_added_rss_mb"),
+            alone=lambda task: not (EXPORTERS.get(task.job.exporter).fork_safe and forking_supported()),
+            started=lambda task: task.started(), finished=finished,
+            ready=lambda task: models.component(task) is not None, prepare=models.next, safe_points=between_module_calls,
+            held=held, killed=lambda entries: entries[0].get("killed_by") == "SIGKILL")
     results: list = [None] * len(tasks)
     for i, entries in zip(order, made):
         results[i] = entries

@@ -198,3 +198,42 @@ def test_a_job_starts_while_a_component_is_built_with_the_builder_paused_at_a_sa
     # a2 and a3 waited only for a0 / a1, not for b: each started from a paused builder
     assert by_job["a2:1"] == (False, True) and by_job["a3:1"] == (False, True)
     assert by_job["b0:1"][0]
+
+
+def test_whole_graph_compiles_take_turns_and_a_killed_holder_releases_its_turn(tmp_path):
+    """`lowering_turns`: forked jobs whose lowering is `lowering_alone` never compile at once; one
+    killed while holding its turn hands it on (the kernel drops its lock); a job that needs no turn,
+    or runs outside an export's `turns()`, does not wait."""
+    import os
+    import signal
+
+    from edgex import lowering_turns
+
+    log = tmp_path / "log"
+
+    def child(name: str, hold: float, needed: bool = True) -> int:
+        pid = os.fork()
+        if pid == 0:
+            with lowering_turns.turn(needed):
+                with open(log, "a") as f:
+                    f.write(f"{name} in {time.time()}\n")
+                time.sleep(hold)
+                with open(log, "a") as f:
+                    f.write(f"{name} out {time.time()}\n")
+            os._exit(0)
+        return pid
+
+    with lowering_turns.turns():
+        first = child("first", 30.0)  # killed while it holds the turn
+        time.sleep(0.3)
+        second, free = child("second", 0.3), child("free", 0.0, needed=False)
+        time.sleep(0.5)
+        os.waitpid(free, 0)
+        assert "second in" not in log.read_text() and "free out" in log.read_text()
+        os.kill(first, signal.SIGKILL)
+        os.waitpid(first, 0)
+        os.waitpid(second, 0)
+        assert "second out" in log.read_text()
+    assert lowering_turns._PATH is None
+    with lowering_turns.turn(True) as waited:  # no export set turns up: nothing to wait for
+        assert waited == [0.0]

@@ -62,6 +62,9 @@ class Exporter(ABC):
     # Whether its jobs may run in a forked child process (`edgex.isolation`). False where the
     # runtime's thread pool does not survive a fork of a process that has used it.
     fork_safe: bool = True
+    # Whether its lowering is one whole-graph compile holding several times the component's weights:
+    # such lowerings take turns within an export (`edgex.lowering_turns`) instead of running side by side.
+    lowering_alone: bool = False
     # A job's expected cost per pass of its graph, relative to the other formats', where no cost of it
     # is recorded (`edgex.scheduler`): what orders jobs longest first, never a time.
     cost_weight: float = 1.0

@@ -76,6 +76,8 @@ class QnnExporter(Exporter):
         "w8a8": "static QDQ: uint8 weights (per tensor in MatMul, per channel in Conv), uint8 activations calibrated on eager activations",
     }
     requires = ("onnx", "onnxscript", "onnxruntime_qnn")
+    # the HTP context build holds 5-6 GB for a 0.6b talker or unrolled predictor: one at a time
+    lowering_alone = True
     # two compiles (the context binary, the .dlc) and a parity run on the HTP simulator: measured on a
     # 0.6b LLM prefill graph at fp16, 216 s here against 72 s as MNN
     cost_weight = 3.0
