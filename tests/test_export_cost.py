@@ -228,7 +228,7 @@ def test_a_lowering_that_keeps_its_memory_keeps_it_only_in_its_own_process(tmp_p
 
     comp, job, rss = _stack_component(1, 8), Job("stack", "test", "leaky", "fp32"), psutil.Process().memory_info
     before = rss().rss
-    result, peak_mb = _lower_apart(Leaky(), comp, job, tmp_path / "apart.bin")
+    result, peak_mb, _ = _lower_apart(Leaky(), comp, job, tmp_path / "apart.bin")
     assert result.details == {"kept_mb": 256} and (tmp_path / "apart.bin").read_bytes() == b"artifact"
     assert peak_mb > 256 and rss().rss - before < 64 * 2**20 and not _KEPT
     result, peak_mb = _lower(Leaky(), comp, job, tmp_path / "here.bin")[:2]
@@ -248,7 +248,7 @@ def test_a_pte_lowered_apart_leaves_the_job_s_process_as_it_was(tmp_path):
 
     comp = _stack_component(4, 2048)
     before = psutil.Process().memory_info().rss
-    result, _ = _lower_apart(EXPORTERS.get("executorch"), comp, Job("stack", "test", "executorch", "fp32"), tmp_path / "s.pte")
+    result, _, _ = _lower_apart(EXPORTERS.get("executorch"), comp, Job("stack", "test", "executorch", "fp32"), tmp_path / "s.pte")
     assert psutil.Process().memory_info().rss - before < 32 * 2**20
     assert result.files == [tmp_path / "s.pte"] and result.details["delegate_subgraphs"] >= 1
 
