@@ -250,13 +250,17 @@ def subset_folder(source: Path, keep: Callable[[dict], bool], folder: Path) -> t
 
 # The MNN target's suite export (tests/test_mnn.py): a KV-cache decode graph, a sampling frame graph
 # and a convolutional decoder, each MNN lowering path once; its talker_decode is also the one
-# tests/test_fault_injection.py corrupts.
+# tests/test_fault_injection.py corrupts. The decode graph and the decoder at both default precisions,
+# the frame in fp32 alone (`MNN_PLACEMENTS`): its conversion is the export's slowest job, about 38
+# job-seconds per precision; the frame's MNN fp16 build is in test_mnn.py's every-component benchmark.
 MNN_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
+MNN_PLACEMENTS = ("code_predictor=mnn:fp32",)
 
 
 def mnn_export() -> tuple[Path, subprocess.CompletedProcess]:
     return shared_cli("mnn-export", lambda out: run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out),
-                                                        "--json", "--jobs", "2", "-c", ",".join(MNN_COMPONENTS)))
+                                                        "--json", "--jobs", "2", "-c", ",".join(MNN_COMPONENTS),
+                                                        "--placement", ",".join(MNN_PLACEMENTS)))
 
 
 # The llama-cpp target's export at three precisions (tests/test_gguf.py; q4_0 by name:

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import ONE_JOB_BUILD, run_cli
+from conftest import ONE_JOB_BUILD, cli_here, run_cli
 from edgex.build.reproducible import MEASURED
 
 pytestmark = pytest.mark.xdist_group("build")
@@ -41,8 +41,10 @@ min_db = 200            # on purpose: no fp16 graph reaches 200 dB, so this arti
 FAILING = "spark-x2.5/cpu/decode.fp16.onnx"
 
 
-def build(*args: str) -> tuple[int, dict | None, str]:
-    proc = run_cli("build", *args, "--json")
+def build(*args: str, here: bool = False) -> tuple[int, dict | None, str]:
+    """`edgex build ARGS --json` in a process of its own, or in this one (`here`: a run that exports
+    nothing, so no process of its own has anything to show)."""
+    proc = (cli_here if here else run_cli)("build", *args, "--json")
     try:
         data = json.loads(proc.stdout)
     except ValueError:
@@ -62,11 +64,11 @@ def builds(tmp_path_factory):
     file = root / "ci.toml"
     file.write_text(BUILD_FILE)
     runs = {"first": build(str(file), "--out", str(root / "out")),
-            "again": build(str(file), "--out", str(root / "out"))}
+            "again": build(str(file), "--out", str(root / "out"), here=True)}  # every artifact from the cache
     for i in (1, 2):  # each shard with an empty cache of its own: every artifact exported again
         runs[f"shard{i}"] = build(str(file), "--out", str(root / f"shard{i}"), "--shard", f"{i}/2",
                                   "--cache", str(root / f"cache{i}"))
-    runs["merged"] = build("merge", str(root / "shard1"), str(root / "shard2"), "--out", str(root / "merged"))
+    runs["merged"] = build("merge", str(root / "shard1"), str(root / "shard2"), "--out", str(root / "merged"), here=True)
     return root, runs
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from fake_aihub import FakeAIHub
 from test_cli_errors import assert_one_line_error
 from torch import nn
@@ -209,8 +209,8 @@ def test_cli_export_records_on_device_parity(ini, tmp_path):
     run on the (fake) device; the manifest carries both parity blocks."""
     with FakeAIHub() as hub:
         hub.write_config(ini)
-        proc = run_cli("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "-c", "talker_decode", "-f", "onnx",
-                       "-p", "fp32", "--hub-device", S25, "--hub-timeout", str(TIMEOUT_S), "--out", str(tmp_path), "--json")
+        proc = cli_here("export", "qwen3-tts", "--target", "cpu", "--preset", "tiny", "-c", "talker_decode", "-f", "onnx",
+                        "-p", "fp32", "--hub-device", S25, "--hub-timeout", str(TIMEOUT_S), "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads(proc.stdout)
     assert manifest["hub"]["device"] == S25 and manifest["tool_versions"]["qai-hub"] == "0.56.0"

@@ -10,25 +10,29 @@ import threading
 
 import pytest
 
-from conftest import MNN_COMPONENTS, mnn_export, run_cli
+from conftest import MNN_COMPONENTS, MNN_PLACEMENTS, mnn_export, run_cli
 from edgex.errors import EdgexError
 from edgex.recipes.qwen3_tts.facts import FACTS
 
 
-# Each MNN lowering path once in the suite (conftest.py's `MNN_COMPONENTS`); every component as a benchmark.
+# Each MNN lowering path once in the suite (conftest.py's `MNN_COMPONENTS`, placed as `MNN_PLACEMENTS`
+# says); every component at every default precision as a benchmark.
 @pytest.mark.parametrize("components", [pytest.param(MNN_COMPONENTS, id="suite"),
                                         pytest.param(FACTS.default_components(), id="every-component", marks=pytest.mark.benchmark)])
 def test_mnn_target_exports_components_with_runtime_parity(tmp_path, components):
     out = tmp_path
+    expected = {(c, p) for c in components for p in ("fp32", "fp16")}
     if components == MNN_COMPONENTS:
         out, proc = mnn_export()
+        placed = {key: precision for key, _, precision in (p.replace("=", ":").split(":") for p in MNN_PLACEMENTS)}
+        expected = {(c, p) for c, p in expected if placed.get(c, p) == p}
     else:
         proc = run_cli("export", "qwen3-tts", "--target", "mnn", "--preset", "tiny", "--out", str(out), "--json", "--jobs", "2",
                        "-c", ",".join(components))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     got = {(a["component"], a["precision"]) for a in data["artifacts"]}
-    assert got == {(c, p) for c in components for p in ("fp32", "fp16")}
+    assert got == expected
     for a in data["artifacts"]:
         assert a["format"] == "mnn" and a["parity"]["method"] == "runtime" and a["parity"]["runtime"] == "mnn"
         assert a["verdict"] == "pass", a["parity"]

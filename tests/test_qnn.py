@@ -18,16 +18,17 @@ def _artifacts(proc, sidecars: bool = False) -> dict:
 
 def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
     # The talker's step on s25-htp (fp16 context binary and .dlc) is exported, checked and corrupted
-    # in test_fault_injection.py; the predictor step stands for the LM roles here.
+    # in test_fault_injection.py; the predictor step stands for the LM roles here, and latent2wav (the
+    # decoder export quickest to build) for the decoders.
     proc = cli_here("export", "qwen3-tts", "--target", "s25-htp", "--preset", "tiny", "--out", str(tmp_path), "--json",
-                   "-c", "code_predictor_step,code2latent")
+                   "-c", "code_predictor_step,latent2wav")
     data = json.loads(proc.stdout)
     # the .dlc entries are unverified here: status "incomplete", exit 3, the reason on stderr
     assert proc.returncode == 3 and data["status"] == "incomplete", proc.stderr[-3000:]
     assert "unverified" in proc.stderr and "--allow-unverified" in proc.stderr
     assert data["target_facts"]["htp_arch"] == "v79" and data["target_facts"]["soc_model"] == 69
     got = _artifacts(proc)
-    assert set(got) == {("code_predictor_step", "fp16"), ("code2latent", "fp32")}
+    assert set(got) == {("code_predictor_step", "fp16"), ("latent2wav", "fp32")}
     out = tmp_path / "qwen3-tts" / "s25-htp"
     for name in ("code_predictor_step",):
         a = got[(name, "fp16")]
@@ -45,7 +46,7 @@ def test_s25_places_lm_roles_on_the_htp_and_code2wav_on_the_gpu_path(tmp_path):
         assert dlc["parity"]["method"] == "none" and "qnn-net-run" in dlc["parity"]["reason"]
         assert [f["path"].rsplit("/", 1)[-1] for f in dlc["files"]] == [f"{name}.fp16.dlc"]
         assert all((out / f["path"]).stat().st_size == f["bytes"] > 0 for f in a["files"] + dlc["files"])
-    gpu = got[("code2latent", "fp32")]
+    gpu = got[("latent2wav", "fp32")]
     assert gpu["format"] == "onnx" and gpu["parity"]["method"] == "runtime" and gpu["verdict"] == "pass"
     assert "Adreno" in gpu["placement"]["device"] and "not the GPU" in gpu["placement"]["unverified"]
 
