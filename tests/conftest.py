@@ -251,8 +251,8 @@ def subset_folder(source: Path, keep: Callable[[dict], bool], folder: Path) -> t
 # The MNN target's suite export (tests/test_mnn.py): a KV-cache decode graph, a sampling frame graph
 # and a convolutional decoder, each MNN lowering path once; its talker_decode is also the one
 # tests/test_fault_injection.py corrupts. The decode graph and the decoder at both default precisions,
-# the frame in fp32 alone (`MNN_PLACEMENTS`): its conversion is the export's slowest job, about 38
-# job-seconds per precision; the frame's MNN fp16 build is in test_mnn.py's every-component benchmark.
+# the frame in fp32 alone (`MNN_PLACEMENTS`): its conversion is the export's slowest job; the frame's
+# MNN fp16 build is in test_mnn.py's every-component benchmark.
 MNN_COMPONENTS = ("talker_decode", "code_predictor", "code2latent")
 MNN_PLACEMENTS = ("code_predictor=mnn:fp32",)
 
