@@ -64,12 +64,12 @@ def test_weights_that_are_the_parameters_themselves_swap_directly_as_the_row_sea
     """fp16 rounding and torchao store each weight under its parameter's name, as the parameter's own
     tensor: those swap in directly (no index of every row's bytes, several copies of a model's
     weights), with the same values and coverage the row search gives for copies of the same tensors."""
-    from edgex.parity.scheme import _own_parameters, rounded_to_fp16
+    from edgex.parity.scheme import _viewed_parameters, rounded_to_fp16
 
     eager, comp = _component()
     direct = rounded_to_fp16(comp)
     searched = StoredScheme("test", {n: StoredWeight(w.original.clone(), w.stored) for n, w in direct.weights.items()})
-    assert _own_parameters(comp, direct.weights) is not None and _own_parameters(comp, searched.weights) is None
+    assert len(_viewed_parameters(comp, direct.weights)) == len(direct.weights) and not _viewed_parameters(comp, searched.weights)
     fast, slow = build(comp, direct), build(comp, searched)
     assert fast.coverage == slow.coverage and fast.coverage["parameters_swapped"]["up.weight"] == "16/16 rows"
     (x,) = comp.samples["s"]
@@ -77,6 +77,31 @@ def test_weights_that_are_the_parameters_themselves_swap_directly_as_the_row_sea
         assert torch.equal(a, b)
     assert not torch.equal(fast((x,))[0], comp.reference(x)[0])  # the rounded weights were in place
     assert all(torch.equal(p, w.original) for p, w in zip(eager.parameters(), direct.weights.values()))  # and restored
+
+
+def test_a_stored_view_of_a_parameter_maps_by_position_though_its_short_rows_repeat_elsewhere():
+    """A 1x1 convolution's rows are single values, and at a real size many values occur in more than
+    one tensor: each stored kernel (the parameter itself, under the file's own name) must take its
+    own stored values, not those of the first tensor that holds the same number."""
+    torch.manual_seed(0)
+    first, second = nn.Conv1d(4, 4, 1, bias=False), nn.Conv1d(4, 4, 1, bias=False)
+    with torch.no_grad():
+        second.weight[0, 0, 0] = first.weight[1, 2, 0]  # one value in both kernels
+    module = nn.Sequential(first, second)
+    x = torch.randn(1, 4, 3)
+    comp = Component("convs", "test", module, [TensorSpec("x", (1, 4, 3), "float32")],
+                     [TensorSpec("y", (1, 4, 3), "float32")], lambda t: (module(t),), {"s": (x,)})
+    coarse, fine = (lambda w: torch.round(w * 2) / 2), (lambda w: torch.round(w * 64) / 64)
+    scheme = StoredScheme("test", {"p_first": StoredWeight(first.weight.detach(), coarse(first.weight.detach())),
+                                   "p_second_t": StoredWeight(second.weight.detach().transpose(0, 1),
+                                                              fine(second.weight.detach()).transpose(0, 1))})
+    ref = build(comp, scheme)
+    with ref.applied():
+        swapped = {id(p): p.detach().clone() for p in module.parameters()}
+    assert torch.equal(swapped[id(first.weight)], coarse(first.weight.detach()))
+    assert torch.equal(swapped[id(second.weight)], fine(second.weight.detach()))
+    assert ref.coverage["parameters_swapped"] == {"0.weight": "16/16 rows", "1.weight": "16/16 rows"}
+    assert ref.coverage["unmatched"] == {}
 
 
 def test_rows_that_belong_to_no_parameter_are_reported_not_guessed():

@@ -293,38 +293,80 @@ def _row_count(t: torch.Tensor) -> int:
     return 1 if t.ndim <= 1 else t.numel() // t.shape[-1]
 
 
-def _own_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, nn.Parameter] | None:
-    """Each stored weight's reference parameter when every one of them *is* a parameter: stored under
-    the parameter's name, its `original` the parameter's own tensor (same storage, shape and strides),
-    as fp16 rounding and torchao's per-layer schemes give them. Then the rows are the parameter's
-    rows by construction and need no matching by content; None when any weight is something else."""
+def _dense_view(t: torch.Tensor, param: torch.Tensor) -> bool:
+    """`t` reads every element of `param` exactly once, in any order: a reshape, a transpose or a
+    permutation of it, made without a copy (same storage, same start, a dense stride pattern)."""
+    if (t.untyped_storage().data_ptr() != param.untyped_storage().data_ptr() or t.dtype != param.dtype
+            or t.numel() != param.numel() or t.storage_offset() != param.storage_offset() or not param.is_contiguous()):
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.size()) if sz > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, tuple[str, nn.Parameter]]:
+    """{stored name: (parameter name, parameter)} for each stored weight whose `original` *is* a
+    reference parameter's own tensor or a view of it (fp16 rounding and torchao store the parameter
+    itself; Core ML a kernel reshaped, a MatMul weight transposed). Such a weight maps onto its
+    parameter element by element, by position: matching it by content would index every row's bytes
+    (several copies of a model's weights) and, where its rows are short (a 1x1 convolution's rows
+    are single values), could take a row of another tensor that holds the same value."""
     params = dict(component.module.named_parameters())
+    by_storage: dict[int, list[tuple[str, nn.Parameter]]] = {}
+    for pname, param in params.items():
+        by_storage.setdefault(param.untyped_storage().data_ptr(), []).append((pname, param))
+    found = {}
     for name, weight in weights.items():
-        param = params.get(name)
         original = weight.original
-        if param is None or original.data_ptr() != param.data_ptr() or original.shape != param.shape or original.stride() != param.stride():
-            return None
-    return {name: params[name] for name in weights}
+        same_name = [(name, params[name])] if name in params else []
+        candidates = same_name + by_storage.get(original.untyped_storage().data_ptr(), [])
+        viewed = next(((pname, p) for pname, p in candidates if _dense_view(original, p)), None)
+        if viewed is not None:
+            found[name] = viewed
+    return found
+
+
+def _in_layout_of(param: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
+    """`weight.stored` in `param`'s layout: each value written where its `original` element sits."""
+    new = torch.empty(param.shape, dtype=param.dtype)
+    view = new.as_strided(weight.original.size(), weight.original.stride(), 0)
+    view.copy_(weight.stored.to(param.dtype))
+    return new
 
 
 def build(component: Component, scheme: StoredScheme) -> SchemeReference:
-    """Map every stored row onto the reference parameter row with the same original values.
+    """Map every stored weight onto the reference parameter it was made from.
 
-    Where every stored weight is a parameter's own tensor (`_own_parameters`) it replaces that
-    parameter directly: indexing every row by its bytes costs several copies of the weights (the
-    fp16 scheme of the 0.6b talker held ~5 of its 3 GB), for the same mapping."""
+    A stored weight that is a parameter, or a view of one (`_viewed_parameters`), replaces it by
+    position; every other stored row is found by content, on the reference parameter row with the
+    same original values (a derived table: a stack of heads, an embedding with rows folded in)."""
     changed = {n: w for n, w in scheme.weights.items() if not torch.equal(w.original.float(), w.stored.float())}
     for name, weight in changed.items():
         if tuple(weight.original.shape) != tuple(weight.stored.shape):
             raise ValueError(f"stored weight {name}: shape {tuple(weight.stored.shape)} != original {tuple(weight.original.shape)}")
-    own = _own_parameters(component, changed)
-    if own is not None:
-        swaps = [(own[n], w.stored.to(own[n].dtype)) for n, w in changed.items()]
-        rows = {n: _row_count(own[n]) for n in changed}
-        coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed),
-                    "parameters_swapped": {n: f"{r}/{r} rows" for n, r in rows.items()}, "unmatched": {}}
-        # the stored weights live on in `swaps` only: the read-back copies go (0.9 GB at the 0.6b talker's fp16)
-        return SchemeReference(component, replace(scheme, weights={}), swaps, coverage)
+    swaps, params = [], {}
+    direct = _viewed_parameters(component, changed)
+    for name, (pname, param) in direct.items():
+        if pname not in params:
+            swaps.append((param, _in_layout_of(param, changed[name])))
+            params[pname] = f"{_row_count(param)}/{_row_count(param)} rows"
+    searched = {n: w for n, w in changed.items() if n not in direct}
+    coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
+                "unmatched": {}}
+    # the stored weights live on in `swaps` only: the read-back copies go (0.9 GB at the 0.6b talker's fp16)
+    reference = SchemeReference(component, replace(scheme, weights={}), swaps, coverage)
+    if searched:
+        _search_rows(component, searched, direct_params={id(p) for _, p in direct.values()}, swaps=swaps, coverage=coverage)
+    return reference
+
+
+def _search_rows(component: Component, changed: dict[str, StoredWeight], direct_params: set[int], swaps: list,
+                 coverage: dict) -> None:
+    """Each row of `changed` onto the first reference parameter row with the same original values,
+    skipping the parameters already mapped by position; rows matching none are reported unmatched."""
     layouts: list[tuple[str, bool]] = []  # (stored name, transposed), in the order a row's first match is taken
     original_rows: list[torch.Tensor] = []
     stored_rows: dict[tuple[str, bool], torch.Tensor] = {}
@@ -338,8 +380,10 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
             stored_rows[name, transposed] = _rows(stored)
     index = _RowIndex(original_rows)
     used: dict[tuple[str, bool], set[int]] = {key: set() for key in stored_rows}
-    swaps, params = [], {}
+    params = coverage["parameters_swapped"]
     for pname, param in component.module.named_parameters():
+        if id(param) in direct_params:
+            continue
         rows = _rows(param)
         hits = index.find(rows)
         if not hits:
@@ -351,14 +395,10 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
             used[key].update(found.tolist())
         swaps.append((param, new.reshape(param.shape).to(param.dtype)))
         params[pname] = f"{sum(len(at) for at, _ in hits.values())}/{len(rows)} rows"
-    unmatched = {}
     for name in changed:
         found, total = max((len(used[key]), len(stored_rows[key])) for key in stored_rows if key[0] == name)
         if found < total:
-            unmatched[name] = f"{total - found} of {total} rows match no reference parameter"
-    coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
-                "unmatched": unmatched}
-    return SchemeReference(component, scheme, swaps, coverage)
+            coverage["unmatched"][name] = f"{total - found} of {total} rows match no reference parameter"
 
 
 class Recording(Session):
