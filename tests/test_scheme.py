@@ -392,3 +392,19 @@ def test_rows_are_found_again_at_their_first_occurrence_by_value(hashing, monkey
     got = index.find(query)
     assert {t: (a.tolist(), r.tolist()) for t, (a, r) in got.items()} == expected == {1: ([0, 3], [3, 4]), 0: ([1, 4], [3, 0])}
     assert {t: (a.tolist(), r.tolist()) for t, (a, r) in index.find(wide).items()} == {2: ([0, 1], [0, 1])}
+
+
+def test_tables_made_of_parameter_rows_are_told_from_tables_computed_otherwise():
+    """What a weight-only scheme may compress: a stack of parameter rows (either orientation) is
+    weights; a RoPE-like table is not, though its first row (cos 0 = ones) equals a norm's weight."""
+    from edgex.nn.transformer import rope_table
+    from edgex.parity.scheme import made_of_parameter_rows
+
+    torch.manual_seed(0)
+    module = nn.ModuleDict({"embed": nn.Embedding(6, 8), "norm": nn.LayerNorm(8)})
+    cos, _ = rope_table(torch.rand(4), 5)
+    tables = {"stacked": module["embed"].weight.detach()[[4, 0, 2]].clone(),
+              "transposed": module["embed"].weight.detach()[:3].t().clone(),
+              "rope": cos, "one_row_off": torch.cat((module["embed"].weight.detach()[:2], torch.randn(1, 8)))}
+    assert torch.equal(cos[0], module["norm"].weight.detach())
+    assert made_of_parameter_rows(module, tables) == {"stacked", "transposed"}

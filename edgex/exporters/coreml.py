@@ -4,6 +4,8 @@
 `coremltools.optimize` on the fp16 program (what the Neural Engine runs): int8 per output channel
 (`w8`) and int4 in blocks of 32 along the input dimension (`w4`), both symmetric linear, stored as
 `constexpr_blockwise_shift_scale` ops (iOS 18 / macOS 15). Inputs and outputs stay float32 / int32.
+Only weights are compressed: module parameters and tables made of their rows; a table computed from
+the configuration (a RoPE table, a window) stays fp16 (`_computed_constants`).
 A component's fp16 program is converted once and kept (the last component only): `w8` and `w4`
 compress that program with the compression pass alone. A conversion runs ~90 MIL passes, each
 followed by a validation of the whole program, which costs minutes on an unrolled loop graph
@@ -91,12 +93,20 @@ def _module_tensor(named: list, const_name: str, numel: int):
 
 
 def _computed_constants(component: Component, fp16_model) -> list[str]:
-    """The fp16 program's constants that are no module tensor. Compressed, their stored bytes could be
-    checked against nothing (`stored_quantized`); they stay fp16, where the run covers them."""
+    """The fp16 program's constants that hold no weights: those that are no module tensor, and the
+    module's buffers that are not made of its parameters' rows (a RoPE table, a window: computed
+    from the configuration, where 8 or 4 bits would put the rounding into every position). They
+    stay fp16, where the run covers them; what is compressed is what a scheme reference can model
+    (`scheme.made_of_parameter_rows`), so none of it stands unmatched beside the file's weights."""
+    from ..parity.scheme import made_of_parameter_rows
+
     named = _named_tensors(component)
-    consts = [op for op in main_operations(fp16_model) if op.op_type == "const"]
-    return [op.name for op in consts if getattr(op.val.val, "size", 1) > 1
-            and _module_tensor(named, op.name, op.val.val.size) is None]
+    params = {id(p) for p in component.module.parameters()}
+    consts = [op for op in main_operations(fp16_model) if op.op_type == "const" and getattr(op.val.val, "size", 1) > 1]
+    tensors = {op.name: _module_tensor(named, op.name, op.val.val.size) for op in consts}
+    buffers = {name: t.detach().float() for name, t in tensors.items() if t is not None and id(t) not in params}
+    weights = made_of_parameter_rows(component.module, buffers)
+    return [name for name, t in tensors.items() if t is None or (name in buffers and name not in weights)]
 
 
 def _op_types(model) -> dict[str, int]:

@@ -288,6 +288,26 @@ def _row_hash(rows: np.ndarray) -> np.ndarray:
     return in_row_blocks(hashed, rows, rows=8192)
 
 
+def made_of_parameter_rows(module: nn.Module, tensors: dict[str, torch.Tensor]) -> set[str]:
+    """The names in `tensors` whose every row (last axis; a 2-D tensor's columns too) is a row of one of
+    `module`'s parameters: a table made from weights (a stack of embeddings), which a scheme
+    reference can put quantized values in place of. A table computed otherwise (a RoPE table, a
+    window, a codebook normalized from its sums) matches no parameter row as a whole."""
+    params = [_rows(p) for p in module.parameters() if p.is_floating_point()]
+    if not params or not tensors:
+        return set()
+    index = _RowIndex(params)
+    made = set()
+    for name, tensor in tensors.items():
+        views = [tensor, tensor.t()] if tensor.ndim == 2 else [tensor]
+        for view in views:
+            rows = _rows(view)
+            if sum(len(at) for at, _ in index.find(rows).values()) == len(rows):
+                made.add(name)
+                break
+    return made
+
+
 def _row_count(t: torch.Tensor) -> int:
     """How many rows `_rows` makes of `t`, without making them."""
     return 1 if t.ndim <= 1 else t.numel() // t.shape[-1]

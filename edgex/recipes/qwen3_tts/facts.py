@@ -48,8 +48,17 @@ _PREFILL_4BIT = ("int4 weights alone flip the prefill's top-1 token beyond the t
 _CODES_FP16 = ("fp16 flips the reference codes (nearest-codebook choices, compared exactly; tiny: ONNX fp16 "
                "agreement 0.99, ExecuTorch fp16 0.96; fp32 1.00)")
 FP32_COMPONENTS = {"speech_encoder": _CODES_FP16}
+# At the published size the per-frame graphs' int4 weights flip top-1 tokens too (0.6b preset, seed 0, Core ML w4,
+# `edgex export qwen3-tts --target apple --preset 0.6b -c talker_decode -c code_predictor_step -p w4`): the scheme
+# figure flips them as the artifact does, and the lowering scores 54.8 / 58.3 dB.
+_FRAME_4BIT = ("int4 weights alone flip {what}'s top-1 token beyond the tie margin at the published size (0.6b: scheme "
+               "{figure}); the tiny preset keeps every top-1")
 COARSE = {
     "speech_encoder": {"fp16": _CODES_FP16},
+    "talker_decode": {"w4": _FRAME_4BIT.format(
+        what="talker_decode", figure="15.7 dB, utterance_a_frame10 flips at 3.8 x the margin; lowering 54.8 dB")},
+    "code_predictor_step": {"w4": _FRAME_4BIT.format(
+        what="the predictor step", figure="11.1 dB, utterance_b_frame30_step1 flips at 3.2 x the margin; lowering 58.3 dB")},
     "talker_prefill": {
         "q4_0": _PREFILL_4BIT.format(figure="scheme 15.7 dB, 13 of 15 flips not ties, top-1 0.44; lowering 41.8 dB"),
         "w4": _PREFILL_4BIT.format(figure="scheme 16.7 dB, 9 of 12 flips not ties, top-1 0.62; lowering 61.8 dB"),
