@@ -29,10 +29,10 @@ def test_apple_target_exports_mlpackages_with_simulated_parity(tmp_path):
         assert f"{package}/Data/com.apple.CoreML/model.mlmodel" in paths
         assert (tmp_path / "qwen3-tts" / "apple" / package / "Manifest.json").is_file()
         db[a["precision"]] = parity["min_snr_db"]
-    assert set(db) == {"fp16", "w8", "w4"}
-    assert db["fp16"] > db["w8"] > db["w4"] > 5.0
+    assert set(db) == {"fp16", "w8"}  # its w4 is built on request only (`RecipeFacts.coarse`)
+    assert db["fp16"] > db["w8"] > 20.0
     size = {a["precision"]: sum(f["bytes"] for f in a["files"]) for a in data["artifacts"]}
-    assert size["fp16"] > size["w8"] > size["w4"]
+    assert size["fp16"] > size["w8"]
     verify = cli_here("verify", str(tmp_path / "qwen3-tts" / "apple"), "--json")
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert {a["verdict"] for a in json.loads(verify.stdout)["artifacts"]} == {"pass"}
