@@ -60,21 +60,31 @@ def test_stored_weights_replace_the_matching_rows_and_are_restored():
         assert torch.equal(p, saved)
 
 
-def test_weights_that_are_the_parameters_themselves_swap_directly_as_the_row_search_would():
+def test_weights_that_stand_for_whole_parameters_swap_directly_as_the_row_search_would(monkeypatch):
     """fp16 rounding and torchao store each weight under its parameter's name, as the parameter's own
-    tensor: those swap in directly (no index of every row's bytes, several copies of a model's
-    weights), with the same values and coverage the row search gives for copies of the same tensors."""
+    tensor; a file's weights read back are copies of the values (here one stored transposed): all of
+    those swap in directly (no index of every row's bytes, several copies of a model's weights),
+    with the same values and coverage the row search gives for them."""
+    from edgex.parity import scheme
     from edgex.parity.scheme import _viewed_parameters, rounded_to_fp16
 
     eager, comp = _component()
     direct = rounded_to_fp16(comp)
-    searched = StoredScheme("test", {n: StoredWeight(w.original.clone(), w.stored) for n, w in direct.weights.items()})
-    assert len(_viewed_parameters(comp, direct.weights)) == len(direct.weights) and not _viewed_parameters(comp, searched.weights)
-    fast, slow = build(comp, direct), build(comp, searched)
-    assert fast.coverage == slow.coverage and fast.coverage["parameters_swapped"]["up.weight"] == "16/16 rows"
+    copies = StoredScheme("test", {n: StoredWeight(w.original.clone(), w.stored) for n, w in direct.weights.items()}
+                          | {"up_t": StoredWeight(direct.weights["up.weight"].original.t().clone(),
+                                                  direct.weights["up.weight"].stored.t().clone())})
+    del copies.weights["up.weight"]
+    assert len(_viewed_parameters(comp, direct.weights)) == len(direct.weights)
+    assert {n: v[0] for n, v in _viewed_parameters(comp, copies.weights).items()} == {
+        "up_t": "up.weight", "up.bias": "up.bias", "heads.0.weight": "heads.0.weight", "heads.1.weight": "heads.1.weight"}
+    fast, copied = build(comp, direct), build(comp, copies)
+    monkeypatch.setattr(scheme, "_viewed_parameters", lambda *_: {})
+    slow = build(comp, copies)
+    assert fast.coverage["parameters_swapped"] == copied.coverage["parameters_swapped"] == slow.coverage["parameters_swapped"]
+    assert fast.coverage["parameters_swapped"]["up.weight"] == "16/16 rows"
     (x,) = comp.samples["s"]
-    for a, b in zip(fast((x,)), slow((x,))):
-        assert torch.equal(a, b)
+    for a, b, c in zip(fast((x,)), copied((x,)), slow((x,))):
+        assert torch.equal(a, b) and torch.equal(a, c)
     assert not torch.equal(fast((x,))[0], comp.reference(x)[0])  # the rounded weights were in place
     assert all(torch.equal(p, w.original) for p, w in zip(eager.parameters(), direct.weights.values()))  # and restored
 
@@ -102,6 +112,11 @@ def test_a_stored_view_of_a_parameter_maps_by_position_though_its_short_rows_rep
     assert torch.equal(swapped[id(second.weight)], fine(second.weight.detach()))
     assert ref.coverage["parameters_swapped"] == {"0.weight": "16/16 rows", "1.weight": "16/16 rows"}
     assert ref.coverage["unmatched"] == {}
+    # the same kernels read back from a file: copies of their values, the second one's laid out [in, out]
+    copies = StoredScheme("test", {n: StoredWeight(w.original.clone(), w.stored.clone()) for n, w in scheme.weights.items()})
+    with build(comp, copies).applied():
+        copied = {id(p): p.detach().clone() for p in module.parameters()}
+    assert all(torch.equal(copied[k], v) for k, v in swapped.items())
 
 
 def test_rows_that_belong_to_no_parameter_are_reported_not_guessed():

@@ -327,17 +327,51 @@ def _dense_view(t: torch.Tensor, param: torch.Tensor) -> bool:
     return True
 
 
-def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, tuple[str, nn.Parameter]]:
-    """{stored name: (parameter name, parameter)} for each stored weight whose `original` *is* a
-    reference parameter's own tensor or a view of it (fp16 rounding and torchao store the parameter
-    itself; Core ML a kernel reshaped, a MatMul weight transposed). Such a weight maps onto its
-    parameter element by element, by position: matching it by content would index every row's bytes
-    (several copies of a model's weights) and, where its rows are short (a 1x1 convolution's rows
-    are single values), could take a row of another tensor that holds the same value."""
+_SAMPLES = 16  # elements compared before two tensors are compared whole
+
+
+def _sample_at(numel: int) -> torch.Tensor:
+    return torch.linspace(0, numel - 1, min(_SAMPLES, numel)).long()
+
+
+def _copied_parameter(original: torch.Tensor, params: dict[int, list[tuple[str, nn.Parameter]]]):
+    """(name, parameter, transposed) for the one parameter whose values `original` holds in the same
+    order, or transposed (a 2-D weight stored [in, out]); None where none does, or several do
+    (tied copies: which one the file was made from is not told by its values)."""
+    found = []
+    for pname, param in params.get(original.numel(), []):
+        at = _sample_at(param.numel())
+        expected = param.detach().reshape(-1)[at].float()
+        layouts = [False] + ([True] if param.ndim == 2 and original.ndim == 2 and original.shape == param.shape[::-1] else [])
+        for transposed in layouts:
+            if transposed:
+                rows, cols = at // param.shape[1], at % param.shape[1]
+                sample = original[cols, rows]
+            else:
+                sample = original.reshape(-1)[at] if original.is_contiguous() else original.flatten()[at]
+            if torch.equal(sample.float(), expected):
+                whole = original.t() if transposed else original.reshape(param.shape)
+                if torch.equal(whole.float(), param.detach().float()):
+                    found.append((pname, param, transposed))
+                    break
+    return found[0] if len(found) == 1 else None
+
+
+def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, tuple[str, nn.Parameter, object]]:
+    """{stored name: (parameter name, parameter, layout)} for each stored weight that stands for one
+    reference parameter as a whole: its own tensor or a view of it (fp16 rounding and torchao store
+    the parameter itself; Core ML a kernel reshaped, a MatMul weight transposed), or a copy of its
+    values in the same order or transposed (a file's weights read back). `layout` puts the stored
+    values in the parameter's shape, element by element: matching such a weight by content, row by
+    row, would index every row's bytes (several copies of a model's weights) and, where its rows are
+    short (a 1x1 convolution's rows are single values), could take a row of another tensor that
+    holds the same value."""
     params = dict(component.module.named_parameters())
     by_storage: dict[int, list[tuple[str, nn.Parameter]]] = {}
+    by_size: dict[int, list[tuple[str, nn.Parameter]]] = {}
     for pname, param in params.items():
         by_storage.setdefault(param.untyped_storage().data_ptr(), []).append((pname, param))
+        by_size.setdefault(param.numel(), []).append((pname, param))
     found = {}
     for name, weight in weights.items():
         original = weight.original
@@ -345,23 +379,32 @@ def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -
         candidates = same_name + by_storage.get(original.untyped_storage().data_ptr(), [])
         viewed = next(((pname, p) for pname, p in candidates if _dense_view(original, p)), None)
         if viewed is not None:
-            found[name] = viewed
+            found[name] = (*viewed, ("view", original.size(), original.stride()))
+            continue
+        copied = _copied_parameter(original, by_size)
+        if copied is not None:
+            pname, param, transposed = copied
+            found[name] = (pname, param, ("transposed" if transposed else "same order", None, None))
     return found
 
 
-def _in_layout_of(param: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
-    """`weight.stored` in `param`'s layout: each value written where its `original` element sits."""
+def _in_layout_of(param: torch.Tensor, stored: torch.Tensor, layout) -> torch.Tensor:
+    """`stored` in `param`'s shape and dtype: each value where its `original` element sits."""
+    kind, size, stride = layout
+    if kind == "transposed":
+        return stored.t().contiguous().to(param.dtype)
+    if kind == "same order":
+        return stored.reshape(param.shape).to(param.dtype).clone()
     new = torch.empty(param.shape, dtype=param.dtype)
-    view = new.as_strided(weight.original.size(), weight.original.stride(), 0)
-    view.copy_(weight.stored.to(param.dtype))
+    new.as_strided(size, stride, 0).copy_(stored.to(param.dtype))
     return new
 
 
 def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     """Map every stored weight onto the reference parameter it was made from.
 
-    A stored weight that is a parameter, or a view of one (`_viewed_parameters`), replaces it by
-    position; every other stored row is found by content, on the reference parameter row with the
+    A stored weight that stands for one parameter as a whole (its tensor, a view of it, or a copy of
+    its values: `_viewed_parameters`) replaces it by position; every other stored row is found by content, on the reference parameter row with the
     same original values (a derived table: a stack of heads, an embedding with rows folded in)."""
     changed = {n: w for n, w in scheme.weights.items() if not torch.equal(w.original.float(), w.stored.float())}
     for name, weight in changed.items():
@@ -369,9 +412,9 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
             raise ValueError(f"stored weight {name}: shape {tuple(weight.stored.shape)} != original {tuple(weight.original.shape)}")
     swaps, params = [], {}
     direct = _viewed_parameters(component, changed)
-    for name, (pname, param) in direct.items():
+    for name, (pname, param, layout) in direct.items():
         if pname not in params:
-            swaps.append((param, _in_layout_of(param, changed[name])))
+            swaps.append((param, _in_layout_of(param, changed[name].stored, layout)))
             params[pname] = f"{_row_count(param)}/{_row_count(param)} rows"
     searched = {n: w for n, w in changed.items() if n not in direct}
     coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
@@ -379,7 +422,7 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     # the stored weights live on in `swaps` only: the read-back copies go (0.9 GB at the 0.6b talker's fp16)
     reference = SchemeReference(component, replace(scheme, weights={}), swaps, coverage)
     if searched:
-        _search_rows(component, searched, direct_params={id(p) for _, p in direct.values()}, swaps=swaps, coverage=coverage)
+        _search_rows(component, searched, direct_params={id(p) for _, p, _ in direct.values()}, swaps=swaps, coverage=coverage)
     return reference
 
 
