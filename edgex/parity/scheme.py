@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from functools import partial
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -348,7 +349,7 @@ def _copied_parameter(original: torch.Tensor, params: dict[int, list[tuple[str, 
                 rows, cols = at // param.shape[1], at % param.shape[1]
                 sample = original[cols, rows]
             else:
-                sample = original.reshape(-1)[at] if original.is_contiguous() else original.flatten()[at]
+                sample = original.reshape(-1)[at]
             if torch.equal(sample.float(), expected):
                 whole = original.t() if transposed else original.reshape(param.shape)
                 if torch.equal(whole.float(), param.detach().float()):
@@ -357,12 +358,12 @@ def _copied_parameter(original: torch.Tensor, params: dict[int, list[tuple[str, 
     return found[0] if len(found) == 1 else None
 
 
-def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, tuple[str, nn.Parameter, object]]:
+def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -> dict[str, tuple[str, nn.Parameter, Callable]]:
     """{stored name: (parameter name, parameter, layout)} for each stored weight that stands for one
     reference parameter as a whole: its own tensor or a view of it (fp16 rounding and torchao store
     the parameter itself; Core ML a kernel reshaped, a MatMul weight transposed), or a copy of its
-    values in the same order or transposed (a file's weights read back). `layout` puts the stored
-    values in the parameter's shape, element by element: matching such a weight by content, row by
+    values in the same order or transposed (a file's weights read back). `layout(stored)` puts the
+    stored values in the parameter's shape, element by element: matching such a weight by content, row by
     row, would index every row's bytes (several copies of a model's weights) and, where its rows are
     short (a 1x1 convolution's rows are single values), could take a row of another tensor that
     holds the same value."""
@@ -379,24 +380,19 @@ def _viewed_parameters(component: Component, weights: dict[str, StoredWeight]) -
         candidates = same_name + by_storage.get(original.untyped_storage().data_ptr(), [])
         viewed = next(((pname, p) for pname, p in candidates if _dense_view(original, p)), None)
         if viewed is not None:
-            found[name] = (*viewed, ("view", original.size(), original.stride()))
+            found[name] = (*viewed, partial(_through_view, viewed[1], original.size(), original.stride()))
             continue
         copied = _copied_parameter(original, by_size)
         if copied is not None:
             pname, param, transposed = copied
-            found[name] = (pname, param, ("transposed" if transposed else "same order", None, None))
+            found[name] = (pname, param, (lambda s: s.t()) if transposed else partial(torch.reshape, shape=param.shape))
     return found
 
 
-def _in_layout_of(param: torch.Tensor, stored: torch.Tensor, layout) -> torch.Tensor:
-    """`stored` in `param`'s shape and dtype: each value where its `original` element sits."""
-    kind, size, stride = layout
-    if kind == "transposed":
-        return stored.t().contiguous().to(param.dtype)
-    if kind == "same order":
-        return stored.reshape(param.shape).to(param.dtype).clone()
-    new = torch.empty(param.shape, dtype=param.dtype)
-    new.as_strided(size, stride, 0).copy_(stored.to(param.dtype))
+def _through_view(param: torch.Tensor, size, stride, stored: torch.Tensor) -> torch.Tensor:
+    """`stored`, laid out as a view (`size`, `stride`) of `param`, in `param`'s own shape."""
+    new = torch.empty(param.shape, dtype=stored.dtype)
+    new.as_strided(size, stride, 0).copy_(stored)
     return new
 
 
@@ -404,8 +400,9 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     """Map every stored weight onto the reference parameter it was made from.
 
     A stored weight that stands for one parameter as a whole (its tensor, a view of it, or a copy of
-    its values: `_viewed_parameters`) replaces it by position; every other stored row is found by content, on the reference parameter row with the
-    same original values (a derived table: a stack of heads, an embedding with rows folded in)."""
+    its values: `_viewed_parameters`) replaces it by position; every other stored row is found by
+    content, on the reference parameter row with the same original values (a derived table: a stack
+    of heads, an embedding with rows folded in)."""
     changed = {n: w for n, w in scheme.weights.items() if not torch.equal(w.original.float(), w.stored.float())}
     for name, weight in changed.items():
         if tuple(weight.original.shape) != tuple(weight.stored.shape):
@@ -414,7 +411,7 @@ def build(component: Component, scheme: StoredScheme) -> SchemeReference:
     direct = _viewed_parameters(component, changed)
     for name, (pname, param, layout) in direct.items():
         if pname not in params:
-            swaps.append((param, _in_layout_of(param, changed[name].stored, layout)))
+            swaps.append((param, layout(changed[name].stored).contiguous().to(param.dtype)))
             params[pname] = f"{_row_count(param)}/{_row_count(param)} rows"
     searched = {n: w for n, w in changed.items() if n not in direct}
     coverage = {"stored_tensors": len(scheme.weights), "quantized_tensors": len(changed), "parameters_swapped": params,
