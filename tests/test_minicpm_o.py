@@ -135,6 +135,27 @@ def test_head_equals_an_independent_reading_of_the_official_code(minicpm):
     assert snr_db(expected[:-1].numpy(), got.numpy()) >= 100.0
 
 
+def test_head_utterance_holds_one_cache_whatever_its_length_and_each_step_reads_its_own_slots(minicpm):
+    """The decode samples draw up to the last slot (~500 steps at the released size, 63 MB a cache):
+    an utterance holds one cache, and a step's cache is the slots written before its call, zeros
+    from its position on, as the runner holds it then."""
+    from edgex.recipes.minicpm_o.pipeline import HeadUtterance
+
+    loaded = minicpm[0]
+    utt = HeadUtterance(loaded.models.tts, loaded.options["prefill_len"], loaded.options["max_context"], 5)
+    for k in range(utt.last_step + 1):
+        utt.step(k)
+    per_step = sum(t.numel() * t.element_size() for step in utt.steps for t in step)
+    assert per_step < utt.key.numel() * utt.key.element_size(), (utt.last_step, per_step)  # inputs only, no caches
+    for k in (0, utt.last_step // 2, utt.last_step):
+        _, position, key, value = utt.step(k)
+        at = int(position[0])
+        assert at == utt.length + k
+        assert torch.equal(key[:, :, :, :at], utt.key[:, :, :, :at]) and torch.equal(value[:, :, :, :at], utt.value[:, :, :, :at])
+        assert not key[:, :, :, at:].any() and not value[:, :, :, at:].any()
+        assert utt.key[:, :, :, at].any(), "the call's own slot is written once it ran"
+
+
 def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     head = minicpm[0].models.tts
     graph = tts_graphs.TTSPrefill(head, 16)

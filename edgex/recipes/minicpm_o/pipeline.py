@@ -3,7 +3,9 @@
 `HeadUtterance`: random text ids and LLM hidden states (no LLM is part of this recipe) conditioned
 the official way, prefilled right-padded to the graph's chunk, then audio tokens drawn from the
 reference logits at temperature 0.8 with a seeded generator, recording every decode step's input
-embedding, position and the KV cache laid out in the graph's slots, up to the last slot.
+embedding and position, up to the last slot. A step's KV cache (laid out in the graph's slots) is the
+utterance's one cache with the slots from its position on zeroed: a decode call writes only its own
+slot, so no step's cache is stored (one per step is 63 MB at the released size, ~500 steps).
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ class HeadUtterance:
             raise IndexError(f"decode step {k} outside the head's {self.last_step + 1} cache slots after the prompt")
         while len(self.steps) <= k:
             self._draw()
-        return self.steps[k]
+        embeds, position = self.steps[k]
+        return embeds, position, self._cache_before(self.key, position), self._cache_before(self.value, position)
+
+    @staticmethod
+    def _cache_before(cache: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """The cache as the call at `position` reads it: the slots before it, zeros from it on."""
+        held = torch.zeros_like(cache)
+        held[:, :, :, : int(position[0])] = cache[:, :, :, : int(position[0])]
+        return held
 
     @torch.no_grad()
     def _draw(self) -> None:
@@ -57,7 +67,7 @@ class HeadUtterance:
         token = torch.multinomial(probs, 1, generator=self._gen).reshape(1, 1)
         position = torch.tensor([self.length + len(self.steps)])
         embeds = self._head.code_embeds(token)
-        self.steps.append((embeds, position, self.key.clone(), self.value.clone()))
+        self.steps.append((embeds, position))
         logits, k, v = decode_reference(self._head, embeds, position, self.key, self.value)
         self.key[:, :, :, position] = k
         self.value[:, :, :, position] = v
