@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from . import EXPORTERS
 from ..patches.executorch import (decompose_only_what_is_left, edge_compile_config, lowering_decompositions, no_ir_validity_checks,
                                   partitions_share_weights, retrace_changed_graphs_only, skip_passes_with_nothing_to_rewrite)
-from ..patches.torch_fx import provenance_by_reference
+from ..patches.torch_fx import no_stack_traces, provenance_by_reference
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
 from .xnnpack_rewrites import last_axis_reductions_as_pooling, norm_decompositions
 
@@ -288,7 +288,7 @@ class ExecuTorchExporter(Exporter):
         dtype = float_dtype(precision)
         # fp32 / fp16 lower the component's own module (cast in place, restored after) rather than a
         # deep copy of it; the quantized schemes rewrite their copy's layers.
-        with torch.no_grad(), provenance_by_reference(), decompose_only_what_is_left(), \
+        with torch.no_grad(), provenance_by_reference(), no_stack_traces(), decompose_only_what_is_left(), \
                 (module_in(component, dtype) if precision in ("fp32", "fp16") else nullcontext()) as module:
             if module is None:
                 module, _ = prepare(component, precision)

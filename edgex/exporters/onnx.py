@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import EXPORTERS
-from ..patches.torch_fx import provenance_by_reference
+from ..patches.torch_fx import no_stack_traces, provenance_by_reference
 from ..patches.onnxscript import constant_folding_pass, default_rewrite_rules
 from ..patches.torch_onnx import torchlib_registry_built_once
 from .base import ExportResult, Exporter, cast_inputs, float_dtype, module_in, warm_up_module
@@ -119,7 +119,8 @@ class OnnxExporter(Exporter):
         inputs = cast_inputs(component.example_inputs, dtype)
         for name in ("torch.onnx", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        with torch.no_grad(), provenance_by_reference(), module_in(component, dtype) as module, torchlib_registry_built_once():
+        with torch.no_grad(), provenance_by_reference(), no_stack_traces(), module_in(component, dtype) as module, \
+                torchlib_registry_built_once():
             program = torch.onnx.export(
                 module,
                 inputs,
