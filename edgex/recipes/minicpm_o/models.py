@@ -34,6 +34,17 @@ class MiniCPMOModels:
     source: dict = field(default_factory=dict)
 
 
+def _scratch(*shape: int) -> torch.Tensor:
+    """A float32 zero buffer whose pages the OS hands out on first write: numpy's zeros come from
+    `calloc`, which maps untouched zero pages for a large block, where `torch.zeros` writes every
+    byte. The official streaming buffers are scratch that a streaming call fills only as far as
+    its chunk reaches (the CFM's, 2.1 GB at the released sizes, held resident by every export of
+    the 4.5 preset though no graph reads it)."""
+    import numpy as np
+
+    return torch.from_numpy(np.zeros(shape, dtype=np.float32))
+
+
 def build_flow(config: dict) -> nn.Module:
     """`CausalMaskedDiffWithXvec` from flow.yaml's arguments (see `presets._flow`)."""
     m = stepaudio2_modules()
@@ -41,13 +52,13 @@ def build_flow(config: dict) -> nn.Module:
     est_cfg = config["decoder"]["estimator"]
     estimator = m.decoder_dit.DiT(**est_cfg)
     depth, heads, hd, hidden = est_cfg["depth"], est_cfg["num_heads"], est_cfg["head_dim"], est_cfg["hidden_size"]
-    estimator.register_buffer("att_cache_buffer", torch.zeros(depth, 2, heads, MAX_CACHE_FRAMES, 2 * hd), persistent=False)
-    estimator.register_buffer("cnn_cache_buffer", torch.zeros(depth, 2, 2 * hidden, 2), persistent=False)
+    estimator.register_buffer("att_cache_buffer", _scratch(depth, 2, heads, MAX_CACHE_FRAMES, 2 * hd), persistent=False)
+    estimator.register_buffer("cnn_cache_buffer", _scratch(depth, 2, 2 * hidden, 2), persistent=False)
     with torch.device("meta"):
         cfm = m.flow_matching.CausalConditionalCFM(estimator, inference_cfg_rate=config["decoder"]["inference_cfg_rate"])
     cfm.register_buffer("rand_noise", torch.randn([1, cfm.out_channels, 50 * 600]), persistent=False)
-    cfm.register_buffer("cnn_cache_buffer", torch.zeros(MAX_STEPS, depth, 2, 2 * hidden, 2), persistent=False)
-    cfm.register_buffer("att_cache_buffer", torch.zeros(MAX_STEPS, depth, 2, heads, MAX_CACHE_FRAMES, 2 * hd),
+    cfm.register_buffer("cnn_cache_buffer", _scratch(MAX_STEPS, depth, 2, 2 * hidden, 2), persistent=False)
+    cfm.register_buffer("att_cache_buffer", _scratch(MAX_STEPS, depth, 2, heads, MAX_CACHE_FRAMES, 2 * hd),
                         persistent=False)
     top = {k: v for k, v in config.items() if k not in ("encoder", "decoder")}
     return m.flow.CausalMaskedDiffWithXvec(**top, encoder=encoder, decoder=cfm).eval()
