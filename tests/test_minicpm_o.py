@@ -156,6 +156,21 @@ def test_head_utterance_holds_one_cache_whatever_its_length_and_each_step_reads_
         assert utt.key[:, :, :, at].any(), "the call's own slot is written once it ran"
 
 
+def test_a_dit_cache_sample_holds_only_its_steps():
+    """The official CFM caches hold 16 steps' rows; a sample holds the graph's `steps` rows in a
+    tensor of their own (a view would keep all 16 alive: 0.84 GB a call at the 4.5 preset where
+    0.53 GB are read), the real frames left-aligned, zeros after."""
+    from edgex.recipes.minicpm_o.encoder import dit_caches
+
+    att, cnn = torch.randn(16, 2, 2, 3, 7, 8), torch.randn(16, 2, 2, 6, 2)
+    padded, cnn_steps, n = dit_caches(att, cnn, 10, 12)
+    assert padded.shape == (10 * 2, 2, 3, 12, 8) and int(n[0]) == 7
+    assert padded.untyped_storage().nbytes() == padded.numel() * padded.element_size()
+    assert cnn_steps.untyped_storage().nbytes() == cnn_steps.numel() * cnn_steps.element_size()
+    as_steps = padded.reshape(10, 2, 2, 3, 12, 8)
+    assert torch.equal(as_steps[..., :7, :], att[:10]) and not as_steps[..., 7:, :].any()
+
+
 def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     head = minicpm[0].models.tts
     graph = tts_graphs.TTSPrefill(head, 16)

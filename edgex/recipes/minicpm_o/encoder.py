@@ -235,7 +235,9 @@ def dit_caches(att, cnn, steps: int, slots: int):
     if n > slots:
         raise EdgexError(f"DiT cache of {n} frames exceeds the graph's {slots} slots: the voice prompt is longer "
                          f"than the export's max_prompt ({slots // 2 - 50} tokens); export with --set max_prompt=N")
-    padded = torch.zeros(*att.shape[:4], slots, att.shape[5])[:steps]
+    # `steps` rows of its own: a slice of an all-rows tensor would keep the official buffer's 16
+    # rows alive in every sample (1.6x the input at 10 steps, 0.32 GB a call at the 4.5 preset)
+    padded = torch.zeros(steps, *att.shape[1:4], slots, att.shape[5])
     padded[..., :n, :] = att[:steps]
     return padded.reshape(-1, *padded.shape[2:]), cnn[:steps].clone(), torch.tensor([n])
 
