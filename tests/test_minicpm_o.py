@@ -171,6 +171,23 @@ def test_a_dit_cache_sample_holds_only_its_steps():
     assert torch.equal(as_steps[..., :7, :], att[:10]) and not as_steps[..., 7:, :].any()
 
 
+def test_a_sample_utterance_keeps_the_inputs_of_the_calls_its_samples_read_and_no_others(minicpm):
+    """At the released sizes a streaming call's inputs hold every Euler step's DiT caches (about half a
+    GB): the sample utterances keep the calls some sample reads; every call still runs (its mel)."""
+    from edgex.recipes.minicpm_o.recipe import _ComponentBuilder
+
+    builder = _ComponentBuilder(minicpm[0])
+    comps = [builder.flow_encoder(), builder.flow_chunk(), builder.flow_encoder_last(), builder.flow_chunk_last()]
+    read = {id(sample) for comp in comps for sample in comp.samples.values()}
+    assert set(builder._streams) == {"a", "b", "c"}
+    for which, stream in builder._streams.items():
+        held = {k for k, record in enumerate(stream.chunks) if set(record) != {"mel"}}
+        used = {k for k, record in enumerate(stream.chunks) if any(id(v) in read for v in record.values())}
+        assert held == used and len(held) < len(stream.chunks), (which, held, used)
+        assert all(isinstance(record["mel"], torch.Tensor) for record in stream.chunks)  # every call ran
+        assert stream.setup is None  # a runner's start, which no sample reads
+
+
 def test_head_weight_norm_is_folded_into_the_graph(minicpm):
     head = minicpm[0].models.tts
     graph = tts_graphs.TTSPrefill(head, 16)
@@ -297,7 +314,8 @@ def test_streaming_chain_against_the_official_streaming_path(minicpm):
     flow_encoder -> flow_chunk -> hift composed by the runner vs Token2wav's streaming path."""
     loaded, comps = minicpm
     o = loaded.options
-    stream = EncoderStream(loaded.models.flow, o["max_prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3)
+    stream = EncoderStream(loaded.models.flow, o["max_prompt"], 4, comps["flow_encoder"].metadata["slots"], o["steps"], 3,
+                           keep_setup=True)
     mels, official, ours = _stream_chain(loaded, comps, stream)
     mel_db = [snr_db(ref.numpy(), got.numpy()) for ref, got in mels]
     wav_db = snr_db(official.numpy(), ours.numpy())

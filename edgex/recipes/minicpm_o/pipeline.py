@@ -10,6 +10,8 @@ slot, so no step's cache is stored (one per step is 63 MB at the released size, 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch.nn import functional as F
 
@@ -124,13 +126,22 @@ class EncoderStream:
     `flow_chunk` (every regular call, and a last call of exactly 25 tokens, which those graphs
     take with their `last_chunk` flag), `last_inputs` / `last_flow_inputs` for `flow_encoder_last`
     / `flow_chunk_last` (the last call). Encoder caches are right-aligned in `slots` 25 Hz slots,
-    DiT caches left-aligned in 2 `slots` frames; mu is the official mu of the call."""
+    DiT caches left-aligned in 2 `slots` frames; mu is the official mu of the call.
+
+    `keep` (call indices, negative from the end; None: every call) names the calls whose graph
+    inputs are kept; the others keep only their mel. Every call still runs (each one's caches feed
+    the next), but at the released sizes a call's inputs hold the DiT caches of every Euler step
+    (about half a GB), so a sample utterance keeps the calls some sample reads, not all of them.
+    `setup` (a runner's start when it replays the stream) is kept on request (`keep_setup`): it holds
+    the CFM caches of all 16 official steps over the prompt."""
 
     @torch.no_grad()
-    def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int, last: int | None = None):
+    def __init__(self, flow, prompt: int, chunks: int, slots: int, steps: int, seed: int, last: int | None = None,
+                 keep: Collection[int] | None = None, keep_setup: bool = False):
         from .encoder import CHUNK, LOOKAHEAD
 
         last = CHUNK if last is None else last
+        self.kept = set(range(chunks)) if keep is None else {k % chunks for k in keep}
         gen = torch.Generator().manual_seed(seed)
         up = int(flow.up_rate)
         self.prompt_frames = prompt * up
@@ -141,7 +152,7 @@ class EncoderStream:
         self.spks = flow.spk_embed_affine_layer(F.normalize(self.speaker, dim=1))
         pad = torch.full((1, LOOKAHEAD), SILENCE_TOKEN)
         cache = flow.setup_cache(torch.cat((prompt_ids, pad), dim=1), prompt_mel, self.speaker, n_timesteps=steps)
-        self.setup = {k: v.clone() for k, v in cache.items()}
+        self.setup = {k: v.clone() for k, v in cache.items()} if keep_setup else None
         self.chunks = []  # per call: the graphs' inputs, the official mel
         layers1 = len(flow.encoder.encoders)
         mus = []  # the official mu of each call, as `inference_chunk` hands it to the CFM
@@ -159,30 +170,43 @@ class EncoderStream:
                 chunk["last_flow_inputs"] = (chunk["last_flow_inputs"][0], padded, *chunk["last_flow_inputs"][1:])
 
     def _chunks(self, flow, cache, chunks, last_tokens, slots, steps, up, layers1):
-        from .encoder import CHUNK, LOOKAHEAD, dit_caches, graph_caches, trim_time
+        from .encoder import CHUNK, LOOKAHEAD
 
-        capacity = CHUNK + LOOKAHEAD
         for c in range(chunks):
             last = c == chunks - 1
-            ids = self.tokens[:, c * CHUNK:c * CHUNK + (last_tokens if last else capacity)]
-            att1, att2, n = graph_caches(cache["conformer_att_cache"], layers1, slots, up)
-            cnn = cache["conformer_cnn_cache"].clone()
-            dit = dit_caches(cache["estimator_att_cache"], cache["estimator_cnn_cache"], steps, up * slots)
-            offset = int(dit[2])
-            record = {}
-            if not last or ids.shape[1] == CHUNK:
-                graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
-                record["inputs"] = (graph_ids, att1, att2, cnn, n, torch.tensor([1.0 if last else 0.0]))
-                record["flow_inputs"] = (flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone(), self.spks, *dit)
-            if last:
-                count = torch.tensor([ids.shape[1]])
-                padded = torch.cat((ids, torch.zeros(1, capacity - ids.shape[1], dtype=ids.dtype)), dim=1)
-                record["last_inputs"] = (padded, att1, att2, cnn, n, count)
-                noise = flow.decoder.rand_noise[:, :, offset:offset + capacity * up].clone()
-                record["last_flow_inputs"] = (noise, self.spks, *dit, count * up)
+            ids = self.tokens[:, c * CHUNK:c * CHUNK + (last_tokens if last else CHUNK + LOOKAHEAD)]
+            record = self._inputs(flow, cache, ids, last, slots, steps, up, layers1) if c in self.kept else {}
             mel, cache = flow.inference_chunk(ids, self.speaker, {k: v.clone() for k, v in cache.items()},
                                               last_chunk=last, n_timesteps=steps)
             record["mel"] = mel
             self.chunks.append(record)
-            cache["estimator_att_cache"] = trim_time(cache["estimator_att_cache"], 4, self.prompt_frames)
-            cache["conformer_att_cache"] = trim_time(cache["conformer_att_cache"], 3, self.prompt_frames)
+            self._trim(cache)
+
+    def _inputs(self, flow, cache, ids, last, slots, steps, up, layers1) -> dict:
+        """The graphs' inputs of the call of `ids` on `cache` (the state before it)."""
+        from .encoder import CHUNK, LOOKAHEAD, dit_caches, graph_caches
+
+        capacity = CHUNK + LOOKAHEAD
+        att1, att2, n = graph_caches(cache["conformer_att_cache"], layers1, slots, up)
+        cnn = cache["conformer_cnn_cache"].clone()
+        dit = dit_caches(cache["estimator_att_cache"], cache["estimator_cnn_cache"], steps, up * slots)
+        offset = int(dit[2])
+        record = {}
+        if not last or ids.shape[1] == CHUNK:
+            graph_ids = torch.cat((ids, torch.zeros(1, LOOKAHEAD, dtype=ids.dtype)), dim=1) if last else ids
+            record["inputs"] = (graph_ids, att1, att2, cnn, n, torch.tensor([1.0 if last else 0.0]))
+            record["flow_inputs"] = (flow.decoder.rand_noise[:, :, offset:offset + CHUNK * up].clone(), self.spks, *dit)
+        if last:
+            count = torch.tensor([ids.shape[1]])
+            padded = torch.cat((ids, torch.zeros(1, capacity - ids.shape[1], dtype=ids.dtype)), dim=1)
+            record["last_inputs"] = (padded, att1, att2, cnn, n, count)
+            noise = flow.decoder.rand_noise[:, :, offset:offset + capacity * up].clone()
+            record["last_flow_inputs"] = (noise, self.spks, *dit, count * up)
+        return record
+
+    def _trim(self, cache: dict) -> None:
+        """The attention caches cut to the prompt + 100 frames, as `stream` cuts them after a call."""
+        from .encoder import trim_time
+
+        cache["estimator_att_cache"] = trim_time(cache["estimator_att_cache"], 4, self.prompt_frames)
+        cache["conformer_att_cache"] = trim_time(cache["conformer_att_cache"], 3, self.prompt_frames)

@@ -119,12 +119,26 @@ class _ComponentBuilder:
             return shapes[which]
         return max(1, longest * (self._seed(which) % 4 + 1) // 4), STREAM_CHUNKS, encoder.CHUNK
 
+    # The streaming samples: (utterance, call) of each regular call, and the utterance of each last call.
+    _CALL_SAMPLES = {"utterance_a_chunk0": ("a", 0), "utterance_b_chunk3_trimmed_last": ("b", 3), "utterance_b_chunk1": ("b", 1)}
+    _LAST_SAMPLES = {"utterance_a_last18": "a", "utterance_b_last25": "b", "utterance_c_last1": "c"}
+
     def stream(self, which: str) -> EncoderStream:
         if which not in self._streams:
             prompt, calls, last = self._stream_shape(which)
+            keep = None  # a calibration utterance (`cal<u>`): every call
+            if not which.startswith("cal"):
+                keep = {k for u, k in self._CALL_SAMPLES.values() if u == which}
+                keep |= {-1} if which in self._LAST_SAMPLES.values() else set()
             self._streams[which] = EncoderStream(self.models.flow, prompt, calls, self.encoder_slots,
-                                                 self.options["steps"], self._seed(which), last)
+                                                 self.options["steps"], self._seed(which), last, keep)
         return self._streams[which]
+
+    def _call_samples(self, key: str) -> dict:
+        return {name: self.stream(u).chunks[k][key] for name, (u, k) in self._CALL_SAMPLES.items()}
+
+    def _last_samples(self, key: str) -> dict:
+        return {name: self.stream(u).chunks[-1][key] for name, u in self._LAST_SAMPLES.items()}
 
     # -- TTS head ---------------------------------------------------------------------------
     def tts_prefill(self) -> Component:
@@ -191,15 +205,11 @@ class _ComponentBuilder:
             ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "last_chunk"],
             [("mu", SIGNAL), ("new_att1", SIGNAL), ("new_att2", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(encoder.encoder_reference, flow_model),
-            {"utterance_a_chunk0": self.stream("a").chunks[0]["inputs"],
-             "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["inputs"],
-             "utterance_b_chunk1": self.stream("b").chunks[1]["inputs"]},
+            self._call_samples("inputs"),
             _draw(lambda u, k: self.stream(u).chunks[k]["inputs"], STREAM_CHUNKS),
             calibration_size=STREAM_CHUNKS, metadata={"slots": self.encoder_slots, "max_prompt": self.options["max_prompt"]},
             tables={"input_embedding": flow_model.input_embedding.weight},  # a chunk reads 28 of its rows
         )
-
-    _LAST_SAMPLES = {"utterance_a_last18": "a", "utterance_b_last25": "b", "utterance_c_last1": "c"}
 
     def flow_encoder_last(self) -> Component:
         flow_model = self.models.flow
@@ -208,7 +218,7 @@ class _ComponentBuilder:
             ["tokens", "att_cache1", "att_cache2", "cnn_cache", "cache_len", "length"],
             [("mu", SIGNAL), ("new_att1", SIGNAL), ("new_att2", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(encoder.encoder_last_reference, flow_model),
-            {name: self.stream(u).chunks[-1]["last_inputs"] for name, u in self._LAST_SAMPLES.items()},
+            self._last_samples("last_inputs"),
             _draw(lambda u, _k: self.stream(u).chunks[-1]["last_inputs"], 1),
             metadata={"slots": self.encoder_slots, "max_prompt": self.options["max_prompt"],
                       "max_tokens": encoder.CHUNK + encoder.LOOKAHEAD},
@@ -223,7 +233,7 @@ class _ComponentBuilder:
             ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len", "frames"],
             [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(flow.chunk_last_reference, cfm, steps),
-            {name: self.stream(u).chunks[-1]["last_flow_inputs"] for name, u in self._LAST_SAMPLES.items()},
+            self._last_samples("last_flow_inputs"),
             _draw(lambda u, _k: self.stream(u).chunks[-1]["last_flow_inputs"], 1),
             metadata={"steps": steps, "slots": slots},
         )
@@ -236,9 +246,7 @@ class _ComponentBuilder:
             ["noise", "mu", "spks", "att_cache", "cnn_cache", "cache_len"],
             [("mel", SIGNAL), ("new_att", SIGNAL), ("new_cnn_cache", SIGNAL)],
             partial(flow.chunk_reference, cfm, steps),
-            {"utterance_a_chunk0": self.stream("a").chunks[0]["flow_inputs"],
-             "utterance_b_chunk3_trimmed_last": self.stream("b").chunks[3]["flow_inputs"],
-             "utterance_b_chunk1": self.stream("b").chunks[1]["flow_inputs"]},
+            self._call_samples("flow_inputs"),
             _draw(lambda u, k: self.stream(u).chunks[k]["flow_inputs"], STREAM_CHUNKS),
             calibration_size=STREAM_CHUNKS, metadata={"steps": steps, "slots": slots},
         )
