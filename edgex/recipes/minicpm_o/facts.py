@@ -56,6 +56,13 @@ FACTS = RecipeFacts(
             "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source (tiny: fp16 scheme "
             "5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB); -p fp16 builds the variant")),
         # On the HTP the head keeps a calibrated w8a16 build beside fp16.
+        # On ExecuTorch the non-streaming CFM runs as the app's loop over flow_step; the unrolled graphs by name.
+        **dict.fromkeys(("flow", "flow_chunk", "flow_chunk_last"), ComponentPrecisions(
+            {"executorch": ()},
+            "the Euler loop unrolled (10 steps of the DiT): XNNPACK's lowering of it took 85-114 s a precision at the "
+            "tiny preset (ONNX 15-20 s), and at 4.5 both flow_chunk .pte jobs were killed for memory (16.3 and 24.1 GB) "
+            "still lowering after 10 minutes, so ExecuTorch builds it only when placed by name "
+            "(--placement flow_chunk=executorch:fp32); ONNX Runtime runs the same graphs on the cpu target")),
         **dict.fromkeys(("tts_prefill", "tts_decode"), ComponentPrecisions(
             {"qnn": ("fp16", "w8a16")},
             "the TTS head in fp16 and in w8a16 calibrated on eager head states (tiny, HTP simulator: prefill 49.9 / "
