@@ -62,7 +62,6 @@ FACTS = RecipeFacts(
             {"*": ("fp32",)},
             "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source (tiny: fp16 scheme "
             "5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB); -p fp16 builds the variant")),
-        # On the HTP the head keeps a calibrated w8a16 build beside fp16.
         # On ExecuTorch the non-streaming CFM runs as the app's loop over flow_step; the unrolled graphs by name.
         "flow": ComponentPrecisions({"executorch": ()}, _UNROLLED),
         # The streaming CFM in fp16 loses more over its 10 steps at the released size than the gate allows.
@@ -71,6 +70,7 @@ FACTS = RecipeFacts(
             _UNROLLED + "; ONNX in fp32 only: at 4.5 the fp16 graphs scored 27.7 (flow_chunk, end-to-end) and 27.5 dB "
             "(flow_chunk_last, against the fp16 eager) against the 30 dB gate, where the non-streaming flow's fp16 "
             "scored 34.5 (tiny: 33.3 / 32.8); -p fp16 builds the variant")),
+        # On the HTP the head keeps a calibrated w8a16 build beside fp16.
         **dict.fromkeys(("tts_prefill", "tts_decode"), ComponentPrecisions(
             {"qnn": ("fp16", "w8a16")},
             "the TTS head in fp16 and in w8a16 calibrated on eager head states (tiny, HTP simulator: prefill 49.9 / "
