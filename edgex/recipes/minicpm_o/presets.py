@@ -73,7 +73,7 @@ PRESETS: dict[str, MiniCPMOPreset] = {
             _tts(768, 20, 12, 3072),
             _flow(512, 8, 6, 4, 2048, 16, 512, 8, 64),
             dict(base_channels=512, f0_channels=512),
-            "MiniCPM-o 4.5 TTS head + Token2wav at the released sizes, seeded random weights",
+            "MiniCPM-o 4.5 TTS head + Token2wav at the released sizes (0.52B parameters), seeded random weights",
         ),
     )
 }
