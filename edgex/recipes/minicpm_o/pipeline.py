@@ -121,7 +121,7 @@ class EncoderStream:
     through `setup_cache`, then `chunks - 1` calls of 25 + 3 lookahead tokens through
     `inference_chunk` and a last call (`last_chunk=True`) of `last` tokens (1..28: the official
     driver's flush of what is left), the attention caches trimmed to the prompt + 100 frames after
-    each call exactly as `stream` trims them. Records the state after the prompt (`setup`) and per
+    each call exactly as `stream` trims them. Records, per
     call the official mel and the graphs' inputs: `inputs` / `flow_inputs` for `flow_encoder` /
     `flow_chunk` (every regular call, and a last call of exactly 25 tokens, which those graphs
     take with their `last_chunk` flag), `last_inputs` / `last_flow_inputs` for `flow_encoder_last`

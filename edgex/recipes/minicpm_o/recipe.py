@@ -129,7 +129,8 @@ class _ComponentBuilder:
             keep = None  # a calibration utterance (`cal<u>`): every call
             if not which.startswith("cal"):
                 keep = {k for u, k in self._CALL_SAMPLES.values() if u == which}
-                keep |= {-1} if which in self._LAST_SAMPLES.values() else set()
+                if which in self._LAST_SAMPLES.values():
+                    keep.add(-1)
             self._streams[which] = EncoderStream(self.models.flow, prompt, calls, self.encoder_slots,
                                                  self.options["steps"], self._seed(which), last, keep)
         return self._streams[which]
