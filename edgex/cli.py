@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from .artifacts.across import ENV as ARTIFACT_CACHE
 from .arguments import calibration_sizes, request_spec, split_values, transcript_ids
 from .errors import EdgexError
 from .logs import native_output_quiet, quiet_libraries, set_verbose, verbose as is_verbose
@@ -188,10 +189,13 @@ def export(
                     with JobProgress(Console(file=stderr, width=width), checked, jobs, costs) as progress:
                         manifest = export_model(model, target, out_dir, progress=progress, **options)
             costs.record(manifest, jobs if len(checked.jobs) > 1 else 1)
-            kept = sum(1 for a in manifest["artifacts"] if a.get("reused") and "sidecar_of" not in a)
+            kept = [a for a in manifest["artifacts"] if a.get("reused") and "sidecar_of" not in a]
             if kept:
-                err.print(f"reused {kept} unchanged artifact(s) of the earlier export in this folder, built "
-                          f"{len(checked.jobs) - kept} (--force rebuilds all)", highlight=False, soft_wrap=True)
+                across = sum(1 for a in kept if a.get("reused_from"))
+                where = ", ".join([*([f"{len(kept) - across} of the earlier export in this folder"] if across < len(kept) else []),
+                                   *([f"{across} from {ARTIFACT_CACHE}"] if across else [])])
+                err.print(f"reused {len(kept)} unchanged artifact(s) ({where}), built "
+                          f"{len(checked.jobs) - len(kept)} (--force rebuilds all)", highlight=False, soft_wrap=True)
     except EdgexError as exc:
         _fail(exc)
     if as_json:

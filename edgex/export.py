@@ -22,6 +22,7 @@ from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
 from .artifacts.keys import tree_sha256
+from .artifacts.across import ENV, ArtifactCache
 from .artifacts.reuse import export_key, job_keys, reusable_jobs, unchanged
 from .component import Component
 from .errors import EdgexError
@@ -557,12 +558,21 @@ class _Export:
         plan_jobs = checked.jobs
         self.keys = dict(zip(plan_jobs, job_keys(self.key))) if self.key is not None else {}
         self.earlier = reusable_jobs(self.out_dir, list(self.keys.values())) if self.keys and call.reuse_jobs else {}
-        self.todo = [job for job in plan_jobs if self.keys.get(job) not in self.earlier] if self.unchanged is None else []
+        self.across = ArtifactCache.from_env() if self.keys and call.reuse_jobs else None
+        self.cached: dict[str, tuple[dict, Path]] = {}  # job key -> (entry of the artifact cache, its folder)
+        if self.across is not None and self.unchanged is None:
+            for key in self.keys.values():
+                if key not in self.earlier and key not in self.cached and (hit := self.across.lookup(key)) is not None:
+                    self.cached[key] = hit
+        self.todo = ([job for job in plan_jobs if self.keys.get(job) not in self.earlier and self.keys.get(job) not in self.cached]
+                     if self.unchanged is None else [])
         if self.unchanged is None:
             for job in plan_jobs:
                 if job not in self.todo:
-                    self.progress(f"{job.component} {job.exporter} {job.precision}: reused, "
-                                  f"{self.earlier[self.keys[job]][0]['verdict']}", job)
+                    key = self.keys[job]
+                    where = "" if key in self.earlier else " from the artifact cache"
+                    verdict = (self.earlier[key] if key in self.earlier else self.cached[key][0]["entries"])[0]["verdict"]
+                    self.progress(f"{job.component} {job.exporter} {job.precision}: reused{where}, {verdict}", job)
         # the checkpoint's content as exported: `edgex verify` and `edgex pipeline` rebuild from the path
         # and refuse a folder whose content is no longer this
         checkpoint = checked.checkpoint
@@ -585,6 +595,8 @@ class _Export:
         included) never leaves artifacts that look valid without the manifest that vouches for them.
         Reused entries' files stay where they are."""
         self.stage = self._closing.enter_context(staging_dir(self.out_dir))
+        for record, folder in self.cached.values():  # published with the jobs built here
+            ArtifactCache.place(record, folder, self.stage)
 
     def close(self) -> None:
         self._closing.close()
@@ -621,14 +633,19 @@ class _Export:
             if self.checkpoint_sha256:
                 recorded = {**recorded, "checkpoint_sha256": self.checkpoint_sha256}
             source = _described(recorded)
+        elif self.cached:  # every job reused, some from the artifact cache: the model it recorded (same key inputs)
+            record = next(iter(self.cached.values()))[0]
+            source, model_options = record["source"], record["options"]
         else:  # every job reused: the earlier export's model, whose key inputs are these
             source, model_options = earlier_model(self.out_dir)
         entries = []
         for job in self.checked.jobs:
             if job in self.made:
                 entries += [{**entry, **({"job_key": self.keys[job]} if job in self.keys else {})} for entry in self.made[job]]
-            else:
+            elif self.keys[job] in self.earlier:
                 entries += [{**entry, "reused": True} for entry in self.earlier[self.keys[job]]]
+            else:
+                entries += [{**entry, "reused": True, "reused_from": ENV} for entry in self.cached[self.keys[job]][0]["entries"]]
         manifest = _manifest(call.model, source, model_options, call.settings, self.checked.target, call.threads,
                              call.min_db, self.connection, entries, self.started, self.allow_unverified, self.key)
         try:
@@ -639,6 +656,9 @@ class _Export:
                              "removed its temporary files (the folder's published files are unchanged)") from None
         publish(self.stage, self.out_dir, containers=(FAILED_DIR, UNVERIFIED_DIR, HUB_DIR))
         self.close()
+        if self.across is not None:
+            for job, made in self.made.items():
+                self.across.add(self.keys[job], [{**e, "job_key": self.keys[job]} for e in made], self.out_dir, source, model_options)
         return {**manifest, "manifest_path": str(self.out_dir / MANIFEST), "reused": False}
 
 

@@ -61,6 +61,30 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# Test files whose exports may reuse, job by job, what another test's export of the same job (same
+# key: edgex source, model, weights, job, gates) left in this run's artifact cache
+# (`EDGEX_ARTIFACT_CACHE`, edgex/artifacts/across.py), so the tiny exports that many files make are
+# built once a run. Left out: files that change edgex's or a library's code in the test process
+# before they export (a planted graph bug, a runtime declared missing or fp16-accumulating, a counted
+# or failing writer), since the key does not see such a change, and the files that test the
+# reuse, builds and their caches themselves. A test of a listed file that plants a change of its own
+# carries `@pytest.mark.builds_afresh`.
+SHARES_EXPORTS = ("checkpoint", "command_chain", "contract", "export_cpu", "fault_injection", "gguf", "gguf_mmproj", "hub",
+                  "minicpm_o", "official_utterance", "pi0", "pipeline", "policy_configs", "streaming", "verify", "vla",
+                  "voice_prompt")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Set or clear `EDGEX_ARTIFACT_CACHE` for the whole of this test, its fixtures' set-up (the
+    first test of a module builds the module's fixtures) and the CLI processes it starts."""
+    shares = item.path.stem.removeprefix("test_") in SHARES_EXPORTS and item.get_closest_marker("builds_afresh") is None
+    if shares:
+        os.environ["EDGEX_ARTIFACT_CACHE"] = str(Path(os.environ["EDGEX_TESTS_SHARED_DIR"]) / "artifact-cache")
+    else:
+        os.environ.pop("EDGEX_ARTIFACT_CACHE", None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """xdist's controller gets here after its workers have finished theirs."""
     for folder in (_CACHE_DIR, _SHARED_DIR):
@@ -99,6 +123,7 @@ LAYERS = {
 def pytest_configure(config):
     for layer, (what, _) in LAYERS.items():
         config.addinivalue_line("markers", f"{layer}: {what}")
+    config.addinivalue_line("markers", "builds_afresh: a test of a SHARES_EXPORTS file that changes code before it exports")
     # Here as well as at collection: under xdist only the workers collect, and a worker's usage
     # error ends it with no message the run shows ("no tests ran").
     check_layers(Path(__file__).parent)

@@ -369,10 +369,49 @@ def test_an_export_with_one_job_changed_builds_that_job_alone(exported, tmp_path
     kept = files_state(out)
     proc = cli_here(*CLI, "-p", "fp16", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "reused 1 unchanged artifact(s) of the earlier export in this folder, built 1" in proc.stderr
+    assert "reused 1 unchanged artifact(s) (1 of the earlier export in this folder), built 1" in proc.stderr
     manifest = json.loads((folder / "manifest.json").read_text())
     fp32, fp16 = manifest["artifacts"]
     assert fp32["reused"] is True and {k: v for k, v in fp32.items() if k != "reused"} == first["artifacts"][0]
     assert "reused" not in fp16 and fp16["precision"] == "fp16" and fp16["verdict"] == "pass" and fp16["job_key"]
     now = files_state(out)
     assert all(now[name] == state for name, state in kept.items() if not name.endswith("manifest.json"))
+
+
+def test_an_artifact_cache_serves_other_folders_and_keeps_passing_jobs_only(tmp_path, monkeypatch):
+    """`EDGEX_ARTIFACT_CACHE`: an export into a fresh folder files its passing job there; another
+    fresh folder's export of the same job takes it from there without loading the model, with the
+    same bytes, marked reused; a damaged entry is a miss (removed, built again); a job that fails is
+    not filed, and `--force` (`reuse_jobs=False`) looks nowhere."""
+    from edgex.artifacts.across import ENTRIES, ENV
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(ENV, str(cache))
+    first = export_model("qwen3-tts", "cpu", tmp_path / "a", **ARGS)
+    assert first["status"] == "pass" and not any(a.get("reused") for a in first["artifacts"])
+    (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert entry.name == first["artifacts"][0]["job_key"] and (entry / ENTRIES).is_file()
+
+    def load(*args, **kwargs):
+        raise Loaded
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RECIPES.get("qwen3-tts"), "load", load)
+        second = export_model("qwen3-tts", "cpu", tmp_path / "b", **ARGS)
+        assert second["status"] == "pass" and second["source"] == first["source"]
+        for made, reused in zip(first["artifacts"], second["artifacts"], strict=True):
+            assert reused["reused"] is True and reused["reused_from"] == ENV and reused["files"] == made["files"]
+            for record in reused["files"]:
+                assert (tmp_path / "b/qwen3-tts/cpu" / record["path"]).read_bytes() == \
+                    (tmp_path / "a/qwen3-tts/cpu" / record["path"]).read_bytes()
+        with pytest.raises(Loaded):  # --force: built, not looked up
+            export_model("qwen3-tts", "cpu", tmp_path / "c", reuse_jobs=False, **ARGS)
+        onnx = entry / first["artifacts"][0]["files"][0]["path"]
+        onnx.write_bytes(onnx.read_bytes()[:-1] + bytes([onnx.read_bytes()[-1] ^ 1]))
+        with pytest.raises(Loaded):  # a flipped byte in the entry: a miss
+            export_model("qwen3-tts", "cpu", tmp_path / "d", **ARGS)
+        assert not entry.exists()
+
+    failed = export_model("qwen3-tts", "cpu", tmp_path / "e", min_db={"*": 400.0}, **ARGS)
+    assert failed["status"] == "fail"
+    assert [p for p in cache.iterdir() if not p.name.startswith(".")] == []

@@ -172,6 +172,7 @@ def test_the_pipeline_clones_a_voice_prompt_as_the_official_generate(base, tmp_p
         run_pipeline([base["folder"]], places, frames=FRAMES, stream_frames=FRAMES, voice=broken)
 
 
+@pytest.mark.builds_afresh
 def test_broken_voice_graphs_fail_their_gates(monkeypatch, tmp_path):
     """The tiny preset's voice graphs, each broken as a port might break it: the speaker encoder fed its
     mel bins in reverse order, the speech encoder's second and third codebooks swapped."""
