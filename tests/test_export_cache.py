@@ -37,8 +37,14 @@ class Loaded(Exception):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
+    """The module's export; it also files its job in an artifact cache of its own (`artifact_cache`),
+    which no other test of the module reads."""
+    from edgex.artifacts.across import ENV
+
     out = tmp_path_factory.mktemp("recache")
-    manifest = export_model("qwen3-tts", "cpu", out, **ARGS)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv(ENV, str(out.parent / f"{out.name}-artifact-cache"))
+        manifest = export_model("qwen3-tts", "cpu", out, **ARGS)
     assert manifest["status"] == "pass" and manifest["reused"] is False, manifest
     return out, manifest
 
@@ -378,40 +384,36 @@ def test_an_export_with_one_job_changed_builds_that_job_alone(exported, tmp_path
     assert all(now[name] == state for name, state in kept.items() if not name.endswith("manifest.json"))
 
 
-def test_an_artifact_cache_serves_other_folders_and_keeps_passing_jobs_only(tmp_path, monkeypatch):
-    """`EDGEX_ARTIFACT_CACHE`: an export into a fresh folder files its passing job there; another
-    fresh folder's export of the same job takes it from there without loading the model, with the
-    same bytes, marked reused; a damaged entry is a miss (removed, built again); a job that fails is
-    not filed, and `--force` (`reuse_jobs=False`) looks nowhere."""
-    from edgex.artifacts.across import ENTRIES, ENV
+def test_an_artifact_cache_serves_other_folders_and_keeps_passing_jobs_only(exported, no_load, tmp_path, monkeypatch):
+    """`EDGEX_ARTIFACT_CACHE`: the module's export filed its passing job there; an export of the same
+    job into a fresh folder takes it from there without loading the model, with the same bytes,
+    marked reused; `--force` (`reuse_jobs=False`) looks nowhere; a damaged entry is a miss (removed,
+    built again); a job with an entry that did not pass is never filed."""
+    from edgex.artifacts.across import ENTRIES, ENV, ArtifactCache
 
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(ENV, str(cache))
-    first = export_model("qwen3-tts", "cpu", tmp_path / "a", **ARGS)
-    assert first["status"] == "pass" and not any(a.get("reused") for a in first["artifacts"])
+    out, first = exported
+    cache = out.parent / f"{out.name}-artifact-cache"
     (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
     assert entry.name == first["artifacts"][0]["job_key"] and (entry / ENTRIES).is_file()
+    monkeypatch.setenv(ENV, str(cache))
+    second = export_model("qwen3-tts", "cpu", tmp_path / "b", **ARGS)
+    assert second["status"] == "pass" and second["source"] == first["source"]
+    for made, reused in zip(first["artifacts"], second["artifacts"], strict=True):
+        assert reused["reused"] is True and reused["reused_from"] == ENV and reused["files"] == made["files"]
+        for record in reused["files"]:
+            assert (tmp_path / "b/qwen3-tts/cpu" / record["path"]).read_bytes() == (out / "qwen3-tts/cpu" / record["path"]).read_bytes()
+    with pytest.raises(Loaded):  # --force: built, not looked up
+        export_model("qwen3-tts", "cpu", tmp_path / "c", reuse_jobs=False, **ARGS)
 
-    def load(*args, **kwargs):
-        raise Loaded
+    store = ArtifactCache(tmp_path / "other")
+    for verdict in ("fail", "unverified", "error"):
+        store.add("k", [{**first["artifacts"][0], "verdict": verdict}], out / "qwen3-tts/cpu", {}, {})
+        assert store.lookup("k") is None
+    store.add("k", first["artifacts"], out / "qwen3-tts/cpu", {}, {})
+    assert store.lookup("k") is not None
 
-    with monkeypatch.context() as patched:
-        patched.setattr(RECIPES.get("qwen3-tts"), "load", load)
-        second = export_model("qwen3-tts", "cpu", tmp_path / "b", **ARGS)
-        assert second["status"] == "pass" and second["source"] == first["source"]
-        for made, reused in zip(first["artifacts"], second["artifacts"], strict=True):
-            assert reused["reused"] is True and reused["reused_from"] == ENV and reused["files"] == made["files"]
-            for record in reused["files"]:
-                assert (tmp_path / "b/qwen3-tts/cpu" / record["path"]).read_bytes() == \
-                    (tmp_path / "a/qwen3-tts/cpu" / record["path"]).read_bytes()
-        with pytest.raises(Loaded):  # --force: built, not looked up
-            export_model("qwen3-tts", "cpu", tmp_path / "c", reuse_jobs=False, **ARGS)
-        onnx = entry / first["artifacts"][0]["files"][0]["path"]
-        onnx.write_bytes(onnx.read_bytes()[:-1] + bytes([onnx.read_bytes()[-1] ^ 1]))
-        with pytest.raises(Loaded):  # a flipped byte in the entry: a miss
-            export_model("qwen3-tts", "cpu", tmp_path / "d", **ARGS)
-        assert not entry.exists()
-
-    failed = export_model("qwen3-tts", "cpu", tmp_path / "e", min_db={"*": 400.0}, **ARGS)
-    assert failed["status"] == "fail"
-    assert [p for p in cache.iterdir() if not p.name.startswith(".")] == []
+    onnx = entry / first["artifacts"][0]["files"][0]["path"]
+    onnx.write_bytes(onnx.read_bytes()[:-1] + bytes([onnx.read_bytes()[-1] ^ 1]))
+    with pytest.raises(Loaded):  # a flipped byte in the entry: a miss
+        export_model("qwen3-tts", "cpu", tmp_path / "d", **ARGS)
+    assert not entry.exists()
