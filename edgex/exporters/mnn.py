@@ -41,6 +41,14 @@ def convert(onnx_path: Path, dest: Path, flags: list[str]) -> str:
     return run_converter(argv, dest)
 
 
+def external_weights(model: Path) -> Path:
+    """Where MNN keeps a model's weights outside its `.mnn`: the converter writes them there for a
+    graph over 2 GB (its flatbuffer's limit), `--saveExternalData` for any, and MNN's loaders read
+    them from beside the model by this name. The `.mnn` alone then runs without error on zeros in
+    their place, so the two are one artifact."""
+    return model.with_name(model.name + ".weight")
+
+
 def minmax_asymmetric(weight, bits: int, block: int | None):
     """Per output row (or per `block` inputs of a row): map [min, max] onto 2**bits levels."""
     import torch
@@ -170,7 +178,8 @@ class MnnExporter(Exporter):
         for name, t in [*component.module.named_parameters(), *component.module.named_buffers()]:
             if t.is_floating_point() and t.ndim >= 1:
                 tensors.setdefault(name, t)
-        stored = quantized_weights(files[0])
+        kept = external_weights(files[0])
+        stored = quantized_weights(files[0], kept if kept.is_file() else None)
         pairs = paired_by_content({op: w.weight for op, w in stored.items()},
                                   {n: t.detach().float().numpy() for n, t in tensors.items()})
         out = []
@@ -186,17 +195,28 @@ class MnnExporter(Exporter):
 
     def stored_constants(self, component: Component, files: list[Path], precision: str, **_options):
         """The `Const` variables of the graph as MNN's expression API loads them (a gather's table is
-        one; linear and conv weights live inside their Convolution ops, which the runs read)."""
+        one; linear and conv weights live inside their Convolution ops, which the runs read), and
+        those it cannot read, kept in the weight file beside the `.mnn` (`external_weights`), as
+        that file holds them."""
         import numpy as np
 
         from ..toolchain import native_output_silenced
+        from .mnn_weights import external_constants
 
         with native_output_silenced():  # MNN prints its CPU features on stdout
             import MNN.expr as F
 
             variables = F.load_as_dict(str(files[0]))
-            # copied while the variables live: `read()` returns a view of memory MNN frees with them
-            consts = {name: np.array(v.read(), copy=True) for name, v in variables.items() if v.op_type == "Const"}
+            consts, unread = {}, []
+            for name, v in variables.items():
+                if v.op_type == "Const":
+                    try:  # copied while the variables live: `read()` returns a view of memory MNN frees with them
+                        consts[name] = np.array(v.read(), copy=True)
+                    except (SystemError, TypeError):  # kept in the weight file beside the .mnn
+                        unread.append(name)
+        if unread and external_weights(files[0]).is_file():
+            kept = external_constants(files[0], external_weights(files[0]))
+            consts |= {name: kept[name] for name in unread if name in kept}
         return {name: a.astype(np.float32) for name, a in consts.items() if a.dtype.kind == "f"}
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
@@ -205,8 +225,11 @@ class MnnExporter(Exporter):
             OnnxExporter().graph(component, "fp32", onnx_path)
             convert(onnx_path, dest, _FLAGS[precision])
         details = {"converter_flags": _FLAGS[precision]}
+        weights = external_weights(dest)
+        if weights.is_file():
+            details["external_weights"] = weights.name
         if precision == "w4":
             details["block_size"] = W4_BLOCK
         if precision in ("w8", "w4") and component.float_only:
             details["float_only"] = f"not honoured (MNN's converter quantizes every weight): {', '.join(component.float_only)}"
-        return ExportResult([dest], "float32", details)
+        return ExportResult([dest, *([weights] if weights.is_file() else [])], "float32", details)

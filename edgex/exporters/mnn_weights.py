@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifacts.files import sha256
+
 
 @dataclass
 class MnnWeight:
@@ -76,13 +78,15 @@ def locate_vector(printed: list, words: np.ndarray, floats: np.ndarray) -> int:
     raise ValueError(f"a scale vector of {n} values printed by the JSON dump is not in the file")
 
 
-def decode(quan: dict, output_count: int, file: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int | None]:
+def decode(quan: dict, output_count: int, file: tuple[np.ndarray, np.ndarray] | None = None,
+           kept: tuple[bytes, np.ndarray] | None = None) -> tuple[np.ndarray, int | None]:
     """A `quanParameter` (as MNN's JSON dump writes it) dequantized: (weights [output_count, -1],
     weights per scale or None). `file`: the `.mnn` as uint32 words and float32 values, where the
-    exact `alpha` is taken from."""
+    exact `alpha` is taken from. `kept`: the buffer and `alpha` as the weight file beside the
+    `.mnn` holds them, for an op whose data the converter wrote there (`external`)."""
     if quan.get("index"):
         raise ValueError("indexed sparse weights are not read here")
-    data = np.asarray(quan.get("buffer", []), np.int64).astype(np.uint8).tobytes()
+    data = kept[0] if kept else np.asarray(quan.get("buffer", []), np.int64).astype(np.uint8).tobytes()
     kind = quan.get("type", 0)
     if kind == 1:
         codes = _dense_codes(data, bool(quan.get("shapeInt32")))
@@ -90,8 +94,8 @@ def decode(quan: dict, output_count: int, file: tuple[np.ndarray, np.ndarray] | 
         codes = np.frombuffer(data, np.int8).astype(np.int32)
     else:
         raise ValueError(f"weight coding type {kind} is not read here")
-    alpha = np.asarray(quan.get("alpha", []), np.float32)
-    if file is not None:
+    alpha = kept[1] if kept else np.asarray(quan.get("alpha", []), np.float32)
+    if file is not None and not kept:
         at = locate_vector(alpha.tolist(), *file)
         alpha = file[1][at : at + alpha.size].copy()
     asymmetric = quan.get("readType", 0) != 0
@@ -125,27 +129,59 @@ def dump(path: Path, scratch: Path) -> dict:
 _LAST_READ: dict[str, dict[str, MnnWeight]] = {}
 
 
-def quantized_weights(path: Path) -> dict[str, MnnWeight]:
-    """Every Convolution op of the `.mnn` whose weights are stored quantized, by op name."""
+def quantized_weights(path: Path, weights: Path | None = None) -> dict[str, MnnWeight]:
+    """Every Convolution op of the `.mnn` whose weights are stored quantized, by op name; `weights`:
+    the file beside it holding the data of its ops the converter wrote there (`external`)."""
     raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()
+    digest = hashlib.sha256(raw + (sha256(weights).encode() if weights else b"")).hexdigest()
     if digest not in _LAST_READ:
         _LAST_READ.clear()
-        _LAST_READ[digest] = _read_quantized(path, raw)
+        _LAST_READ[digest] = _read_quantized(path, raw, weights)
     return dict(_LAST_READ[digest])
 
 
-def _read_quantized(path: Path, raw: bytes) -> dict[str, MnnWeight]:
+def _read_quantized(path: Path, raw: bytes, weights: Path | None) -> dict[str, MnnWeight]:
     found = {}
     with tempfile.TemporaryDirectory(prefix="mnnjson-") as scratch:
         model = dump(path, Path(scratch))
     words = np.frombuffer(raw, np.uint32, len(raw) // 4)
     file = (words, words.view(np.float32))
+    data = np.memmap(weights, np.uint8, mode="r") if weights else None
     for op in model.get("oplists", []):
         main = op.get("main") or {}
         quan = main.get("quanParameter") if op.get("main_type") == "Convolution2D" else None
         if not quan or quan.get("type") == 3:  # 3: fp16 storage, not quantized
             continue
-        weight, group = decode(quan, main["common"]["outputCount"], file)
+        kept = None
+        if "external" in main:  # [offset, buffer bytes, alpha bytes, ...]: the buffer, then alpha
+            if data is None:
+                raise ValueError(f"{op['name']}'s weights are kept outside the .mnn, and there is no weight file beside it")
+            offset, size, alpha = main["external"][:3]
+            kept = (bytes(data[offset:offset + size]), np.frombuffer(data[offset + size:offset + size + alpha], np.float32).copy())
+        weight, group = decode(quan, main["common"]["outputCount"], file, kept)
         found[op["name"]] = MnnWeight(op["name"], weight, group)
+    return found
+
+
+# MNN's blob data types, as its JSON dump names them, for the constants read from a weight file.
+_BLOB_DTYPES = {"DT_FLOAT": np.float32, "DT_HALF": np.float16, "DT_INT32": np.int32, "DT_INT8": np.int8, "DT_UINT8": np.uint8}
+
+
+def external_constants(path: Path, weights: Path) -> dict[str, np.ndarray]:
+    """The `Const` ops of a `.mnn` whose data the converter wrote to `weights` (the file beside it,
+    `mnn.external_weights`), by op name: MNN's expression API (`load_as_dict`) does not read those
+    (`read()` fails). The JSON dump gives each one's data type, dims and `external` [offset, bytes]
+    in that file, read as it lies there."""
+    with tempfile.TemporaryDirectory(prefix="mnnjson-") as scratch:
+        model = dump(path, Path(scratch))
+    data = np.memmap(weights, np.uint8, mode="r")
+    found = {}
+    for op in model.get("oplists", []):
+        blob = op.get("main") or {}
+        dtype = _BLOB_DTYPES.get(blob.get("dataType"))
+        if op.get("type") != "Const" or dtype is None:
+            continue
+        if "external" in blob:
+            offset, size = blob["external"][:2]
+            found[op["name"]] = np.frombuffer(data[offset:offset + size], dtype).reshape(blob.get("dims") or [-1]).copy()
     return found
