@@ -20,12 +20,14 @@ from __future__ import annotations
 from ..base import ComponentPrecisions, RecipeFacts, RecipeOption
 from .presets import PRESETS
 
-# Why ExecuTorch builds the graphs that unroll the Euler loop only when placed by name.
+# Why ExecuTorch and Core ML build the graphs that unroll the Euler loop only when placed by name.
 _UNROLLED = (
     "the Euler loop unrolled (10 steps of the DiT): XNNPACK's lowering of it took 85-114 s a precision at the tiny "
     "preset (ONNX 15-20 s), and at 4.5 both flow_chunk .pte jobs were killed for memory (16.3 and 24.1 GB) still "
-    "lowering after 10 minutes, so ExecuTorch builds it only when placed by name (--placement "
-    "flow_chunk=executorch:fp32); ONNX Runtime runs the same graphs on the cpu target")
+    "lowering after 10 minutes; Core ML's conversion took 33-56 s a precision at tiny (flow_step 5-6 s), and at 4.5 "
+    "none of its 12 such jobs had finished 14 minutes in (processes of 6.9-12.2 GB), so ExecuTorch and Core ML build "
+    "them only when placed by name (--placement flow_chunk=executorch:fp32, flow=coreml:fp16); ONNX Runtime and MNN run "
+    "the same graphs on the cpu and mnn targets, and an app on the others loops over flow_step")
 
 ROLES = {
     "tts_prefill": "talker",
@@ -62,11 +64,11 @@ FACTS = RecipeFacts(
             {"*": ("fp32",)},
             "fp32 only: fp16 weights alone move the vocoder's F0 and so the phase of its sine source (tiny: fp16 scheme "
             "5.8 dB, ONNX fp16 4.8 dB, MNN fp16 -2.4 dB against a 30 dB gate; fp32 73.7 dB); -p fp16 builds the variant")),
-        # On ExecuTorch the non-streaming CFM runs as the app's loop over flow_step; the unrolled graphs by name.
-        "flow": ComponentPrecisions({"executorch": ()}, _UNROLLED),
+        # On ExecuTorch and Core ML the non-streaming CFM runs as the app's loop over flow_step; the unrolled graphs by name.
+        "flow": ComponentPrecisions({"executorch": (), "coreml": ()}, _UNROLLED),
         # The streaming CFM in fp16 loses more over its 10 steps at the released size than the gate allows.
         **dict.fromkeys(("flow_chunk", "flow_chunk_last"), ComponentPrecisions(
-            {"executorch": (), "onnx": ("fp32",)},
+            {"executorch": (), "coreml": (), "onnx": ("fp32",)},
             _UNROLLED + "; ONNX in fp32 only: at 4.5 the fp16 graphs scored 27.7 (flow_chunk, end-to-end) and 27.5 dB "
             "(flow_chunk_last, against the fp16 eager) against the 30 dB gate, where the non-streaming flow's fp16 "
             "scored 34.5 (tiny: 33.3 / 32.8); -p fp16 builds the variant")),
