@@ -344,6 +344,20 @@ def test_hift_is_placed_in_fp32_only_and_the_recipe_says_why(tmp_path, target, c
         assert {j.precision for j in make_plan("minicpm-o", target, tmp_path, components=[component], precisions=["fp16"]).jobs} == {"fp16"}
 
 
+@pytest.mark.parametrize("target, exporter", [("cpu", "executorch"), ("apple", "coreml")])
+def test_executorch_and_core_ml_build_the_unrolled_cfm_graphs_only_when_placed_by_name(tmp_path, target, exporter):
+    """Their lowering of the 10 unrolled DiT steps does not fit a published-size export's budget: an
+    app there loops over flow_step, which both build; the cpu target keeps the unrolled graphs in ONNX."""
+    unrolled = {"flow", "flow_chunk", "flow_chunk_last"}
+    jobs = make_plan("minicpm-o", target, tmp_path, preset="tiny").jobs
+    assert not {j.component for j in jobs if j.exporter == exporter} & unrolled
+    assert "flow_step" in {j.component for j in jobs if j.exporter == exporter}
+    if target == "cpu":
+        assert {j.component for j in jobs if j.exporter == "onnx"} >= unrolled
+    placed = make_plan("minicpm-o", target, tmp_path, preset="tiny", placements=[f"flow={exporter}:fp16"]).jobs
+    assert {(j.component, j.precision) for j in placed if j.exporter == exporter and j.component in unrolled} == {("flow", "fp16")}
+
+
 @pytest.mark.parametrize("target, kept, dropped, measured", [("llama-cpp", ("f16", "q8_0"), "q4_0", "lowering 37.2"),
                                                             ("apple", ("fp16", "w8"), "w4", "lowering 57.6")])
 def test_the_head_s_failing_4_bit_scheme_is_on_request_only(tmp_path, target, kept, dropped, measured):
