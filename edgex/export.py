@@ -440,8 +440,9 @@ def export_model(
     model is loaded, nothing is written. `reuse=False` exports regardless (`--force`, or a caller
     that has looked already). The manifest records the export's key (`export_key`) for the next call.
     Otherwise each job whose own key matches an intact entry of the folder's manifest keeps that entry
-    and its files (`reusable_jobs`, `"reused": true`) unless `reuse_jobs` is False (`--force`); the
-    model is loaded only when some job is left to build.
+    and its files (`reusable_jobs`, `"reused": true`) unless `reuse_jobs` is False (`--force`), and
+    so does a job found in `EDGEX_ARTIFACT_CACHE` (`edgex.artifacts.across`); the model is loaded
+    only when some job is left to build.
 
     With `hub`, every artifact that passed locally also runs on an AI Hub device (`device_parity`).
     Such an export is never reused and records no key: a device run is not reproducible here.

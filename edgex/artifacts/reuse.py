@@ -21,7 +21,9 @@ build cache's key of that one artifact, `edgex.build.cache`), and a planned job 
 of an earlier entry in the folder's manifest, none of whose entries errored and whose files are all
 intact, keeps those entries and files (`reusable_jobs`, marked `"reused": true`); only the other jobs
 are built. So changing one component's placement, precision or gate rebuilds that component's
-artifacts alone; a change of code, tools, weights, seed or `--set` rebuilds every one.
+artifacts alone; a change of code, tools, weights, seed or `--set` rebuilds every one. Jobs found
+by the same key in another folder's export are reused through `EDGEX_ARTIFACT_CACHE`
+(`edgex.artifacts.across`).
 
 Light on import (no torch): the CLI looks before it imports the export pipeline, so a hit takes
 about a second.
