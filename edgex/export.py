@@ -18,11 +18,11 @@ from functools import partial
 from typing import Callable
 
 from . import __version__
+from .artifacts.across import ENV, ArtifactCache
 from .artifacts.files import (
     MANIFEST, ensure_writable_dir, file_records, move_into_place, publish, staging_dir, strict_json, write_json_atomic,
 )
 from .artifacts.keys import tree_sha256
-from .artifacts.across import ENV, ArtifactCache
 from .artifacts.reuse import export_key, job_keys, reusable_jobs, unchanged
 from .component import Component
 from .errors import EdgexError

@@ -1,15 +1,15 @@
 """Artifacts reused across output folders: `EDGEX_ARTIFACT_CACHE=DIR`.
 
-An export reuses, job by job, what an earlier export into the same folder left (`edgex.artifacts.reuse`).
-With `EDGEX_ARTIFACT_CACHE` set, it also looks in that folder: a planned job whose key (the build
-cache's key of one artifact: edgex source, tools, machine, model, weights, seed, options, the job and
-its gates; `edgex.artifacts.keys`) names an entry there gets that entry's files copied into its output
-and its manifest entries marked `"reused": true` (as an unchanged job of the same folder is) and
-`"reused_from": "EDGEX_ARTIFACT_CACHE"`. A
-job it builds whose entries all passed is added there (failed, unverified and errored jobs are built
-again each time: an error may be transient, and a failure is worth seeing built). This serves runs
-that export the same jobs into fresh folders: a CI runner that keeps the folder between jobs, a test
-suite whose tests each export into their own folder.
+An export reuses, job by job, what an earlier export into the same folder left
+(`edgex.artifacts.reuse`). With `EDGEX_ARTIFACT_CACHE` set, it also looks in that folder: a planned
+job whose key (the build cache's key of one artifact: edgex source, tools, machine, model, weights,
+seed, options, the job and its gates; `edgex.artifacts.keys`) names an entry there gets that entry's
+files copied into its output and its manifest entries marked `"reused": true` (as an unchanged job
+of the same folder is) and `"reused_from": "EDGEX_ARTIFACT_CACHE"`. A job it builds whose entries
+all passed is added there (failed, unverified and errored jobs are built again each time: an error
+may be transient, and a failure is worth seeing built). This serves runs that export the same jobs
+into fresh folders: a CI runner that keeps the folder between jobs, a test suite whose tests each
+export into their own folder.
 
 An entry is `<DIR>/<key>/` holding `entries.json` and the files at the paths those entries record. It
 appears by renaming a complete temporary folder, and a lookup re-hashes every file (size and sha256):
