@@ -66,9 +66,7 @@ class ArtifactCache:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             staged = Path(tempfile.mkdtemp(prefix=_TMP, dir=self.root))
-            for record in (r for e in entries for r in e.get("files", [])):
-                (staged / record["path"]).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(files_root / record["path"], staged / record["path"])
+            _copy_files(entries, files_root, staged)
             clean = [{k: v for k, v in e.items() if k not in ("reused", "reused_from")} for e in entries]
             write_json_atomic(staged / ENTRIES, {"entries": clean, "source": source, "options": options})
             os.rename(staged, self.root / key)  # another export filed the same key meanwhile: its entry stands
@@ -79,9 +77,13 @@ class ArtifactCache:
                 shutil.rmtree(staged, ignore_errors=True)
 
     @staticmethod
-    def place(record: dict, folder: Path, stage: Path) -> list[dict]:
-        """Copy a looked-up entry's files from `folder` into `stage` at their recorded paths; its entries."""
-        for file in (r for e in record["entries"] for r in e.get("files", [])):
-            (stage / file["path"]).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(folder / file["path"], stage / file["path"])
-        return record["entries"]
+    def place(record: dict, folder: Path, stage: Path) -> None:
+        """Copy a looked-up entry's files from `folder` into `stage` at their recorded paths."""
+        _copy_files(record["entries"], folder, stage)
+
+
+def _copy_files(entries: list[dict], source: Path, dest: Path) -> None:
+    """Every file `entries` record, from under `source` to the same path under `dest`."""
+    for record in (r for e in entries for r in e.get("files", [])):
+        (dest / record["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / record["path"], dest / record["path"])

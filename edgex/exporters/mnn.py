@@ -214,9 +214,10 @@ class MnnExporter(Exporter):
                         consts[name] = np.array(v.read(), copy=True)
                     except (SystemError, TypeError):  # kept in the weight file beside the .mnn
                         unread.append(name)
-        if unread and external_weights(files[0]).is_file():
-            kept = external_constants(files[0], external_weights(files[0]))
-            consts |= {name: kept[name] for name in unread if name in kept}
+        kept = external_weights(files[0])
+        if unread and kept.is_file():
+            stored = external_constants(files[0], kept)
+            consts |= {name: stored[name] for name in unread if name in stored}
         return {name: a.astype(np.float32) for name, a in consts.items() if a.dtype.kind == "f"}
 
     def export(self, component: Component, precision: str, dest: Path) -> ExportResult:
